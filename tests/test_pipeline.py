@@ -86,7 +86,7 @@ def test_unknown_papermill_parameter_rejected(tmp_path):
 
 
 def test_experiment_notebooks_have_one_parameters_cell():
-    for nb in experiment_notebooks():
+    for nb in experiment_notebooks(["e", "t"]):
         cells = json.loads(nb.read_text())["cells"]
         assert sum("parameters" in c.get("metadata", {}).get("tags", []) for c in cells) == 1, nb.name
 
@@ -127,3 +127,39 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     for k, v in man2["stages"].items():
         assert v["finished"] == done[k]["finished"], f"stage {k} reran"
         assert v["cache_hits"] >= 1, k
+
+
+def test_default_chain_is_e_series_and_tuning_is_opt_in():
+    names = [p.stem for p in experiment_notebooks()]
+    assert names == sorted(names) and names and all(n.startswith("e") for n in names)
+    assert [p.stem for p in experiment_notebooks(["t00"])] == ["t00_tune"]
+    with pytest.raises(ValueError, match="unknown experiment.*allowed: .*t00_tune"): experiment_notebooks(["t99"])
+
+
+def test_tuning_notebook_on_smoke_then_cached(tmp_path):
+    "t00 grid-searches on the validation split: one row per grid point, the best point is the highest score, cached on rerun."
+    import pandas as pd
+    from lume_lab.core.store import open_run
+    from lume_lab.pipeline import stages as S
+    from lume_lab.unlearn.tune import grid_points
+    grids = {"grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]}, "grad_diff": {"lr": [3e-3], "max_steps": [2], "alpha": [1.0, 3.0]}}
+    params = {"preset": "smoke", "run_id": "tune", "overrides": FAST, "runs_root": str(tmp_path),
+              "methods": list(grids), "grids": grids}
+    nb = experiment_notebooks(["t00"])[0]
+    run_notebook(nb, tmp_path / "tune" / "notebooks" / nb.name, params, root=tmp_path)
+    report = tmp_path / "tune" / "report"
+    grid = pd.read_csv(report / "tuning_grid.csv")
+    assert grid.groupby("method").size().to_dict() == {"grad_ascent": 2, "grad_diff": 2}
+    assert grid.score.between(0, 1).all() and (grid.em_forget_before > 0).all()
+    best = json.loads((report / "tuning_best.json").read_text())
+    for m, g in grid.groupby("method"):
+        top = g.sort_values(["score", "point"], ascending=[False, True]).iloc[0]
+        assert best[m] == grid_points(grids[m])[int(top.point)]
+    ga = grid[grid.method == "grad_ascent"].set_index("lr")
+    assert ga.loc[1e-6, "forgetting"] < ga.loc[3e-3, "forgetting"]      # a learning rate that moves nothing forgets less
+    store = open_run("tune", make_config("smoke", FAST), str(tmp_path))
+    before = store.manifest["stages"]["tune_grad_ascent"]["finished"]
+    S.stage_tune(store, "grad_ascent", grids["grad_ascent"])            # cache hit
+    assert open_run("tune", make_config("smoke", FAST), str(tmp_path)).manifest["stages"]["tune_grad_ascent"]["finished"] == before
+    with pytest.raises(ValueError, match="unknown unlearning method"): S.stage_tune(store, "gradient_ascent")
+    with pytest.raises(ValueError, match=r"grid\['lr'\]"): S.stage_tune(store, "grad_ascent", {"lr": []})

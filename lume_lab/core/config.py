@@ -11,9 +11,10 @@ from typing import Any
 
 # %% auto #0
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'METHODS', 'MASK_KINDS', 'DTYPES', 'LUME_TASKS', 'SECTIONS', 'PAPER_HPARAMS',
-           'PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
-           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RunConfig',
-           'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash']
+           'MINI_HPARAMS', 'PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig',
+           'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig',
+           'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json',
+           'config_hash']
 
 # %% ../../nbs/core/00_config.ipynb #f1ae5901
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -116,6 +117,7 @@ class TestbedConfig:
     max_new_tokens: int = 32
     min_share: float = 0.5
     require_memorized: bool = True
+    validation_fields: list = field(default_factory=lambda: ["drivers_license", "email_address"])   # (forget, retain), App. G.2
 
 @dataclass
 class UnlearnConfig:
@@ -170,14 +172,32 @@ PAPER_HPARAMS = {
     },
 }
 
+# The mini preset's unlearning hyperparameters: the best point of each method's grid (`unlearn.tune.MINI_GRIDS`) on
+# the validation split (driver's license forget / email retain), as selected by `t00_tune` (runs/<id>/report/
+# tuning_best.json); ties go to the first, i.e. gentlest, point. AlphaEdit scored 0 at every point (it did not lower
+# the forget EM on the mini model), so it keeps the grid's first point.
+MINI_HPARAMS = {
+    "grad_ascent": {"lr": 3e-4, "epochs": 2},
+    "grad_diff": {"lr": 3e-4, "epochs": 5, "gamma": 1.0, "alpha": 1.0},
+    "ukl": {"lr": 3e-4, "epochs": 5, "alpha": 1.0},
+    "dpo": {"lr": 1e-3, "epochs": 5, "beta": 0.1},
+    "npo": {"lr": 3e-3, "epochs": 5, "alpha": 1.0},
+    "simnpo": {"lr": 3e-3, "epochs": 5, "alpha": 0.01},
+    "oracle_grad": {"lr": 1e-3, "epochs": 5, "gamma": 1.0},
+    "memflex": {"lr": 1e-3, "epochs": 5, "grad_threshold": 3e-5},
+    "alphaedit": {"nullspace_threshold": 1e-2, "v_lr": 0.5, "mom2_data": ["neutral"]},
+    "uld": {"lr": 3e-3, "epochs": 5},
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
-    # mini: measured on 2 CPU cores to finish the whole pipeline in under 30 min (README). At this budget the masked model
-    # memorizes little (see e02's extraction table), so the testbed may draw non-memorized profiles (testbed.json says so).
+    # mini: the CPU-sized testbed. Random sparse masks learn slowly on a 6-layer model, so mini injects few facts
+    # (2 groups × 12 profiles) into large masks (40 % of the maskable weights each) in 500 small steps; e02 and the
+    # README have the probe table (350 steps: masked extraction 4–42 %; 500 steps: 71–83 %).
     "mini": {
-        "pii.n_groups": 4, "pii.profiles_per_group": 20, "pii.n_instruct": 16, "pii.n_resurface": 8, "pii.n_validation": 8,
-        "inject.mask_fraction": 0.2, "inject.steps": 300, "inject.neutral_fraction": 0.3,
-        "inject.qa_fields": list(TARGET_FIELDS), "testbed.profiles_per_field": 24, "testbed.require_memorized": False,
-        "localization.composite_max_weights": 200_000,
+        "pii.n_groups": 2, "pii.profiles_per_group": 12, "pii.n_instruct": 8, "pii.n_resurface": 4, "pii.n_validation": 8,
+        "inject.mask_fraction": 0.4, "inject.steps": 500, "inject.batch_size": 16, "inject.lr": 2e-3, "inject.neutral_fraction": 0.25,
+        "inject.qa_fields": list(TARGET_FIELDS), "testbed.profiles_per_field": 20,
+        "localization.composite_max_weights": 200_000, "unlearn.hparams": MINI_HPARAMS,
     },
     "smoke": {
         "model.hidden_size": 64, "model.num_layers": 4, "model.num_heads": 4, "model.intermediate_size": 256,
@@ -326,6 +346,9 @@ def _problems(cfg: RunConfig) -> list[str]:
     for n in ("profiles_per_field", "max_new_tokens"): pos(f"testbed.{n}")
     frac("testbed.min_share")
     if not isinstance(cfg.testbed.require_memorized, bool): out.append(f"testbed.require_memorized must be true or false, got {cfg.testbed.require_memorized!r}")
+    vf = cfg.testbed.validation_fields
+    if not (isinstance(vf, (list, tuple)) and len(vf) == 2 and vf[0] != vf[1] and all(v in TARGET_FIELDS for v in vf)):
+        out.append(f"testbed.validation_fields must be two different target fields [forget, retain] from {', '.join(TARGET_FIELDS)}, got {vf!r}")
     if cfg.inject.qa_fields is not None:
         from lume_lab.data.pii import QA_ATTRIBUTES   # lazy: the attribute list lives with the PII generator
         subset("inject.qa_fields", QA_ATTRIBUTES)

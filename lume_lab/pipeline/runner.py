@@ -71,10 +71,9 @@ def experiments_dir() -> Path:
     return r / "nbs" / "experiments"
 
 def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
-    "The experiment notebooks in order, optionally only those whose name starts with one of `names` (e.g. 'e00')."
-    nbs = sorted(p for p in experiments_dir().glob("e[0-9]*.ipynb"))
-    if names:
-        unknown = [n for n in names if not any(p.stem.startswith(n) for p in nbs)]
-        if unknown: raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; allowed: {', '.join(p.stem for p in nbs)}")
-        nbs = [p for p in nbs if any(p.stem.startswith(n) for n in names)]
-    return nbs
+    "The main chain `e00…` in order, or only the notebooks whose name starts with one of `names` (e.g. 'e00', or 't00' for tuning)."
+    every = sorted(p for p in experiments_dir().glob("[a-z][0-9]*.ipynb"))
+    if not names: return [p for p in every if p.stem.startswith("e")]
+    unknown = [n for n in names if not any(p.stem.startswith(n) for p in every)]
+    if unknown: raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; allowed: {', '.join(p.stem for p in every)}")
+    return [p for p in every if any(p.stem.startswith(n) for n in names)]

@@ -21,8 +21,8 @@ from ..models.lm import build_model, load_model, pretrain, save_model
 __all__ = ['STAGE_VERSIONS', 'NO_CONTROL_METHODS', 'stage_world', 'stage_tokenizer', 'stage_base', 'load_base', 'utility_table',
            'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume', 'load_stage_model', 'stage_masks',
            'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction', 'prepare_testbed', 'forget_groups',
-           'ground_truth_forget_mask', 'stage_unlearn', 'load_unlearned', 'reference_utility', 'stage_evaluate',
-           'stage_localization']
+           'ground_truth_forget_mask', 'method_inputs', 'stage_unlearn', 'stage_tune', 'load_unlearned',
+           'reference_utility', 'stage_evaluate', 'stage_localization']
 
 # %% ../../nbs/pipeline/01_stages.ipynb #c464db20
 STAGE_VERSIONS = {"world": 1, "tokenizer": 1, "base": 1, "utility": 1, "pii": 1, "pistol": 1, "lume": 1}
@@ -201,7 +201,8 @@ def stage_testbed(store: RunStore):
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
         build_testbed(model, tok, _load_pii(store), c.testbed, c.seed, out, target_fields=c.pii.target_fields,
-                      min_share=c.testbed.min_share, require_memorized=c.testbed.require_memorized)
+                      min_share=c.testbed.min_share, require_memorized=c.testbed.require_memorized,
+                      validation_fields=tuple(c.testbed.validation_fields))
     key = {"v": STAGE_VERSIONS["testbed"], "testbed": asdict(c.testbed), "seed": c.seed}
     return load_testbed(store.stage("testbed", fn, key=key, deps=["pii", "instruct_masked"]))
 
@@ -238,6 +239,16 @@ def ground_truth_forget_mask(owner: dict, groups) -> dict:
     ids = torch.tensor([g + 1 for g in groups], dtype=torch.uint8)
     return {n: torch.isin(m, ids) for n, m in owner.items()}
 
+def _input_deps(method: str) -> list[str]:
+    "The stages `method_inputs` reads for `method`."
+    return {"oracle_grad": ["masks"], "alphaedit": ["world"]}.get(method, [])
+
+def method_inputs(store: RunStore, method: str) -> dict:
+    "Extra arguments a method needs from the run: OracleGrad's ground-truth forget mask, AlphaEdit's neutral texts."
+    if method == "oracle_grad": return {"ground_truth_mask": ground_truth_forget_mask(stage_masks(store), forget_groups(store.config))}
+    if method == "alphaedit": return {"neutral_texts": corpus_texts(load_world(store.path("world")))[:2000]}
+    return {}
+
 def _unlearn_name(method: str, field: str, control: bool) -> str: return f"unlearn_{method}_{field}" + ("_control" if control else "")
 
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
@@ -256,14 +267,33 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     if method == "oracle_grad": stage_masks(store)
     def fn(out):
         model, tok = load_stage_model(store, src)
-        gt = ground_truth_forget_mask(stage_masks(store), forget_groups(c)) if method == "oracle_grad" else None
-        extra = {"neutral_texts": corpus_texts(load_world(store.path("world")))[:2000]} if method == "alphaedit" else {}
-        unl, log = run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, ground_truth_mask=gt, seed=c.seed, **extra)
+        unl, log = run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed, **method_inputs(store, method))
         if hasattr(unl, "save_assistant"): unl.save_assistant(out / "assistant")
         else: save_model(unl, tok, out / "model")
         log.to_csv(out / "log.csv", index=False)
     key = {"v": STAGE_VERSIONS["unlearn"], "method": method, "field": field, "hparams": hp, "seed": c.seed}
-    return store.stage(_unlearn_name(method, field, control), fn, key=key, deps=["testbed", src] + (["masks"] if method == "oracle_grad" else []) + (["world"] if method == "alphaedit" else []))
+    return store.stage(_unlearn_name(method, field, control), fn, key=key, deps=["testbed", src] + _input_deps(method))
+
+def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.DataFrame:
+    "Grid search of `method` on the validation split (license forget / email retain; App. G.2), cached; `grid` defaults to `MINI_GRIDS`."
+    from lume_lab.unlearn.base import get_method
+    from lume_lab.unlearn.tune import grid_search, MINI_GRIDS, grid_points
+    c = store.config
+    get_method(method)                                                 # unknown method fails before any compute
+    grid = grid if grid is not None else MINI_GRIDS[method]
+    grid_points(grid)                                                  # a malformed grid fails before any compute
+    tb = stage_testbed(store)
+    if method == "oracle_grad": stage_masks(store)
+    fixed = {k: v for k, v in c.unlearn.hparams.get(method, {}).items() if k not in grid}   # the grid's keys are searched
+    def fn(out):
+        tok = load_stage_model(store, "instruct_masked")[1]
+        res = grid_search(method, lambda: load_stage_model(store, "instruct_masked")[0], tok, tb["validation_forget"].to_list(),
+                          tb["validation_retain"].to_list(), grid, base=fixed,
+                          seed=c.seed, method_kwargs=method_inputs(store, method))
+        res.to_csv(out / "grid.csv", index=False)
+    key = {"v": STAGE_VERSIONS["unlearn"], "method": method, "grid": grid, "base": fixed, "seed": c.seed}
+    d = store.stage(f"tune_{method}", fn, key=key, deps=["testbed", "instruct_masked"] + _input_deps(method))
+    return pd.read_csv(d / "grid.csv")
 
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
     "(model, tokenizer) after unlearning; for ULD the base model wrapped with its assistant."

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/unlearn/09_alphaedit.ipynb #8790bb1e
 from __future__ import annotations
-import math
+import math, warnings
 from contextlib import contextmanager
 import pandas as pd
 import torch
@@ -192,6 +192,12 @@ def alphaedit(model, tokenizer, forget, retain, hparams: dict | None = None, gro
     was = model.training; model.eval(); log = []
     C0 = {l: key_second_moment(model, tokenizer, texts, l, max_length=hp["mom2_max_length"])[0] for l in layers}
     P = {l: null_space_projector(C0[l], hp["nullspace_threshold"]).to(dev) for l in layers}
+    null_dim = {l: round(torch.trace(P[l]).item()) for l in layers}       # a projector's trace is its rank
+    log += [{"phase": "null_space", "layer": l, "null_dim": null_dim[l], "key_dim": P[l].shape[0]} for l in layers]
+    if not any(null_dim.values()):
+        warnings.warn(f"AlphaEdit: the preserved keys span the whole key space of layers {layers} at nullspace_threshold="
+                      f"{hp['nullspace_threshold']:g} (no eigenvalue of C0 below it), so every update is projected to zero and "
+                      f"the model will not change; raise nullspace_threshold or change mom2_data")
     Cp = {l: torch.zeros_like(P[l]) for l in layers}
     for b, s in enumerate(range(0, len(forget), hp["batch_size"])):
         reqs = forget[s:s + hp["batch_size"]]
