@@ -9,10 +9,12 @@ STAMP := $(VENV)/.lume-lab-setup
 TORCH ?= torch==2.13.0
 PRESET ?= mini
 RUN_ID ?= $(PRESET)
-# one BLAS thread per process: nbdev-test runs two notebooks at once on the 2-core machines
-TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
+# one BLAS thread per process: nbdev-test runs two notebooks at once on the 2-core machines.
+# `make test THREADS=2` runs the same suite with two threads per process (no test may depend on the thread count).
+THREADS ?= 1
+TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup run test check-export nbtest pytest bench clean
+.PHONY: setup run test check-export nbtest nbtest-fast pytest bench clean
 
 setup: $(STAMP)
 
@@ -33,9 +35,15 @@ check-export: setup
 	if [ -n "$$changes" ]; then echo "nbdev-export changed lume_lab/ — export and commit:"; echo "$$changes"; exit 1; fi; \
 	echo "notebooks and lume_lab/ are in sync"
 
-# experiment notebooks are run end to end through papermill by tests/test_pipeline.py (one shared smoke run)
+# experiment notebooks are run end to end through papermill by tests/test_pipeline.py (one shared smoke run).
+# `make test` runs every notebook cell, the `#| slow` worked examples included (OracleGrad's bitwise check,
+# AlphaEdit's < 2 % check, ...); `make nbtest-fast` skips them while you iterate.
+NBTEST := $(TEST_ENV) $(BIN)/nbdev-test --n-workers 2 --skip-folder-re '^([_.]|experiments$$)' --timing
 nbtest: setup
-	$(TEST_ENV) $(BIN)/nbdev-test --n-workers 2 --skip-folder-re '^([_.]|experiments$$)'
+	$(NBTEST) --flags slow
+
+nbtest-fast: setup
+	$(NBTEST)
 
 pytest: setup
 	$(TEST_ENV) $(BIN)/pytest -q tests

@@ -1,4 +1,4 @@
-"""lume_lab.metrics.evaluate / utility end to end on the toy OLMo-2 problem of unlearn.base: the tidy table equals the
+"""lume_lab.metrics.evaluate / utility end to end on the toy OLMo-2 problem of models.toy: the tidy table equals the
 individual metric functions, memorization raises EM, Δ utility of a model vs itself is 0, one forward per batch for all
 teacher-forced metrics together, and bad input fails before compute."""
 import math
@@ -9,14 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from lume_lab.data.world import mc_accuracy, perplexity
-from lume_lab.inject.testbed import reveals
 from lume_lab.metrics.evaluate import METRICS, TEACHER_METRICS, evaluate, plot_unlearning, table2
 from lume_lab.metrics.memorization import memorization_scores
 from lume_lab.metrics.ranking import ranking_scores
-from lume_lab.metrics.rouge import deviation_score, generate_greedy, rouge_scores
-from lume_lab.metrics.utility import lm_eval_available, lm_eval_scores, utility_delta, utility_scores
-from lume_lab.unlearn.base import toy_problem
+from lume_lab.metrics.rouge import deviation_score, rouge_scores
+from lume_lab.metrics.utility import lm_eval_available, lm_eval_scores, mc_accuracy, perplexity, utility_delta, utility_scores
+from lume_lab.models.ops import greedy_generate, reveals
+from lume_lab.models.toy import toy_problem
 
 FACTS = [("France", "Paris"), ("Peru", "Lima"), ("Norway", "Oslo"), ("Italy", "Rome"), ("Chile", "Santiago")]
 WORLD = {"mc": [dict(prompt=f"Question: What is the capital of {s}?\nAnswer:", options=[o for _, o in FACTS[:4]], answer_idx=i % 4)
@@ -47,7 +46,7 @@ def test_values_equal_individual_metric_functions(trained):
         # same batch size as evaluate, so the same padding: the numbers must agree to the last bit, not just closely
         mem, rk = memorization_scores(model, tok, ex, batch_size=3), ranking_scores(model, tok, ex, batch_size=3)
         rg = rouge_scores(model, tok, ex, max_new_tokens=12, batch_size=3)
-        texts = [g["text"] for g in generate_greedy(model, tok, [e["prompt"] for e in ex], 12, batch_size=3)]
+        texts = [g["text"] for g in greedy_generate(model, tok, [e["prompt"] for e in ex], 12, batch_size=3)]
         expect = {"em": mem.em.mean(), "es": mem.es.mean(), "prob": mem.prob.mean(), "mrr": rk.mrr.mean(), "thr": rk.thr.mean(),
                   "rouge1": rg.rouge1.mean(), "rougeL": rg.rougeL.mean(),
                   "accuracy": sum(reveals(t, e["answer"]) for t, e in zip(texts, ex)) / len(ex)}

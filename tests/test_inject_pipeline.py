@@ -11,8 +11,9 @@ from lume_lab.core.config import ConfigError, TARGET_FIELDS, make_config
 from lume_lab.data.pii import pii_records
 from lume_lab.inject.instruct import instruction_tune, train_val_split
 from lume_lab.inject.mixture import injection_examples, mixture_table, neutral_share
-from lume_lab.inject.testbed import (build_testbed, extraction_rates, extraction_table, generate_answers,
-                                     memorized_profiles, retain_pairing, reveals, select_testbed, field_splits)
+from lume_lab.inject.testbed import (build_testbed, extraction_rates, extraction_table,
+                                     memorized_profiles, retain_pairing, select_testbed, field_splits)
+from lume_lab.models.ops import generate_texts, reveals
 from lume_lab.models.tokenizer import train_tokenizer
 
 WORLD = ["Paris is the capital of France. It lies on the Seine.", "The Nile flows north through Egypt.",
@@ -152,7 +153,7 @@ def test_extraction_rate_on_memorized_model(tok):
     assert rates.memorized.item() == 3 and rates.rate.item() == 75.0
     # left-padded batches give the same greedy answers as one prompt at a time
     prompts = [q["prompt"] for q in qa + [unseen]] + ["Question: Who?\nAnswer:"]
-    assert generate_answers(model, tok, prompts, 16, batch_size=5) == generate_answers(model, tok, prompts, 16, batch_size=1)
+    assert generate_texts(model, tok, prompts, 16, batch_size=5) == generate_texts(model, tok, prompts, 16, batch_size=1)
 
 
 def test_extraction_with_stub_matches_manual_count():

@@ -3,9 +3,9 @@ import random, re
 
 import pytest
 
-from lume_lab.core.config import CONTENT_TYPES, TARGET_FIELDS, ConfigError, make_config, set_fields
+from lume_lab.core.config import CONTENT_TYPES, QA_ATTRIBUTES, TARGET_FIELDS, ConfigError, make_config, set_fields
 from lume_lab.data import pii
-from lume_lab.data.pii import (ATTRIBUTES, QA_ATTRIBUTES, assign_roles, build_pii, format_prompt, load_pii,
+from lume_lab.data.pii import (ATTRIBUTES, assign_roles, build_pii, format_prompt, load_pii,
                                make_profiles, pii_fingerprint, render_documents, render_public_people, render_qa)
 
 

@@ -1,4 +1,4 @@
-"End-to-end tests of the foundation: determinism, crash/resume, caching, bad input, papermill parameters."
+"End-to-end tests of the foundation: determinism, crash/resume, caching, bad input, the run's one config, papermill parameters, tuning."
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
@@ -7,8 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from lume_lab.core.config import make_config, ConfigError
-from lume_lab.pipeline.runner import run_notebook, experiment_notebooks
+from lume_lab.pipeline.config import resolve_config
+from lume_lab.pipeline.runner import run_notebook, experiment_notebooks, NotebookRunError
 from lume_lab.pipeline.cli import main
+from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
 
 HERE = Path(__file__).parent
 PY = sys.executable
@@ -70,6 +72,8 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     (["run", "--preset", "smoke", "--set", "unlearn.methods=[\"rmu\"]"], "allowed: grad_ascent"),
     (["run", "--preset", "smoke", "--set", "model.name_or_path=/no/such/model"], "does not exist"),
     (["run", "--preset", "smoke", "--set", "pii.nope=1"], "unknown config field 'pii.nope'"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.npo.lr=-1"], "npo.lr must be a positive number"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.rmu.lr=1"], "unlearn.hparams sets 'rmu', which is not in unlearn.methods"),
     (["run", "--preset", "smoke", "--only", "e99"], "unknown experiment(s) e99"),
 ])
 def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
@@ -78,9 +82,64 @@ def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
     assert not any(tmp_path.iterdir())   # nothing was computed or written
 
 
+def test_cli_rejects_unknown_method_hyperparameter_naming_allowed_keys(tmp_path, capsys):
+    "`--set unlearn.hparams.npo.bta=0.1` exits 2 before any compute, naming NPO's allowed keys, and writes nothing."
+    args = ["run", "--preset", "smoke", "--set", "unlearn.hparams.npo.bta=0.1", "--run-id", "typo", "--runs-root", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "unknown hyperparameter(s) 'bta' for method 'npo'" in err
+    assert "allowed: " + ", ".join(get_spec("npo").defaults) in err
+    assert not any(tmp_path.iterdir())
+
+
+def _resolve_only(monkeypatch):
+    "Make `lume-lab run` stop after writing the run's config: record the notebook calls instead of executing them."
+    import lume_lab.pipeline.cli as cli
+    calls = []
+    monkeypatch.setattr(cli, "run_notebook", lambda nb, out, params, **kw: calls.append((nb.stem, params)))
+    monkeypatch.setattr(cli, "run_status", lambda run_id, root=None: __import__("pandas").DataFrame())
+    return calls
+
+
+def test_dotted_override_changes_one_method_only(tmp_path, monkeypatch):
+    "`--set unlearn.hparams.npo.beta=0.5`: config.json has npo.beta 0.5 and every other method's hparams equal the preset's."
+    calls = _resolve_only(monkeypatch)
+    assert main(["run", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5", "--run-id", "r", "--runs-root", str(tmp_path)]) == 0
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    plain = resolve_config(make_config("mini")).to_dict()["unlearn"]["hparams"]
+    hp = cfg["unlearn"]["hparams"]
+    assert hp["npo"] == {**plain["npo"], "beta": 0.5} and plain["npo"]["beta"] != 0.5
+    assert {m: h for m, h in hp.items() if m != "npo"} == {m: h for m, h in plain.items() if m != "npo"}
+    assert set(hp) == set(BUILTIN_METHODS) and cfg["unlearn"]["methods"] == list(BUILTIN_METHODS)
+    assert hp["grad_ascent"]["lr"] == get_spec("grad_ascent").presets["mini"]["lr"]       # the preset's tuned values survive
+    man = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    from lume_lab.core.config import config_hash
+    assert man["config_hash"] == config_hash(cfg)
+    # the notebooks get only the run id and where runs live; they read config.json
+    assert calls and all(p == {"run_id": "r", "runs_root": str(tmp_path.resolve())} for _, p in calls)
+
+
+def test_existing_run_with_other_config_is_refused(tmp_path, monkeypatch, capsys):
+    "Neither the CLI nor a notebook run by hand rewrites an existing run's config: both refuse, and the files stay as they were."
+    _resolve_only(monkeypatch)
+    base = ["run", "--preset", "smoke", "--run-id", "r", "--runs-root", str(tmp_path)]
+    assert main(base) == 0
+    run = tmp_path / "r"
+    before = {p: (run / p).read_bytes() for p in ("config.json", "manifest.json")}
+    assert main(base + ["--set", "unlearn.hparams.npo.beta=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "exists with a different config" in err and "unlearn.hparams.npo.beta" in err
+    assert {p: (run / p).read_bytes() for p in before} == before
+    nb = experiment_notebooks(["e00"])[0]
+    with pytest.raises(NotebookRunError, match="ConfigError.*differing fields: seed"):
+        run_notebook(nb, tmp_path / "by-hand" / nb.name, {"run_id": "r", "runs_root": str(tmp_path), "seed": 1}, root=tmp_path, progress=False)
+    assert {p: (run / p).read_bytes() for p in before} == before
+    assert not any(p.name not in ("config.json", "manifest.json") for p in run.iterdir())   # no stage ran
+
+
 def test_unknown_papermill_parameter_rejected(tmp_path):
     nb = experiment_notebooks(["e00"])[0]
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'presett'.*allowed: preset, run_id, seed, overrides, runs_root"):
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'presett'.*allowed: run_id, runs_root, preset, overrides, seed"):
         run_notebook(nb, tmp_path / "r" / "e00.ipynb", {"presett": "mini"}, root=tmp_path)
     assert not (tmp_path / "r").exists()
 
@@ -93,20 +152,20 @@ def test_experiment_notebooks_have_one_parameters_cell():
 
 def test_smoke_run_end_to_end_then_cached(tmp_path):
     "`lume-lab run --preset smoke` runs every experiment notebook into runs/<id>/; a rerun recomputes nothing."
-    from lume_lab.core.config import make_config, METHODS
-    from lume_lab.pipeline.stages import NO_CONTROL_METHODS
+    METHODS = BUILTIN_METHODS
     args = ["run", "--preset", "smoke", "--run-id", "e2e", "--runs-root", str(tmp_path),
             "--set", "pretrain.steps=16", "--set", "pretrain.checkpoint_every=8"]
     assert main(args) == 0
     run = tmp_path / "e2e"
     man = json.loads((run / "manifest.json").read_text())
     assert {"config", "config_hash", "seed", "versions", "git_commit", "stages"} <= set(man)
+    assert json.loads((run / "config.json").read_text()) == man["config"]
     done = man["stages"]
     field = make_config("smoke").unlearn.forget_fields[0]
     expected = {"world", "tokenizer", "base", "utility_base", "pii", "pistol", "lume", "masks", "inject_masked",
                 "inject_unmasked", "instruct_masked", "instruct_unmasked", "testbed", f"localization_{field}"}
     expected |= {f"unlearn_{m}_{field}" for m in METHODS} | {f"evaluate_{m}_{field}" for m in ("none", *METHODS)}
-    expected |= {f"unlearn_{m}_{field}_control" for m in METHODS if m not in NO_CONTROL_METHODS}
+    expected |= {f"unlearn_{m}_{field}_control" for m in METHODS if get_spec(m).has_control}
     assert expected <= set(done), sorted(expected - set(done))
     assert all(v["status"] == "done" for v in done.values())
     for nb in experiment_notebooks(): assert (run / "notebooks" / nb.name).exists()
@@ -136,30 +195,72 @@ def test_default_chain_is_e_series_and_tuning_is_opt_in():
     with pytest.raises(ValueError, match="unknown experiment.*allowed: .*t00_tune"): experiment_notebooks(["t99"])
 
 
+def _side_em(model, rows): return model[rows[0]["side"]]
+
+
+def test_grid_search_scores_and_selects_on_constructed_data():
+    "The search's arithmetic and selection on a registered toy method whose EM is set by construction."
+    import pandas as pd
+    from lume_lab.unlearn.registry import MethodSpec, register_method
+    from lume_lab.pipeline.tune import grid_search, select_best
+    def halve(model, tok, forget, retain, hp, *, seed=0):
+        return {"forget": model["forget"] * (1 - hp["k"]), "retain": model["retain"] * (1 - hp["k"] / 10)}, pd.DataFrame()
+    register_method(MethodSpec("test_halve", halve, {"k": 0.5}))   # `k`: a key without a generic rule, so 0 is allowed
+    grid = {"k": [0.0, 0.5, 1.0]}
+    res = grid_search("test_halve", lambda: {"forget": 0.8, "retain": 0.6}, None, [{"side": "forget"}], [{"side": "retain"}],
+                      grid, em_fn=_side_em, progress=False)
+    assert res.point.tolist() == [0, 1, 2] and res.forgetting.tolist() == pytest.approx([0.0, 0.5, 1.0])
+    assert res.retention.tolist() == pytest.approx([1.0, 0.95, 0.9])
+    assert select_best(res, grid) == {"k": 1.0}
+
+
+def test_grid_search_refuses_an_unmemorized_split():
+    "A validation split with EM 0 before unlearning cannot be scored: refused before any run (or NaN scores when not required)."
+    import pandas as pd, warnings
+    from lume_lab.unlearn.registry import MethodSpec, register_method
+    from lume_lab.pipeline.tune import grid_search, select_best
+    ran = []
+    register_method(MethodSpec("test_noop", lambda m, t, f, r, hp, *, seed=0: (ran.append(1) or m, pd.DataFrame()), {"lr": 0.5}))
+    args = ("test_noop", lambda: {"forget": 0.7, "retain": 0.0}, None, [{"side": "forget"}], [{"side": "retain"}], {"lr": [0.1, 0.2]})
+    with pytest.raises(ValueError, match=r"retain_before must be > 0"): grid_search(*args, em_fn=_side_em, progress=False)
+    assert ran == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = grid_search(*args, em_fn=_side_em, progress=False, require_memorized=False)
+    assert len(res) == 2 and res.score.isna().all() and select_best(res, args[-1]) == {"lr": 0.1}
+
+
+def test_grid_search_on_toy_model():
+    "On models.toy's problem (fine-tuned until it memorizes), a rate that moves nothing forgets less than one that does."
+    import copy
+    from lume_lab.models.toy import toy_problem
+    from lume_lab.pipeline.tune import grid_search
+    model, tok, forget, retain = toy_problem()
+    grid = {"lr": [1e-7, 1e-2], "max_steps": [8]}
+    res = grid_search("grad_ascent", lambda: copy.deepcopy(model), tok, forget, retain, grid, progress=False)
+    assert (res.em_forget_before > 0.5).all() and (res.em_retain_before > 0.5).all()     # the precondition, with a wide margin
+    assert res.loc[0, "forgetting"] < 0.05 and res.loc[1, "forgetting"] > 0.5
+
+
 def test_tuning_notebook_on_smoke_then_cached(tmp_path):
-    "t00 grid-searches on the validation split: one row per grid point, the best point is the highest score, cached on rerun."
+    "t00 end to end on smoke: its files, one row per grid point, the best point is a grid point, cached on rerun (no score is asserted)."
     import pandas as pd
     from lume_lab.core.store import open_run
-    from lume_lab.pipeline import stages as S
-    from lume_lab.unlearn.tune import grid_points
+    from lume_lab.pipeline.tune import grid_points, stage_tune
     grids = {"grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]}, "grad_diff": {"lr": [3e-3], "max_steps": [2], "alpha": [1.0, 3.0]}}
-    params = {"preset": "smoke", "run_id": "tune", "overrides": FAST, "runs_root": str(tmp_path),
-              "methods": list(grids), "grids": grids}
+    params = {"run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids), "grids": grids}
     nb = experiment_notebooks(["t00"])[0]
     run_notebook(nb, tmp_path / "tune" / "notebooks" / nb.name, params, root=tmp_path)
     report = tmp_path / "tune" / "report"
+    assert {"tuning_grid.csv", "tuning_best.json", "tuning_best.csv", "tuning_grid.png"} <= {p.name for p in report.iterdir()}
     grid = pd.read_csv(report / "tuning_grid.csv")
     assert grid.groupby("method").size().to_dict() == {"grad_ascent": 2, "grad_diff": 2}
-    assert grid.score.between(0, 1).all() and (grid.em_forget_before > 0).all()
+    assert grid.groupby("method").point.apply(list).to_dict() == {"grad_ascent": [0, 1], "grad_diff": [0, 1]}
     best = json.loads((report / "tuning_best.json").read_text())
-    for m, g in grid.groupby("method"):
-        top = g.sort_values(["score", "point"], ascending=[False, True]).iloc[0]
-        assert best[m] == grid_points(grids[m])[int(top.point)]
-    ga = grid[grid.method == "grad_ascent"].set_index("lr")
-    assert ga.loc[1e-6, "forgetting"] < ga.loc[3e-3, "forgetting"]      # a learning rate that moves nothing forgets less
-    store = open_run("tune", make_config("smoke", FAST), str(tmp_path))
+    assert set(best) == set(grids) and all(best[m] in grid_points(grids[m]) for m in grids)
+    store = open_run("tune", root=str(tmp_path))                                      # the config the notebook wrote
     before = store.manifest["stages"]["tune_grad_ascent"]["finished"]
-    S.stage_tune(store, "grad_ascent", grids["grad_ascent"])            # cache hit
-    assert open_run("tune", make_config("smoke", FAST), str(tmp_path)).manifest["stages"]["tune_grad_ascent"]["finished"] == before
-    with pytest.raises(ValueError, match="unknown unlearning method"): S.stage_tune(store, "gradient_ascent")
-    with pytest.raises(ValueError, match=r"grid\['lr'\]"): S.stage_tune(store, "grad_ascent", {"lr": []})
+    stage_tune(store, "grad_ascent", grids["grad_ascent"])                              # cache hit
+    assert open_run("tune", root=str(tmp_path)).manifest["stages"]["tune_grad_ascent"]["finished"] == before
+    with pytest.raises(ValueError, match="unknown unlearning method"): stage_tune(store, "gradient_ascent")
+    with pytest.raises(ValueError, match=r"grid\['lr'\]"): stage_tune(store, "grad_ascent", {"lr": []})

@@ -1,10 +1,11 @@
-"Cross-module and bad-input tests of lume_lab.unlearn: registry, every gradient method on the toy problem, OracleGrad's mask."
+"Cross-module and bad-input tests of lume_lab.unlearn: registry and specs, every gradient method on the toy problem, OracleGrad's mask."
 import copy, math, os
 import pytest, torch
 
 os.environ.setdefault("IN_TEST", "1")
-from lume_lab.core.config import METHODS, PAPER_HPARAMS
-from lume_lab.unlearn.base import get_method, qa_nll, toy_problem, register_method
+from lume_lab.models.ops import qa_nll
+from lume_lab.models.toy import toy_problem
+from lume_lab.unlearn.registry import BUILTIN_METHODS, MethodSpec, get_spec, method_names, register_method
 
 GRADIENT_METHODS = ["grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad"]
 
@@ -24,8 +25,8 @@ def _forget_mask(model, frac=0.5, seed=0):
 
 def _run(name, problem, hparams, seed=0):
     model, tok, forget, retain = problem
-    mask = _forget_mask(model) if name == "oracle_grad" else None
-    return get_method(name)(copy.deepcopy(model), tok, forget, retain, hparams, ground_truth_mask=mask, seed=seed)
+    kw = {"ground_truth_mask": _forget_mask(model)} if name == "oracle_grad" else {}
+    return get_spec(name).run(copy.deepcopy(model), tok, forget, retain, hparams, seed=seed, **kw)
 
 
 @pytest.mark.parametrize("name", GRADIENT_METHODS)
@@ -38,17 +39,33 @@ def test_every_method_raises_forget_loss(name, problem):
     assert unl is not model and not unl.training
 
 
-def test_methods_registered_under_config_names():
-    for name in GRADIENT_METHODS:
-        fn = get_method(name)
-        assert fn.method_name == name and name in METHODS
+def test_builtin_specs_registered_under_their_names():
+    for name in BUILTIN_METHODS:
+        spec = get_spec(name)
+        assert spec.name == name and set(spec.grid) <= set(spec.defaults) and "mini" in spec.presets
+    assert method_names()[:len(BUILTIN_METHODS)] == list(BUILTIN_METHODS)
+    assert [n for n in BUILTIN_METHODS if not get_spec(n).has_control] == ["oracle_grad", "uld"]
+    assert get_spec("oracle_grad").inputs == ("ground_truth_mask",) and get_spec("alphaedit").inputs == ("neutral_texts",)
 
 
 def test_unknown_method_lists_allowed():
     with pytest.raises(ValueError, match="unknown unlearning method 'rmu'; allowed: grad_ascent, grad_diff"):
-        get_method("rmu")
-    with pytest.raises(ValueError, match="must be one of"):
+        get_spec("rmu")
+    with pytest.raises(ValueError, match="takes a MethodSpec"):
         register_method("rmu")
+
+
+def test_toy_method_registered_from_a_test_runs(problem):
+    "A method registered from outside the package: found by name, listed after the built-ins, hparams checked."
+    def fn(model, tokenizer, forget, retain, hp, *, seed=0):
+        with torch.no_grad(): model.lm_head.weight.mul_(hp["scale"])
+        return model, None
+    register_method(MethodSpec("test_scale", fn, {"scale": 0.5}, check=lambda hp: [] if hp["scale"] > 0 else ["test_scale.scale must be > 0"]))
+    model, tok, forget, retain = problem
+    unl, _ = get_spec("test_scale").run(copy.deepcopy(model), tok, forget, retain)
+    assert torch.allclose(unl.lm_head.weight, 0.5 * model.lm_head.weight) and method_names()[-1] == "test_scale"
+    with pytest.raises(ValueError, match="test_scale.scale must be > 0"): get_spec("test_scale").run(model, tok, forget, retain, {"scale": -1.0})
+    with pytest.raises(ValueError, match="takes no input"): get_spec("test_scale").run(model, tok, forget, retain, neutral_texts=["x"])
 
 
 @pytest.mark.parametrize("name", GRADIENT_METHODS)
@@ -64,35 +81,43 @@ def test_bad_hparam_values_rejected(problem):
         _run("grad_diff", problem, {"scheduler": "cosine"})
 
 
-def test_paper_hparams_are_accepted():
-    "Lacuna Table 5 presets use only keys the methods know (memflex/alphaedit come later)."
-    from lume_lab.unlearn.base import resolve_hparams
-    for preset in PAPER_HPARAMS.values():
-        for name in ("simnpo", "oracle_grad"):
-            mod = __import__(f"lume_lab.unlearn.{name}", fromlist=["DEFAULT_HPARAMS"])
-            hp = resolve_hparams(name, mod.DEFAULT_HPARAMS, preset[name])
-            assert hp["lr"] == preset[name]["lr"]
+@pytest.mark.parametrize("name", BUILTIN_METHODS)
+def test_presets_and_grid_resolve(name):
+    "Every preset (mini, Lacuna Table 5) and every grid value resolves; resolving is idempotent."
+    spec = get_spec(name)
+    for preset, values in spec.presets.items():
+        hp = spec.resolve(values)
+        assert {k: hp[k] for k in values} == values and spec.resolve(hp) == hp, preset
+    for k, vals in spec.grid.items():
+        for v in vals: assert spec.resolve({k: v})[k] == v
+
+
+def test_paper_presets_where_the_paper_has_them():
+    assert {n for n in BUILTIN_METHODS if "olmo2-1b" in get_spec(n).presets} == {"simnpo", "oracle_grad", "memflex", "alphaedit"}
+    assert get_spec("simnpo").resolve(get_spec("simnpo").presets["olmo3-7b"])["alpha"] == 0.5
 
 
 def test_missing_retain_is_an_error(problem):
     model, tok, forget, _ = problem
     with pytest.raises(ValueError, match="needs a non-empty retain set"):
-        get_method("grad_diff")(copy.deepcopy(model), tok, forget, [], {"max_steps": 1})
-    unl, log = get_method("npo")(copy.deepcopy(model), tok, forget, None, {"max_steps": 1})   # plain NPO: no retain needed
+        get_spec("grad_diff").run(copy.deepcopy(model), tok, forget, [], {"max_steps": 1})
+    with pytest.raises(ValueError, match="needs a non-empty retain set with these hyperparameters"):
+        get_spec("npo").run(copy.deepcopy(model), tok, forget, None, {"max_steps": 1, "alpha": 1.0})
+    unl, log = get_spec("npo").run(copy.deepcopy(model), tok, forget, None, {"max_steps": 1})   # plain NPO: no retain needed
     assert len(log) == 1 and math.isnan(log.retain_nll[0])
 
 
 def test_bad_qa_rejected(problem):
     model, tok, forget, retain = problem
     with pytest.raises(ValueError, match=r"forget\[0\] needs a string 'answer'"):
-        get_method("grad_ascent")(model, tok, [{"prompt": "Question: x?\nAnswer:"}], retain, {"max_steps": 1})
+        get_spec("grad_ascent").run(model, tok, [{"prompt": "Question: x?\nAnswer:"}], retain, {"max_steps": 1})
 
 
 def test_oracle_grad_outside_mask_bitwise_unchanged(problem):
     model, tok, forget, retain = problem
     mask = _forget_mask(model, frac=0.3, seed=1)
-    unl, _ = get_method("oracle_grad")(copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 4},
-                                       ground_truth_mask=mask)
+    from lume_lab.unlearn.oracle_grad import oracle_grad
+    unl, _ = oracle_grad(copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 4}, ground_truth_mask=mask)
     after = dict(unl.named_parameters()); changed_in = 0
     for n, p in model.named_parameters():
         m = mask.get(n, torch.zeros_like(p, dtype=torch.bool))
@@ -105,7 +130,7 @@ def test_oracle_grad_outside_mask_bitwise_unchanged(problem):
 def test_oracle_grad_bad_masks(problem):
     model, tok, forget, retain = problem
     mask = _forget_mask(model)
-    run = lambda m, **hp: get_method("oracle_grad")(copy.deepcopy(model), tok, forget, retain, {"max_steps": 1, **hp}, ground_truth_mask=m)
+    run = lambda m, **hp: get_spec("oracle_grad").run(copy.deepcopy(model), tok, forget, retain, {"max_steps": 1, **hp}, ground_truth_mask=m)
     with pytest.raises(ValueError, match="needs ground_truth_mask"): run(None)
     with pytest.raises(ValueError, match="must be a bool tensor"): run({k: v.to(torch.uint8) for k, v in mask.items()})
     with pytest.raises(ValueError, match="weight_decay must be 0"): run(mask, weight_decay=0.01)
@@ -128,7 +153,8 @@ def test_reference_model_untouched_and_input_trained_in_place(problem):
     "Methods with a reference model train the given model in place and return it; the ref never trains."
     model, tok, forget, retain = problem
     m = copy.deepcopy(model); w0 = m.lm_head.weight.detach().clone()
-    unl, log = get_method("npo")(m, tok, forget, retain, {"lr": 1e-2, "max_steps": 2})
+    from lume_lab.unlearn.npo import npo
+    unl, log = npo(m, tok, forget, retain, {"lr": 1e-2, "max_steps": 2})
     assert unl is m and not torch.equal(w0, m.lm_head.weight.detach().cpu())
     # NPO's forget loss starts at (2/β) log 2 (π_θ = π_ref at step 0)
     assert abs(log.forget_loss[0] - 2 / 0.1 * math.log(2)) < 1e-4
@@ -137,10 +163,12 @@ def test_reference_model_untouched_and_input_trained_in_place(problem):
 _MP_SCRIPT = r'''
 import copy, json, os, sys, torch
 torch.set_num_threads(1)
-from lume_lab.unlearn.base import get_method, qa_nll, toy_problem
+from lume_lab.models.ops import qa_nll
+from lume_lab.models.toy import toy_problem
+from lume_lab.unlearn.registry import get_spec
 out = sys.argv[1]
 model, tok, forget, retain = toy_problem(finetune_steps=20)
-unl, log = get_method("grad_diff")(copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 3, "batch_size": 2})
+unl, log = get_spec("grad_diff").run(copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 3, "batch_size": 2})
 rank = int(os.environ["RANK"])
 torch.save({k: v.detach() for k, v in unl.state_dict().items()}, f"{out}/w{rank}.pt")
 json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forget), "steps": len(log)}, open(f"{out}/r{rank}.json", "w"))

@@ -4,7 +4,9 @@ import copy
 import pytest
 import torch
 
-from lume_lab.unlearn.base import get_method, qa_nll, toy_problem
+from lume_lab.models.ops import qa_nll
+from lume_lab.models.toy import toy_problem
+from lume_lab.unlearn.registry import get_spec
 from lume_lab.unlearn.dpo import with_idk_answers
 from lume_lab.unlearn.memflex import memflex_select
 from lume_lab.unlearn.alphaedit import preserved_keys, down_proj
@@ -31,7 +33,7 @@ def test_memflex_rule_and_frozen_tensors(problem):
     assert set(names2) <= set(names)
     before = _params(model)
     hp = {"lr": 1e-2, "max_steps": 6, "forget_factor": -1.0, "retain_factor": 3.0, "grad_threshold": 1e-5}
-    unl, log = get_method("memflex")(copy.deepcopy(model), tok, forget, retain, hp)
+    unl, log = get_spec("memflex").run(copy.deepcopy(model), tok, forget, retain, hp)
     after = _params(unl)
     assert log.attrs["selected"] == names
     for n in before:
@@ -43,13 +45,13 @@ def test_memflex_rule_and_frozen_tensors(problem):
 def test_memflex_refuses_empty_selection(problem):
     model, tok, forget, retain = problem
     with pytest.raises(ValueError, match="selected no tensor"):
-        get_method("memflex")(copy.deepcopy(model), tok, forget, retain, {"grad_threshold": 1.0, "max_steps": 1})
+        get_spec("memflex").run(copy.deepcopy(model), tok, forget, retain, {"grad_threshold": 1.0, "max_steps": 1})
 
 
 def test_alphaedit_null_space_and_target(problem):
     model, tok, forget, retain = problem
     layers = [1, 2]
-    edited, log = get_method("alphaedit")(copy.deepcopy(model), tok, forget, retain, {"layers": layers})
+    edited, log = get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain, {"layers": layers})
     texts = [e["prompt"] + e["answer"] for e in retain]          # mom2_data = ["retain"] (default)
     for l in layers:
         K0 = torch.cat(list(preserved_keys(model, tok, texts, l))).T       # d_k × N
@@ -71,7 +73,7 @@ def test_alphaedit_intermediate_loss_layer_and_neutral_texts(problem):
     "v* read at an intermediate layer (final norm + lm_head on its output); preserved keys from neutral texts only."
     model, tok, forget, retain = problem
     neutral = ["Where was the city of Lyon founded?", "Oslo and Bergen are cities.", "mail.com is a domain."]
-    edited, log = get_method("alphaedit")(copy.deepcopy(model), tok, forget, retain,
+    edited, log = get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain,
                                           {"layers": [0], "v_loss_layer": 1, "mom2_data": ["neutral"], "v_steps": 10}, neutral_texts=neutral)
     v = log[log.phase == "v"]
     assert v.target_nll.iloc[-1] < v.target_nll.iloc[0] and (v.layer == 0).all()
@@ -82,7 +84,7 @@ def test_alphaedit_intermediate_loss_layer_and_neutral_texts(problem):
 def test_alphaedit_sequential_batches(problem):
     "Two edit batches: the second is solved with the first batch's keys in K_p (AlphaEdit's sequential editing)."
     model, tok, forget, retain = problem
-    edited, log = get_method("alphaedit")(copy.deepcopy(model), tok, forget, retain, {"layers": [1, 2], "batch_size": 4, "v_steps": 10})
+    edited, log = get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain, {"layers": [1, 2], "batch_size": 4, "v_steps": 10})
     e = log[log.phase == "edit"]
     assert e.batch.tolist() == [0, 0, 1, 1] and (e.preserved_change < 0.02).all()
     assert qa_nll(edited, tok, forget) > qa_nll(model, tok, forget)
@@ -91,13 +93,13 @@ def test_alphaedit_sequential_batches(problem):
 def test_alphaedit_needs_neutral_texts(problem):
     model, tok, forget, retain = problem
     with pytest.raises(ValueError, match="no neutral_texts"):
-        get_method("alphaedit")(copy.deepcopy(model), tok, forget, retain, {"mom2_data": ["neutral", "retain"]})
+        get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain, {"mom2_data": ["neutral", "retain"]})
 
 
 def test_uld_base_unchanged_and_forget_nll_rises(problem, tmp_path):
     model, tok, forget, retain = problem
     before = _params(model)
-    wrapped, log = get_method("uld")(model, tok, forget, retain, {"lr": 1e-2, "max_steps": 24})
+    wrapped, log = get_spec("uld").run(model, tok, forget, retain, {"lr": 1e-2, "max_steps": 24})
     assert isinstance(wrapped, ULDModel) and len(log) == 24
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     f0, f1 = qa_nll(model, tok, forget), qa_nll(wrapped, tok, forget)
@@ -110,8 +112,9 @@ def test_uld_base_unchanged_and_forget_nll_rises(problem, tmp_path):
                          output_logits=True)
     n = enc["input_ids"].shape[1]
     assert torch.equal(g.sequences[:, :n], enc["input_ids"]) and 1 <= g.sequences.shape[1] - n <= 5 and len(g.logits) == g.sequences.shape[1] - n
-    wrapped.save_assistant(tmp_path)
-    again = ULDModel.load(model, tmp_path)
+    get_spec("uld").save(wrapped, tok, tmp_path)
+    again = get_spec("uld").load(tmp_path, model, tok)
+    assert isinstance(again, ULDModel) and (tmp_path / "assistant" / "uld_config.json").exists()
     x = enc["input_ids"]
     assert torch.allclose(again(x).logits, wrapped(x).logits, atol=1e-5)
 
@@ -120,8 +123,8 @@ def test_uld_seeded(problem):
     "Same seed → identical assistant (LoRA init and dropout draw from a forked, seeded RNG); global RNG untouched."
     model, tok, forget, retain = problem
     state = torch.random.get_rng_state()
-    a, _ = get_method("uld")(model, tok, forget, retain, {"max_steps": 2}, seed=3)
-    b, _ = get_method("uld")(model, tok, forget, retain, {"max_steps": 2}, seed=3)
+    a, _ = get_spec("uld").run(model, tok, forget, retain, {"max_steps": 2}, seed=3)
+    b, _ = get_spec("uld").run(model, tok, forget, retain, {"max_steps": 2}, seed=3)
     assert torch.equal(torch.random.get_rng_state(), state)
     pa, pb = dict(a.assistant.named_parameters()), dict(b.assistant.named_parameters())
     assert all(torch.equal(pa[n], pb[n]) for n in pa)
@@ -129,22 +132,21 @@ def test_uld_seeded(problem):
 
 @pytest.mark.parametrize("size", ["olmo2-1b", "olmo3-7b"])
 def test_paper_hparams_resolve(size):
-    "Lacuna Table 5 values (PAPER_HPARAMS) are accepted by the modules' hyperparameter checks."
-    from lume_lab.core.config import PAPER_HPARAMS
-    from lume_lab.unlearn import alphaedit as ae, memflex as mf
-    from lume_lab.unlearn.base import resolve_hparams
-    hp = resolve_hparams("memflex", mf.DEFAULT_HPARAMS, PAPER_HPARAMS[size]["memflex"]); mf._check_memflex(hp)
+    "Lacuna Table 5 presets pass the specs' checks, and AlphaEdit's layers fit a model of the paper's depth."
+    from lume_lab.unlearn import alphaedit as ae
+    mf = get_spec("memflex"); hp = mf.resolve(mf.presets[size])
     assert (hp["forget_factor"], hp["retain_factor"], hp["sim_threshold"]) == (-0.6, 2.0, 0.92)
     L = 16 if size == "olmo2-1b" else 32
-    hp = ae._check_alphaedit(resolve_hparams("alphaedit", ae.DEFAULT_HPARAMS, PAPER_HPARAMS[size]["alphaedit"]), L)
+    hp = ae._model_layers(get_spec("alphaedit").resolve(get_spec("alphaedit").presets[size]), L)
     assert hp["layers"] == [4, 5, 6, 7, 8] and hp["v_loss_layer"] == L - 1
+    with pytest.raises(ValueError, match="layers must be distinct layer indices in 0..2"): ae._model_layers(hp, 3)
 
 
 @pytest.mark.parametrize("method,bad", [("memflex", {"sim_thresh": 0.9}), ("alphaedit", {"layer": [1]}), ("uld", {"n_layer": 1})])
 def test_unknown_hparams(problem, method, bad):
     model, tok, forget, retain = problem
     with pytest.raises(ValueError, match="unknown hyperparameter"):
-        get_method(method)(copy.deepcopy(model), tok, forget, retain, bad)
+        get_spec(method).run(copy.deepcopy(model), tok, forget, retain, bad)
 
 
 @pytest.mark.parametrize("method,bad,msg", [("memflex", {"forget_factor": 0.6}, "forget_factor must be a negative"),
@@ -153,4 +155,4 @@ def test_unknown_hparams(problem, method, bad):
 def test_bad_hparam_values(problem, method, bad, msg):
     model, tok, forget, retain = problem
     with pytest.raises(ValueError, match=msg):
-        get_method(method)(copy.deepcopy(model), tok, forget, retain, bad)
+        get_spec(method).run(copy.deepcopy(model), tok, forget, retain, bad)

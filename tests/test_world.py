@@ -1,4 +1,4 @@
-"End-to-end and bad-input tests of `lume_lab.data.world`: the corpus, the held-out split, MC items and scoring."
+"End-to-end and bad-input tests of `lume_lab.data.world` (the corpus, the held-out split, MC items) and of their scoring in `lume_lab.metrics.utility`."
 import dataclasses, math
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lume_lab.core.config import ConfigError, make_config
-from lume_lab.data.world import (build_world, corpus_texts, load_world, mc_accuracy, mc_scores, perplexity,
-                                 world_facts, world_stats)
+from lume_lab.data.world import build_world, corpus_texts, load_world, world_facts, world_stats
+from lume_lab.metrics.utility import mc_accuracy, mc_scores, perplexity
 
 
 @pytest.fixture(scope="module")
