@@ -214,11 +214,11 @@ def test_bad_field_names_raise_before_compute(pii, tmp_path):
     with pytest.raises(ValueError, match="must differ"):
         build_testbed(None, None, pii, cfg, 0, tmp_path, retain_field_of={"birth_city": "birth_city"}, generate=boom)
     with pytest.raises(ValueError, match="validation_fields"):
-        build_testbed(None, None, pii, cfg, 0, tmp_path, validation_fields=("license", "email_address"), generate=boom)
+        build_testbed(None, None, pii, dataclasses.replace(cfg, validation_fields=["license", "email_address"]), 0, tmp_path, generate=boom)
     with pytest.raises(ValueError, match="retain_offset"):
         retain_pairing(TARGET_FIELDS, 0)
     with pytest.raises(ValueError, match="qa_fields"):
-        injection_examples(WORLD, pii, None, make_config("smoke").inject, 0, qa_fields=["emial"])
+        injection_examples(WORLD, pii, None, dataclasses.replace(make_config("smoke").inject, qa_fields=["emial"]), 0)
     with pytest.raises(ValueError, match="roles"):
         injection_examples(WORLD, pii, None, make_config("smoke").inject, 0, roles=["forget"])
 

@@ -6,7 +6,7 @@ from lume_lab.core.config import make_config
 from lume_lab.core.store import open_run
 from lume_lab.pipeline.config import resolve_config
 from lume_lab.pipeline.testbed_stages import prepare_testbed
-from lume_lab.pipeline.unlearn_stages import stage_evaluate, stage_localization, stage_unlearn, unlearn_jobs
+from lume_lab.pipeline.unlearn_stages import stage_evaluate, stage_evaluate_before, stage_localization, stage_unlearn, unlearn_jobs
 from lume_lab.unlearn.registry import MethodSpec, register_method
 
 
@@ -31,7 +31,7 @@ def test_toy_method_through_unlearn_evaluate_localization(tmp_path):
     field = cfg.unlearn.forget_fields[0]
     assert unlearn_jobs(cfg) == [("toy_shrink", field, False), ("toy_shrink", field, True)]
     for m, f, ctl in unlearn_jobs(cfg): stage_unlearn(store, m, f, ctl)
-    metrics = pd.concat([stage_evaluate(store, m, field) for m in ("none", "toy_shrink")])
+    metrics = pd.concat([stage_evaluate_before(store, field), stage_evaluate(store, "toy_shrink", field)])
     assert set(metrics.method) == {"none", "toy_shrink"} and metrics.value.notna().any()
     loc = stage_localization(store, field, ["toy_shrink"])
     assert set(loc.method) == {"toy_shrink"} and loc.applicable.all() and loc.auc.between(0, 1).all()

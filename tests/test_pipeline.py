@@ -75,6 +75,10 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.npo.lr=-1"], "npo.lr must be a positive number"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.rmu.lr=1"], "unlearn.hparams sets 'rmu', which is not in unlearn.methods"),
     (["run", "--preset", "smoke", "--only", "e99"], "unknown experiment(s) e99"),
+    (["run", "--preset", "mini", "--set", "unlearn.hparams.alphaedit.layers=[99]"], "alphaedit.layers must be distinct layer indices in 0..5, got [99]"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.uld.n_layers=9"], "uld.n_layers must be None or an int in 1..4"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.memflex.pattern=\"mlp.(\""], "memflex.pattern is not a valid regular expression"),
+    (["run", "--preset", "smoke", "--set", "inject.seq_len=4"], "inject.seq_len must be an int >= 8"),
 ])
 def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
     assert main(args + ["--runs-root", str(tmp_path)]) == 2

@@ -113,7 +113,7 @@ def test_uld_base_unchanged_and_forget_nll_rises(problem, tmp_path):
     n = enc["input_ids"].shape[1]
     assert torch.equal(g.sequences[:, :n], enc["input_ids"]) and 1 <= g.sequences.shape[1] - n <= 5 and len(g.logits) == g.sequences.shape[1] - n
     get_spec("uld").save(wrapped, tok, tmp_path)
-    again = get_spec("uld").load(tmp_path, model, tok)
+    again = get_spec("uld").load(tmp_path, lambda: model, tok)
     assert isinstance(again, ULDModel) and (tmp_path / "assistant" / "uld_config.json").exists()
     x = enc["input_ids"]
     assert torch.allclose(again(x).logits, wrapped(x).logits, atol=1e-5)
