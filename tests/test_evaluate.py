@@ -40,7 +40,7 @@ def test_values_equal_individual_metric_functions(trained):
     model, tok, forget, retain = trained
     splits = {"forget": forget, "retain": retain[:5]}
     df = evaluate(model, tok, splits, world=WORLD, batch_size=3, max_new_tokens=12)
-    assert set(df.columns) == {"split", "metric", "value", "n"}
+    assert list(df.columns) == ["split", "metric", "value", "n_profiles", "n_rows"]
     assert len(df) == len(df.drop_duplicates(["split", "metric"]))               # tidy: one row per (split, metric)
     for name, ex in splits.items():
         # same batch size as evaluate, so the same padding: the numbers must agree to the last bit, not just closely
@@ -51,7 +51,8 @@ def test_values_equal_individual_metric_functions(trained):
                   "rouge1": rg.rouge1.mean(), "rougeL": rg.rougeL.mean(),
                   "accuracy": sum(reveals(t, e["answer"]) for t, e in zip(texts, ex)) / len(ex)}
         for k, v in expect.items(): assert _val(df, name, k) == v, (name, k)
-        assert (df[df.split == name].n == len(ex)).all()
+        assert (df[df.split == name].n_rows == len(ex)).all()
+        assert (df[df.split == name].n_profiles == len({e["profile_id"] for e in ex})).all()
     r1 = {s: rouge_scores(model, tok, ex, max_new_tokens=12, batch_size=3).rouge1.mean() for s, ex in splits.items()}
     assert _val(df, "forget/retain", "ds") == pytest.approx(deviation_score(r1["forget"], r1["retain"]))
     assert _val(df, "utility", "mc_acc") == mc_accuracy(model, tok, WORLD["mc"], batch_size=3)["acc"]
@@ -108,7 +109,7 @@ def test_table2_and_plot(untrained):
                      metrics=["em", "rouge1"], max_new_tokens=4, model_name=n) for n in ("A", "B")]
     df = pd.concat(runs)
     t = table2(df)
-    assert list(t.columns) == ["A", "B"] and t.loc[("forget", "em"), "A"] == pytest.approx(100 * _val(runs[0], "forget", "em"))
+    assert list(t.columns) == ["n_profiles", "n_rows", "A", "B"] and t.loc[("forget", "em"), "n_rows"] == 3 and t.loc[("forget", "em"), "A"] == pytest.approx(100 * _val(runs[0], "forget", "em"))
     assert t.index[0] == ("forget", "em") and ("forget/retain", "ds") in t.index
     one = table2(runs[0].drop(columns="model"), percent=False)
     assert one.loc["utility", "mc_acc"] == ref["mc_acc"] and list(one.index[:2]) == ["forget", "retain"]

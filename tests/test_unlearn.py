@@ -78,7 +78,7 @@ def test_bad_hparam_values_rejected(problem):
     with pytest.raises(ValueError, match="simnpo.beta must be a positive number"):
         _run("simnpo", problem, {"beta": 0.0})
     with pytest.raises(ValueError, match="grad_diff.scheduler must be one of constant"):
-        _run("grad_diff", problem, {"scheduler": "cosine"})
+        _run("grad_diff", problem, {"scheduler": "exponential"})
 
 
 @pytest.mark.parametrize("name", BUILTIN_METHODS)
