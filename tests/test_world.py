@@ -1,5 +1,6 @@
 "End-to-end and bad-input tests of `lume_lab.data.world` (the corpus, the held-out split, MC items) and of their scoring in `lume_lab.metrics.utility`."
 import dataclasses, math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -77,7 +78,10 @@ def test_heldout_forms_and_unseen_facts_never_in_training(world):
     corpus = corpus_texts(w)
     train, joined = set(corpus), "\n".join(corpus)
     assert not any(t in train for t in w["heldout"]["text"])
-    assert not any(q in joined for q in list(w["mc"]["question"]) + list(w["mc_control"]["question"]))
+    # the MC-only phrasing never appears; a control item's training-form question never appears with its answer
+    held_q = [p.removeprefix("Question: ").removesuffix("\nAnswer:") for p in list(w["mc"]["heldout_prompt"]) + list(w["mc_control"]["heldout_prompt"])]
+    assert not any(q in joined for q in held_q)
+    assert not any(f"{it['prompt']} {it['answer']}" in joined for it in w["mc_control"])
     # an unseen fact's subject-object pair is never stated together in a list or table row
     for it in w["mc_control"].select(range(10)):
         assert f"- {it['subject']}: {it['answer']}\n" not in joined + "\n"
@@ -90,9 +94,11 @@ def test_heldout_forms_and_unseen_facts_never_in_training(world):
 
 
 def test_mini_corpus_size():
-    w = build_world(make_config("mini").world, 0)
+    cfg = make_config("mini").world
+    w = build_world(cfg, 0)
     chars = sum(map(len, corpus_texts(w)))
-    assert 1_000_000 <= chars <= 3_000_000, chars
+    assert 300_000 <= chars <= 1_500_000, chars      # ~700 facts + 100 public people: ~180k tokens, 7 epochs of pretraining
+    assert max(Counter(f["relation"] for f in w["facts"]).values()) <= cfg.facts_per_relation
     st = world_stats(w)
     assert st[st.split == "train"].docs.sum() == len(w["train"])
     assert len(w["mc"]) == 200
