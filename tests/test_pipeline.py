@@ -167,7 +167,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     done = man["stages"]
     field = make_config("smoke").unlearn.forget_fields[0]
     expected = {"world", "tokenizer", "base", "utility_base", "pii", "pistol", "lume", "masks", "inject_masked",
-                "inject_unmasked", "instruct_masked", "instruct_unmasked", "testbed", f"localization_{field}"}
+                "inject_unmasked", "instruct_masked", "instruct_unmasked", "testbed", f"localization_{field}", "forget_fields",
+                f"remind_inputs_{field}", f"remind_{field}", f"remind_ablation_{field}"}
     expected |= {f"unlearn_{m}_{field}" for m in METHODS} | {f"evaluate_{m}_{field}" for m in ("none", *METHODS)}
     expected |= {f"unlearn_{m}_{field}_control" for m in METHODS if get_spec(m).has_control}
     assert expected <= set(done), sorted(expected - set(done))
@@ -184,6 +185,11 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     assert set(loc.method) == set(METHODS) and set(loc.labels) == {"forget", "unified"}
     assert not loc[loc.method == "uld"].applicable.any() and loc[loc.method != "uld"].applicable.all()
     assert loc[loc.method != "uld"].auc.between(0, 1).all()
+    remind = pd.read_csv(report / f"remind_{field}.csv")
+    assert set(remind.model) == {"none", "none_control", "base", *METHODS}
+    assert {"remind_lr", "remind_rf", "loss", "zlib", "min_k", "min_k_pp", "spv_mean", "spv_max", "rougeL_f1"} <= set(remind.detector)
+    assert remind["multi"].between(0, 100).all() and set(remind.input) == {"orig", "reph"}
+    assert (report / f"remind_{field}.png").exists() and (report / f"remind_ablation_{field}.csv").exists()
     # rerun: every stage is a cache hit, nothing recomputed
     assert main(args) == 0
     man2 = json.loads((run / "manifest.json").read_text())
