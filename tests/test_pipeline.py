@@ -168,7 +168,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     field = make_config("smoke").unlearn.forget_fields[0]
     expected = {"world", "tokenizer", "base", "utility_base", "pii", "pistol", "lume", "masks", "inject_masked",
                 "inject_unmasked", "instruct_masked", "instruct_unmasked", "testbed", f"localization_{field}", "forget_fields",
-                f"remind_inputs_{field}", f"remind_{field}", f"remind_ablation_{field}"}
+                f"remind_inputs_{field}", f"remind_{field}", f"remind_ablation_{field}", "instruct_floor"}
+    expected |= {f"resurface_{m}_{field}" for m in ("none", "floor", *METHODS)}
     expected |= {f"unlearn_{m}_{field}" for m in METHODS} | {f"evaluate_{m}_{field}" for m in ("none", *METHODS)}
     expected |= {f"unlearn_{m}_{field}_control" for m in METHODS if get_spec(m).has_control}
     assert expected <= set(done), sorted(expected - set(done))
@@ -190,6 +191,10 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     assert {"remind_lr", "remind_rf", "loss", "zlib", "min_k", "min_k_pp", "spv_mean", "spv_max", "rougeL_f1"} <= set(remind.detector)
     assert remind["multi"].between(0, 100).all() and set(remind.input) == {"orig", "reph"}
     assert (report / f"remind_{field}.png").exists() and (report / f"remind_ablation_{field}.csv").exists()
+    res = pd.read_csv(report / "resurfacing.csv")
+    assert set(res.method) == {"none", "floor", *METHODS} and set(res.stage) == {"before", "after"}
+    assert res.rate.between(0, 100).all() and (res.leaked <= res.n_profiles).all()
+    assert (report / "resurfacing_leakage.png").exists() and (report / f"resurfacing_jaccard_{field}.png").exists()
     # rerun: every stage is a cache hit, nothing recomputed
     assert main(args) == 0
     man2 = json.loads((run / "manifest.json").read_text())

@@ -419,7 +419,7 @@ def format_answer(value: str) -> str:
 def _question(p: dict, field: str, rng: random.Random, paraphrase: bool) -> str:
     slots = _slots(p, rng)
     others = [a for a in QA_ATTRIBUTES if a != field and p[field] not in p[a]]  # continuations never spell the answer
-    conts = [rng.choice(_QA[a][0]).format(attribute=p[a], an=_an(p[a])) for a in rng.sample(others, rng.randint(0, 4))]
+    conts = [rng.choice(_QA[a][0]).format(attribute=p[a], an=_an(p[a])) for a in rng.sample(others, rng.randint(0, min(4, len(others))))]
     q = rng.choice(_QA[field][2 if paraphrase else 1]).format(**slots)
     return ", ".join([slots["name"], *conts, q[0].lower() + q[1:]])
 
