@@ -1,0 +1,154 @@
+"""Multi-process stages (`pipeline.launch`): `lume-lab stage` under `torch.distributed.run` equals one process, only rank 0
+writes the run, the papermill-side `launched_stage` starts the job; no stage hard-codes the CPU; bf16 keeps masks exact."""
+import ast, json, os, shutil, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lume_lab.core.config import make_config
+from lume_lab.core.store import open_run
+from lume_lab.inject.masks import load_masks, group_mask
+from lume_lab.pipeline.config import resolve_config
+from lume_lab.pipeline.launch import ENV_LAUNCHER, ENV_PROCESSES, launch_command, launch_env
+from lume_lab.pipeline.stages import stage_base, stage_pii, stage_tokenizer, stage_world
+from lume_lab.pipeline.testbed_stages import stage_inject, stage_masks
+
+ROOT = Path(__file__).resolve().parents[1]
+# smoke, short: 24 pretraining steps, 6 injection steps of a global batch of 16 (8 per rank)
+OVERRIDES = {"pretrain.steps": 24, "pretrain.checkpoint_every": 8, "inject.steps": 6}
+
+
+def _weights(run_dir, stage):
+    return load_file(str(run_dir / stage / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    "Two copies of one smoke run with everything injection needs (world, tokenizer, base, pii, masks) done."
+    root = tmp_path_factory.mktemp("launch")
+    store = open_run("one", resolve_config(make_config("smoke", OVERRIDES)), root)
+    stage_world(store); stage_tokenizer(store); stage_base(store); stage_pii(store); stage_masks(store)
+    shutil.copytree(root / "one", root / "two")
+    return root
+
+
+def test_two_process_stage_equals_one_process(runs):
+    "`lume-lab stage inject_masked` in 2 torchrun processes (gloo) gives one process's weights; rank 0 alone writes the run."
+    env = launch_env("torchrun")
+    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", "inject_masked", "--run-id", "one",
+                          "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(launch_command("inject_masked", "two", runs, 2, "torchrun"), cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    m1, m2 = (json.loads((runs / r / "manifest.json").read_text())["stages"]["inject_masked"] for r in ("one", "two"))
+    assert m1["status"] == m2["status"] == "done" and m1["hash"] == m2["hash"]
+    assert m2["processes"] == 2 and "processes" not in m1
+    assert not list((runs / "two").glob(".*.partial"))               # nothing half-written left behind
+    a, b = _weights(runs / "one", "inject_masked"), _weights(runs / "two", "inject_masked")
+    base = _weights(runs / "one", "base")
+    assert a.keys() == b.keys()
+    for n in a:   # same global batch split over 2 ranks: equal up to float rounding (Adam amplifies it, cf. test_inject)
+        torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=5e-5, msg=n)
+    assert sum(not torch.equal(a[n], base[n]) for n in a) > len(a) // 2       # injection did move the weights
+    # masks intact: the masks file is untouched and the run's masks are what the stage used
+    assert (runs / "one" / "masks" / "masks.safetensors").read_bytes() == (runs / "two" / "masks" / "masks.safetensors").read_bytes()
+
+
+def test_launched_stage_from_the_notebook_side(runs, monkeypatch):
+    "With --num-processes 2 in the environment, `stage_inject` starts the job itself and returns the finished stage."
+    store = open_run("two", root=runs)
+    monkeypatch.setenv(ENV_PROCESSES, "2"); monkeypatch.setenv(ENV_LAUNCHER, "torchrun")
+    d = stage_inject(store, masked=False)
+    e = store.entry("inject_unmasked")
+    assert e["status"] == "done" and e["processes"] == 2 and d == store.path("inject_unmasked")
+    monkeypatch.setenv(ENV_PROCESSES, "1")
+    one = open_run("one", root=runs)
+    stage_inject(one, masked=False)                                    # in this process
+    a, b = _weights(runs / "one", "inject_unmasked"), _weights(runs / "two", "inject_unmasked")
+    for n in a: torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=5e-5, msg=n)
+    hits = store.entry("inject_unmasked")["cache_hits"]
+    monkeypatch.setenv(ENV_PROCESSES, "2")
+    stage_inject(store, masked=False)                                  # cached: no job is started
+    store.reload(); assert store.entry("inject_unmasked")["cache_hits"] == hits + 1
+
+
+def test_default_device_is_honoured_by_the_loaders(runs, monkeypatch):
+    "Models are built and loaded where `default_device` says (here the meta device), not on a hard-coded CPU."
+    from lume_lab.pipeline.stages import load_base, load_stage_model
+    monkeypatch.setenv("LUME_LAB_DEVICE", "meta")
+    store = open_run("one", root=runs)
+    for model in (load_base(store)[0], load_stage_model(store, "inject_masked")[0]):
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+# Literal CPU placements allowed in library code, each for a reason (they move data *off* the accelerator or build
+# something device-independent); any other `"cpu"` in lume_lab/ is a stage that would silently run on the CPU.
+CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placement of compute)
+    "pipeline/testbed_stages.py": (1, "masks are drawn from the base model's shapes on the CPU: seeded, device-independent"),
+    "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') of optimizer state, "
+                        "which load_state_dict then moves to the parameters' device"),
+    "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),
+}
+
+
+def test_no_stage_hard_codes_the_cpu():
+    found = {}
+    for f in (ROOT / "lume_lab").rglob("*.py"):
+        rel = f.relative_to(ROOT / "lume_lab").as_posix()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Constant) and node.value == "cpu":
+                found.setdefault(rel, []).append(node.lineno)
+    stray = {k: v for k, v in found.items() if len(v) != CPU_ALLOWED.get(k, (0,))[0]}
+    assert not stray, (f"'cpu' literals in {stray} differ from the reasoned allow-list: a stage that names the CPU runs there "
+                       f"even on a GPU machine; use models.ops.default_device() (or update CPU_ALLOWED with the reason)")
+
+
+def test_bf16_pii_only_steps_keep_out_of_mask_weights_bitwise():
+    "The bf16 path: PII-only masked steps change no weight outside its group's mask, bit for bit."
+    sys.path.insert(0, str(ROOT / "tests"))
+    import inject_dist_worker as worker
+    from lume_lab.inject.injection import train_masked
+    from lume_lab.inject.masks import random_element_masks
+    model = worker.tiny_model().to(torch.bfloat16)
+    owner = random_element_masks(model, worker.N_GROUPS, 0.2, seed=1)
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train_masked(model, worker.examples([0, 1, 1, 0, 0, 1], seed=3), owner, steps=3, batch_size=3, lr=1e-2,
+                 weight_decay=0.0, seed=0, micro_batch_size=2, progress=False)
+    moved = 0
+    for n, p in model.named_parameters():
+        assert p.dtype == torch.bfloat16
+        inside = group_mask(owner[n], [0, 1]) if n in owner else torch.zeros_like(p, dtype=torch.bool)
+        assert torch.equal(p.detach()[~inside], init[n][~inside]), n
+        moved += int((p.detach()[inside] != init[n][inside]).sum())
+    assert moved > 0                                                   # the masked weights did learn in bf16
+
+
+def test_study_preset_end_to_end_on_cpu_in_bf16(tmp_path):
+    """`lume-lab run --preset study` with smoke sizes runs every experiment on the CPU through the code path the GPU run
+    uses, here in bfloat16: the run completes, the models are bf16, and OracleGrad moves no weight outside m^F, bit for bit."""
+    from lume_lab.core.config import PRESETS
+    from lume_lab.pipeline.cli import main
+    from lume_lab.pipeline.runner import experiment_notebooks
+    from lume_lab.pipeline.testbed_stages import forget_groups, ground_truth_forget_mask
+    sizes = {**PRESETS["smoke"], "pretrain.steps": 24, "pretrain.checkpoint_every": 8, "model.dtype": "bfloat16",
+             "unlearn.methods": ["npo", "oracle_grad"], "unlearn.forget_fields": ["phone_number"]}
+    args = ["run", "--preset", "study", "--run-id", "study", "--runs-root", str(tmp_path)]
+    for k, v in sizes.items(): args += ["--set", f"{k}={json.dumps(v)}"]
+    assert main(args) == 0
+    run = tmp_path / "study"
+    man = json.loads((run / "manifest.json").read_text())
+    assert {v["status"] for v in man["stages"].values()} == {"done"}
+    assert sorted(p.name for p in (run / "notebooks").glob("*.ipynb")) == sorted(p.name for p in experiment_notebooks())
+    cfg = open_run("study", root=tmp_path).config
+    assert cfg.preset == "study" and cfg.pii.n_groups == 6 and cfg.inject.mask_fraction == 0.05
+    a = load_file(str(run / "instruct_masked" / "model" / "model.safetensors"))
+    b = load_file(str(run / "unlearn_oracle_grad_phone_number" / "model" / "model.safetensors"))
+    assert {t.dtype for t in a.values()} == {torch.bfloat16}
+    m = ground_truth_forget_mask(load_masks(run / "masks" / "masks.safetensors")[0], forget_groups(cfg))
+    for n in a:
+        out = ~m[n] if n in m else torch.ones_like(a[n], dtype=torch.bool)
+        assert torch.equal(a[n][out], b[n][out]), n
+    assert sum(int((a[n][m[n]] != b[n][m[n]]).sum()) for n in m) > 0
