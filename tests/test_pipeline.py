@@ -74,7 +74,7 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     (["run", "--preset", "smoke", "--set", "pii.nope=1"], "unknown config field 'pii.nope'"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.npo.lr=-1"], "npo.lr must be a positive number"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.rmu.lr=1"], "unlearn.hparams sets 'rmu', which is not in unlearn.methods"),
-    (["run", "--preset", "smoke", "--only", "e99"], "unknown experiment(s) e99"),
+    (["run", "--preset", "smoke", "--only", "e98"], "unknown experiment(s) e98"),
     (["run", "--preset", "mini", "--set", "unlearn.hparams.alphaedit.layers=[99]"], "alphaedit.layers must be distinct layer indices in 0..5, got [99]"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.uld.n_layers=9"], "uld.n_layers must be None or an int in 1..4"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.memflex.pattern=\"mlp.(\""], "memflex.pattern is not a valid regular expression"),
@@ -195,6 +195,11 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     assert set(res.method) == {"none", "floor", *METHODS} and set(res.stage) == {"before", "after"}
     assert res.rate.between(0, 100).all() and (res.leaked <= res.n_profiles).all()
     assert (report / "resurfacing_leakage.png").exists() and (report / f"resurfacing_jaccard_{field}.png").exists()
+    # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
+    from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
+    assert assert_self_contained((report / "index.html").read_text()) >= 8
+    assert assert_report_matches_csvs(run) > 0 and (report / "report.md").exists()
+    assert_fig3_table_matches(run)
     # rerun: every stage is a cache hit, nothing recomputed
     assert main(args) == 0
     man2 = json.loads((run / "manifest.json").read_text())
@@ -206,6 +211,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
 def test_default_chain_is_e_series_and_tuning_is_opt_in():
     names = [p.stem for p in experiment_notebooks()]
     assert names == sorted(names) and names and all(n.startswith("e") for n in names)
+    assert names[-1] == "e99_report"          # the report page reads what every other experiment wrote: last
     assert [p.stem for p in experiment_notebooks(["t00"])] == ["t00_tune"]
     with pytest.raises(ValueError, match="unknown experiment.*allowed: .*t00_tune"): experiment_notebooks(["t99"])
 

@@ -1,0 +1,92 @@
+"Checks shared by test_report.py and test_pipeline.py's smoke run: a report page shows the values of the CSVs it was made from."
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lume_lab.pipeline.report import COLUMN_LABELS, read_html_tables
+from lume_lab.pipeline.scorecard import OUTPUT_COLUMNS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B
+
+EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
+
+
+def _same(a, b):
+    return (pd.isna(a) and pd.isna(b)) or a == pytest.approx(b, rel=1e-12)
+
+
+def _fmt(v, digits):
+    return "" if pd.isna(v) else f"{v:.{digits}f}"
+
+
+def assert_self_contained(page: str):
+    "Every image is a base64 PNG data URI; no src/href points anywhere else (no http(s), no file)."
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    imgs = re.findall(r"<img\b[^>]*>", page)
+    assert all('src="data:image/png;base64,' in i for i in imgs), [i[:80] for i in imgs if "data:" not in i]
+    assert not EXTERNAL.search(page), EXTERNAL.search(page)
+    assert "http://" not in page and "https://" not in page
+    return len(imgs)
+
+
+def scorecard_tables(page: str) -> dict[str, pd.DataFrame]:
+    "The page's scorecard tables, by field (the <h3> before each), indexed by method."
+    fields = re.findall(r"<h3>([^<]+)</h3>", page)
+    tables = [t for t in read_html_tables(page) if "method" in t.columns and "forget EM" in t.columns]
+    assert len(fields) == len(tables)
+    return {f: t.set_index("method") for f, t in zip(fields, tables)}
+
+
+def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
+    "scorecard.csv and the page's scorecard tables hold exactly the values of the run's CSVs (and the paper's typed table)."
+    rep, out = Path(run_dir) / "report", Path(out_dir or Path(run_dir) / "report")
+    card = pd.read_csv(out / "scorecard.csv").set_index(["field", "method"])
+    page = (out / "index.html").read_text()
+    html = scorecard_tables(page)
+    checked = 0
+    for p in sorted(rep.glob("table2_*.csv")):
+        field, t = p.stem.removeprefix("table2_"), pd.read_csv(p, index_col=[0, 1])
+        for m in [c for c in t.columns if c not in ("n_profiles", "n_rows")]:
+            for col, key in OUTPUT_COLUMNS.items():
+                assert _same(card.at[(field, m), col], t.at[key, m]), (field, m, col)
+                assert html[field].at[m, COLUMN_LABELS[col]] == _fmt(t.at[key, m], 1), (field, m, col)
+                checked += 1
+            assert card.at[(field, m), "forget_profiles"] == t.at[("forget", "em"), "n_profiles"]
+            assert card.at[(field, m), "retain_rows"] == t.at[("retain", "em"), "n_rows"]
+            assert html[field].at[m, "n forget (profiles / rows)"] == f"{t.at[('forget', 'em'), 'n_profiles']:.0f} / {t.at[('forget', 'em'), 'n_rows']:.0f}"
+            if field in PAPER_TABLE2_OLMO2_1B and m in PAPER_METHODS:          # the paper's column: the typed Table 2
+                v = PAPER_TABLE2_OLMO2_1B[field][("forget", "em")][PAPER_METHODS.index(m)]
+                assert card.at[(field, m), "forget_em_paper"] == v and html[field].at[m, "forget EM (paper)"] == f"{v:.1f}"
+    if (rep / "localization_summary.csv").exists():
+        for _, r in pd.read_csv(rep / "localization_summary.csv").iterrows():
+            assert _same(card.at[(r.field, r.method), f"auc_{r.labels}"], r.auc)
+            label = {"forget": "AUC m^F", "unified": "AUC m^F∪m^R"}[r.labels]
+            assert html[r.field].at[r.method, label] == _fmt(r.auc, 3)
+            checked += 1
+    for p in sorted(rep.glob("remind_*.csv")):
+        if p.stem.startswith(("remind_ablation_", "remind_importances_")): continue
+        field, t = p.stem.removeprefix("remind_"), pd.read_csv(p)
+        for _, r in t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])].iterrows():
+            if (field, r.model) not in card.index: assert r.model in ("base", "none_control"); continue
+            assert _same(card.at[(field, r.model), r.detector.replace("remind_", "remind_auc_")], r["multi"])
+            assert html[field].at[r.model, {"remind_lr": "REMIND LR", "remind_rf": "REMIND RF"}[r.detector]] == _fmt(r["multi"], 1)
+            checked += 1
+    if (rep / "resurfacing.csv").exists():
+        for _, r in pd.read_csv(rep / "resurfacing.csv").iterrows():
+            if (r.field, r.method) not in card.index: assert r.method == "floor"; continue
+            assert _same(card.at[(r.field, r.method), f"leak_{r.stage}"], r.rate)
+            assert html[r.field].at[r.method, f"leak {r.stage}"] == _fmt(r.rate, 1)
+            assert card.at[(r.field, r.method), "leak_profiles"] == r.n_profiles
+            checked += 1
+    return checked
+
+
+def assert_fig3_table_matches(run_dir: Path, out_dir: Path | None = None):
+    "The page's extraction-rate table (Fig. 3b) shows extraction_rates.csv."
+    rep, out = Path(run_dir) / "report", Path(out_dir or Path(run_dir) / "report")
+    rates = pd.read_csv(rep / "extraction_rates.csv")
+    t = next(t for t in read_html_tables((out / "index.html").read_text()) if "masked rate %" in t.columns).set_index("field")
+    for _, r in rates.iterrows():
+        assert t.at[r.field, f"{r.model} rate %"] == str(np.round(r.rate, 1)), (r.field, r.model)
+        assert t.at[r.field, f"{r.model} memorized"] == str(r.memorized)
