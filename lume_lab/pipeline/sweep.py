@@ -476,13 +476,9 @@ def seeds_spec(preset: str, overrides: dict | None, seeds: list[int], only: list
             "only": only, "executor": {"kind": "local", "workers": workers}}
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #a6b71052
-def aggregate_seed_report(run_dirs: list, out_dir: str | Path) -> Path | None:
-    "The report over seeds (`pipeline.report.write_report(run_dirs, out_dir)`: mean ± std per cell), when that module exists."
-    # ── wiring point for pipeline.report (issue #18 item 1): write_report(run_dirs: list[Path], out_dir) ──
-    try: from lume_lab.pipeline.report import write_report
-    except ModuleNotFoundError as e:
-        if e.name != "lume_lab.pipeline.report": raise
-        print("report over seeds skipped: lume_lab.pipeline.report is not available yet"); return None
+def aggregate_seed_report(run_dirs: list, out_dir: str | Path) -> Path:
+    "The report over seeds: `pipeline.report.write_report(run_dirs, out_dir)`, every scorecard cell as mean ± std with n."
+    from lume_lab.pipeline.report import write_report
     return write_report([Path(d) for d in run_dirs], Path(out_dir))
 
 def run_seeds(spec: dict, run_fn: Callable, root: str | Path | None = None) -> pd.DataFrame:
