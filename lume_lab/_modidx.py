@@ -224,6 +224,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'lume_lab.core.store._now': ('core/store.html#_now', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._run_stage': ('core/store.html#_run_stage', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._stage_hash': ('core/store.html#_stage_hash', 'lume_lab/core/store.py'),
+                                     'lume_lab.core.store._umask': ('core/store.html#_umask', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._warning_class': ('core/store.html#_warning_class', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._warning_record': ('core/store.html#_warning_record', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.atomic_write_json': ( 'core/store.html#atomic_write_json',
