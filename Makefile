@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup run test check-export nbtest nbtest-fast pytest bench clean
+.PHONY: setup run test check-export nbtest nbtest-fast pytest bench lab docs clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,23 @@ pytest: setup
 	$(TEST_ENV) $(BIN)/pytest -q tests
 
 test: check-export nbtest pytest
+
+# The notebooks as a tutorial. `make lab`: JupyterLab on nbs/ with the project's kernel, "Python 3 (lume_lab)"
+# (LAB_FLAGS=--no-browser on a machine without a browser; --allow-root is added when run as root, e.g. in a container). `make docs`: every library notebook executed in the
+# environment of `make test` (the #| slow worked examples included; DOCS_SKIP=notest,slow leaves them out) and
+# rendered to offline HTML under _docs/, index in reading order: open _docs/index.html. Experiment notebooks are not
+# re-executed: the copies `make run` executed into runs/<id>/notebooks/ are rendered. DOCS_NBS=... rebuilds only those.
+LAB_FLAGS ?=
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+DOCS_SKIP ?= notest
+DOCS_WORKERS ?= 2
+DOCS_NBS ?=
+lab: setup
+	TOKENIZERS_PARALLELISM=false $(BIN)/jupyter lab --ServerApp.root_dir=nbs $(LAB_ROOT) $(LAB_FLAGS)
+
+docs: setup
+	$(TEST_ENV) $(BIN)/python -m lume_lab.pipeline.docs --out _docs --skip $(DOCS_SKIP) --workers $(DOCS_WORKERS) $(DOCS_NBS)
+	@echo "open _docs/index.html"
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
