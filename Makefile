@@ -45,8 +45,10 @@ nbtest: setup
 nbtest-fast: setup
 	$(NBTEST)
 
+# two pytest workers (pytest-xdist), one BLAS thread each, like nbtest; a file's tests stay in one worker
+# (module fixtures are shared), and the 15 slowest tests are listed at the end.
 pytest: setup
-	$(TEST_ENV) $(BIN)/pytest -q tests
+	$(TEST_ENV) $(BIN)/pytest -q -n 2 --dist loadfile --durations=15 tests
 
 test: check-export nbtest pytest
 
