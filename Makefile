@@ -35,7 +35,7 @@ check-export: setup
 	if [ -n "$$changes" ]; then echo "nbdev-export changed lume_lab/ — export and commit:"; echo "$$changes"; exit 1; fi; \
 	echo "notebooks and lume_lab/ are in sync"
 
-# experiment notebooks are run end to end through papermill by tests/test_pipeline.py (one shared smoke run).
+# experiment notebooks are run end to end through papermill by tests/test_e2e.py (one shared smoke run).
 # `make test` runs every notebook cell, the `#| slow` worked examples included (OracleGrad's bitwise check,
 # AlphaEdit's < 2 % check, ...); `make nbtest-fast` skips them while you iterate.
 NBTEST := $(TEST_ENV) $(BIN)/nbdev-test --n-workers 2 --skip-folder-re '^([_.]|experiments$$)' --timing
