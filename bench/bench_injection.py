@@ -7,6 +7,11 @@ median is reported, because these machines are shared and noisy.
     .venv/bin/python bench/bench_injection.py [--hidden 128] [--seq-len 64] [--batch 16] [--groups 1 4 8] [--reps 5]
 
 Goals: masked/unmasked throughput >= 0.9x (masked = one backward per group sub-batch, or segmented); mask storage <= 1 byte per parameter.
+
+Tried and reverted (2026-11-23): SegmentedLinear's per-segment `where` replaced by one gather over the stacked group
+parts. It halved the masking overhead of a single 1024 × 256 layer in isolation, but on this bench (quiet machine,
+7 reps) it gave 0.79x / 0.77x vs the where-loop's 0.82x / 0.82x at 6 / 8 groups: not the cost. What remains is
+probably the modules that `GradMasker._segmented_forward` runs once per segment (norms, embeddings).
 """
 import argparse, random, statistics, time
 
@@ -14,18 +19,10 @@ import torch
 from transformers import Olmo2Config, Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-import lume_lab.inject.masks as masks_mod
 from lume_lab.inject.masks import GradMasker, random_element_masks, pack_masks
 from lume_lab.inject.injection import masked_backward, per_sample_reference_grads
 
 hf_logging.set_verbosity_error()
-
-
-def where_loop(f):
-    "Run `f` with SegmentedLinear's per-segment `where` loop instead of its one-gather path (the previous implementation)."
-    old, masks_mod.GATHER_MIN_SEGMENTS = masks_mod.GATHER_MIN_SEGMENTS, 10 ** 9
-    try: return f()
-    finally: masks_mod.GATHER_MIN_SEGMENTS = old
 
 
 def main():
@@ -61,8 +58,6 @@ def main():
                 "masked": lambda: masked_backward(model, batch, masker, micro_batch_size=a.batch),
                 "masked segmented": lambda: masked_backward(model, batch, masker, micro_batch_size=a.batch, segmented=True,
                                                             pad_to=a.seq_len),
-                "segmented (where)": lambda: where_loop(lambda: masked_backward(model, batch, masker, micro_batch_size=a.batch,
-                                                                                  segmented=True, pad_to=a.seq_len)),
                 "per-sample ref": lambda: per_sample_reference_grads(model, batch, owner)}
         times = {n: [] for n in runs}
         with GradMasker(model, owner, G) as masker:
@@ -74,16 +69,14 @@ def main():
         med = {n: statistics.median(t) for n, t in times.items()}; lo = {n: min(t) for n, t in times.items()}
         for n in runs:
             rows.append((k, n, med[n], a.batch / med[n], med["unmasked"] / med[n], lo[n], lo["unmasked"] / lo[n], max(times[n])))
-    print(f"\n{'groups':>6} {'method':>18} {'median s':>9} {'samples/s':>10} {'vs unmasked':>12} {'min s':>7} {'vs unm. (min)':>14} {'max s':>7}")
+    print(f"\n{'groups':>6} {'method':>17} {'median s':>9} {'samples/s':>10} {'vs unmasked':>12} {'min s':>7} {'vs unm. (min)':>14} {'max s':>7}")
     for k, n, m, thr, ratio, lo_, rlo, hi in rows:
-        print(f"{k:>6} {n:>18} {m:>9.3f} {thr:>10.1f} {ratio:>11.2f}x {lo_:>7.3f} {rlo:>13.2f}x {hi:>7.3f}")
+        print(f"{k:>6} {n:>17} {m:>9.3f} {thr:>10.1f} {ratio:>11.2f}x {lo_:>7.3f} {rlo:>13.2f}x {hi:>7.3f}")
     print("\n'vs unmasked' = throughput ratio of medians; 'vs unm. (min)' = ratio of the fastest reps, the less "
           "contention-sensitive estimate on a shared machine.")
     print("'vs unmasked' = throughput ratio (goal for masked: >= 0.9x). Masked does one backward per group sub-batch "
           "(k PII groups present -> k+1 backwards); 'masked segmented' does one backward: Linear weight-gradient matmuls split per group, other "
-          "parameterised modules run per group segment, and from 3 PII groups on one gather picks each weight's group part; "
-          "'segmented (where)' is the same with one masked `where` per group segment instead (the implementation before the gather); "
-          "the per-sample reference does one backward per row.")
+          "parameterised modules run per group segment; the per-sample reference does one backward per row.")
 
 
 if __name__ == "__main__":

@@ -414,8 +414,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks._check_groups': ( 'inject/masks.html#_check_groups',
                                                                                 'lume_lab/inject/masks.py'),
-                                       'lume_lab.inject.masks._gathered_pii_grad': ( 'inject/masks.html#_gathered_pii_grad',
-                                                                                     'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks._is_packed': ('inject/masks.html#_is_packed', 'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks._num_layers': ('inject/masks.html#_num_layers', 'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks._shapes': ('inject/masks.html#_shapes', 'lume_lab/inject/masks.py'),
