@@ -77,11 +77,13 @@ def test_launched_stage_from_the_notebook_side(runs, monkeypatch):
 
 def test_default_device_is_honoured_by_the_loaders(runs, monkeypatch):
     "Models are built and loaded where `default_device` says (here the meta device), not on a hard-coded CPU."
-    from lume_lab.pipeline.stages import load_base, load_stage_model
+    from lume_lab.models.lm import load_model
+    from lume_lab.pipeline.stages import load_base
     monkeypatch.setenv("LUME_LAB_DEVICE", "meta")
     store = open_run("one", root=runs)
-    for model in (load_base(store)[0], load_stage_model(store, "inject_masked")[0]):
+    for model in (load_base(store)[0], load_model(store.path("base") / "model")[0]):   # stages load through load_model
         assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert load_model(store.path("base") / "model", device="cpu")[0].device.type == "cpu"   # a named device wins
 
 
 # Literal CPU placements allowed in library code, each for a reason (they move data *off* the accelerator or build
