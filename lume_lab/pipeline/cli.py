@@ -14,7 +14,7 @@ from ..unlearn.registry import BUILTIN_METHODS
 from .config import resolve_config
 from .runner import experiment_notebooks, run_notebook, NotebookRunError
 from .launch import LAUNCHERS, check_launch, set_launch_env
-from .sweep import describe_sweep, load_sweep, parse_seeds, record_experiment, run_seeds, run_sweep, seeds_spec
+from .sweep import describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep, seeds_spec
 
 # %% auto #0
 __all__ = ['parse_overrides', 'run_pipeline', 'stage_entries', 'run_stage_entry', 'presets_table', 'main']
@@ -49,7 +49,7 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
         print(f"▶ {nb.stem}  (run {run_id}, preset {preset}, config {config_hash(cfg)})", flush=True)
         run_notebook(nb, store.dir / "notebooks" / nb.name, params, root=root, progress=progress)
         print(f"  ✓ {nb.stem} in {time.perf_counter() - t:.1f} s", flush=True)
-        record_experiment(store.dir, nb.stem, time.perf_counter() - t)
+        store.record_experiment(nb.stem, time.perf_counter() - t)
     print(f"done in {time.perf_counter() - t0:.1f} s → {store.dir}")
     print(run_status(run_id, root).to_string(index=False))
     return store.dir

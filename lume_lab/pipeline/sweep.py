@@ -15,15 +15,15 @@ import submitit
 import yaml
 
 from ..core.config import PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash, make_config
-from ..core.store import atomic_write_json, atomic_write_text, runs_root
+from ..core.store import RunStore, _now, atomic_write_json, atomic_write_text, runs_root
 from .config import resolve_config
 from .runner import experiment_notebooks
 
 # %% auto #0
 __all__ = ['SPEC_KEYS', 'DEFAULT_COLLECT', 'EXECUTOR_KINDS', 'PLOT_KEYS', 'read_spec', 'sweep_points', 'point_name',
-           'executor_options', 'ExecutorSpec', 'executor_spec', 'Point', 'Sweep', 'load_sweep', 'record_experiment',
-           'experiments_done', 'point_done', 'PointBusy', 'point_lock', 'point_busy', 'run_point', 'point_kwargs',
-           'make_executor', 'run_sweep', 'collect_sweep', 'plot_sweep', 'aggregate_sweep', 'parse_seeds', 'seeds_spec',
+           'executor_options', 'ExecutorSpec', 'executor_spec', 'Point', 'Sweep', 'load_sweep', 'experiments_done',
+           'point_done', 'PointBusy', 'point_lock', 'point_busy', 'run_point', 'point_kwargs', 'make_executor',
+           'run_sweep', 'collect_sweep', 'plot_sweep', 'aggregate_sweep', 'parse_seeds', 'seeds_spec',
            'aggregate_seed_report', 'run_seeds', 'describe_sweep']
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #f640bc8d
@@ -227,17 +227,6 @@ def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers:
                  list(s.get("collect", DEFAULT_COLLECT)), dict(s.get("plot") or {}), executor, d, s)
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #87cc4775
-def _now() -> str:
-    import datetime as dt
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-def record_experiment(run_dir: str | Path, name: str, seconds: float) -> None:
-    "Record in `run_dir`'s manifest that experiment notebook `name` ran to its end."
-    path = Path(run_dir) / "manifest.json"
-    man = json.loads(path.read_text())
-    man.setdefault("experiments", {})[name] = {"status": "done", "seconds": round(seconds, 1), "finished": _now()}
-    atomic_write_json(path, man)
-
 def experiments_done(run_dir: str | Path) -> set[str]:
     "Names of the experiments recorded as finished in `run_dir`'s manifest (empty when there is no run)."
     path = Path(run_dir) / "manifest.json"
