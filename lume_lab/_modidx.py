@@ -136,6 +136,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'lume_lab/analysis/resurfacing.py'),
                                                'lume_lab.analysis.resurfacing._check_sampling': ( 'analysis/resurfacing.html#_check_sampling',
                                                                                                   'lume_lab/analysis/resurfacing.py'),
+                                               'lume_lab.analysis.resurfacing._first_rows': ( 'analysis/resurfacing.html#_first_rows',
+                                                                                              'lume_lab/analysis/resurfacing.py'),
                                                'lume_lab.analysis.resurfacing._sample_texts': ( 'analysis/resurfacing.html#_sample_texts',
                                                                                                 'lume_lab/analysis/resurfacing.py'),
                                                'lume_lab.analysis.resurfacing.assert_disjoint': ( 'analysis/resurfacing.html#assert_disjoint',
