@@ -28,7 +28,7 @@ READING_ORDER = {
     "inject": "ground truth (Lacuna §3): group masks, masked continual pretraining, LoRA instruction tuning, the testbed of memorized facts",
     "unlearn": "the registry, the shared training loop, and one notebook per method from Gradient Ascent to ULD",
     "metrics": "output-level scores: EM / ES / Prob, ROUGE, ranking, knowledge, membership inference, utility, truth ratio",
-    "analysis": "below the outputs: localization precision against the ground-truth mask, REMIND, the resurfacing attack",
+    "analysis": "below the outputs: localization precision against the ground-truth mask, attribution scores that estimate that mask, REMIND, the resurfacing attack",
 }
 MACHINERY = {
     "core": "the typed run config with its presets, the run store (manifest, stage cache, atomic writes)",
