@@ -66,17 +66,14 @@ def resolve_counts(counts: Sequence, n_forget: int) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 # %% ../../nbs/analysis/04_attribution.ipynb #fb35b05b
-def _rank_rows(flat: torch.Tensor, sizes: list, names: list, shapes: list, owner, label_sets: dict, counts: dict, k: int) -> list[dict]:
-    "AUC, its interval and precision@k of one flat score vector against every label set."
+def _rank_rows(flat: torch.Tensor, sizes: list, labels: dict, k: int) -> list[dict]:
+    "AUC, its interval and precision@k of one flat score vector against every flat label vector of `labels`."
     rows, sel = [], top_k_mask({"all": flat}, k)["all"]
-    for ls, gs in label_sets.items():
-        labels = lambda: (_labels_of(owner, n, sh, gs) for n, sh in zip(names, shapes))
-        pieces = lambda: zip(flat.split(sizes), labels())
-        auc = streaming_auc(pieces, n_pos=counts[ls], n_total=flat.numel())
-        hits = sum(int((s & l).sum()) for s, l in zip(sel.split(sizes), labels()))
-        lo, hi = auc_ci(auc, counts[ls], flat.numel() - counts[ls])
-        rows.append(dict(labels=ls, auc=auc, ci_low=lo, ci_high=hi, precision_at_k=hits / k, k=k,
-                         chance_precision=counts[ls] / flat.numel(), n_pos=counts[ls], n_neg=flat.numel() - counts[ls]))
+    for ls, lab in labels.items():
+        P = int(lab.sum()); auc = streaming_auc(lambda: zip(flat.split(sizes), lab.split(sizes)), n_pos=P, n_total=flat.numel())
+        lo, hi = auc_ci(auc, P, flat.numel() - P)
+        rows.append(dict(labels=ls, auc=auc, ci_low=lo, ci_high=hi, precision_at_k=int((sel & lab).sum()) / k, k=k,
+                         chance_precision=P / flat.numel(), n_pos=P, n_neg=flat.numel() - P))
     return rows
 
 # %% ../../nbs/analysis/04_attribution.ipynb #502ce7a1
@@ -95,22 +92,26 @@ def attribution_benchmark(model, tokenizer, forget, retain, owner: Mapping, forg
     if not names: raise ValueError("owner has a mask for none of the model's attention/MLP weights")
     shapes = [tuple(named[n].shape) for n in names]; sizes = [math.prod(s) for s in shapes]
     label_sets = {"forget": list(forget_groups), "unified": list(forget_groups) + list(retain_groups)}
-    counts_pos = {ls: sum(int(_labels_of(owner, n, sh, gs).sum()) for n, sh in zip(names, shapes)) for ls, gs in label_sets.items()}
-    if bad := [ls for ls, P in counts_pos.items() if P in (0, sum(sizes))]: raise ValueError(f"the {bad} labels need both in-mask and out-of-mask weights")
+    labels = {ls: torch.cat([_labels_of(owner, n, sh, gs) for n, sh in zip(names, shapes)]) for ls, gs in label_sets.items()}
+    if bad := [ls for ls, l in labels.items() if int(l.sum()) in (0, l.numel())]: raise ValueError(f"the {bad} labels need both in-mask and out-of-mask weights")
+    k = int(labels["forget"].sum())
     order = [forget[i] for i in np.random.default_rng(seed).permutation(len(forget))]
     ns = resolve_counts(list(counts), len(order))
     R = forget_statistics(model, tokenizer, retain, names, activations=False, max_length=max_length, desc="retain statistics") if needs_retain else None
     cos = {}
     for n in (ns if "memflex" in scores else ()):
         t = memflex_select(model, tokenizer, order[:n], retain, batch_size=8, max_length=max_length)[1]; cos[n] = dict(zip(t.name, t.cos))
-    rows = []
+    rows, fixed = [], {}                               # fixed: rows of `random`, which no example changes
     def measure(n, F):
         for s in scores:
+            if s == "random" and fixed:
+                rows.extend({**r, "n_examples": n, "count": ns[n]} for r in fixed["random"]); continue
             flat = torch.cat([score_tensor(s, nm, named[nm], F, R, cos.get(n), lam=lam, eps=eps, seed=seed).reshape(-1).cpu()
                               for nm in names])
             if torch.isnan(flat).any(): raise ValueError(f"score {s!r} has NaN values at n = {n}")
-            for r in _rank_rows(flat, sizes, names, shapes, owner, label_sets, counts_pos, counts_pos["forget"]):
-                rows.append(dict(score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=ns[n], **r))
+            new = [dict(score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=ns[n], **r) for r in _rank_rows(flat, sizes, labels, k)]
+            rows.extend(new)
+            if s == "random": fixed["random"] = new
     forget_statistics(model, tokenizer, order, names, activations="act_grad" in scores, checkpoints=list(ns), on_checkpoint=measure,
                       max_length=max_length, desc="forget statistics")
     return pd.DataFrame(rows)

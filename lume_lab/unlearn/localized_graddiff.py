@@ -5,6 +5,7 @@
 # %% ../../nbs/unlearn/11_localized_graddiff.ipynb #0e40cd19
 from __future__ import annotations
 import math
+import numpy as np
 import torch
 from ..models.ops import check_qa, collate_qa, eval_mode, progress, sequence_logprob, to_device
 from .base import BASE_HPARAMS, unlearn_loop
@@ -93,7 +94,7 @@ def top_k_mask(scores: dict, k: int) -> dict:
         raise ValueError(f"k must be an int in [1, {total}] (the number of scored weights), got {k!r}")
     flat = torch.cat([s.detach().reshape(-1).to("cpu", torch.float32) for s in scores.values()])
     if torch.isnan(flat).any(): raise ValueError("scores contain NaN")
-    t = torch.kthvalue(flat, total - k + 1).values           # the k-th largest value
+    t = float(np.partition(flat.numpy(), total - k)[total - k])   # the k-th largest value (introselect: ~10x torch.kthvalue on CPU)
     sel = flat > t
     need = k - int(sel.sum())
     sel[torch.nonzero(flat == t).reshape(-1)[:need]] = True  # the first `need` ties, in position order
