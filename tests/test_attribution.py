@@ -155,3 +155,24 @@ def test_registered_but_not_a_builtin_and_old_configs_keep_their_hash():
     assert SPEC.inputs == ("ground_truth_mask",) and not SPEC.has_control
     mini = make_config("mini"); d = json.loads(json.dumps(mini.to_dict())); d.pop("attribution")
     assert config_hash(config_from_dict(d)) == config_hash(mini)
+
+
+def test_report_page_gets_the_e09_section(tmp_path):
+    "With e09's CSVs and figure in report/, the page has the attribution section and its AUC table shows the CSV's values."
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from lume_lab.pipeline.report import read_html_tables, write_report
+    from lume_lab.pipeline.scorecard import toy_run
+    run = toy_run(tmp_path, "toy"); rep = run / "report"
+    rows = [dict(field="email_address", score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=str(n), labels=ls, auc=0.5 + 0.01 * i + 0.001 * n,
+                 ci_low=0.4, ci_high=0.6, precision_at_k=0.4, k=10, chance_precision=0.4, n_pos=10, n_neg=15)
+            for i, s in enumerate(ATTRIBUTION_SCORES) for n in (1, 8) for ls in ("forget", "unified")]
+    pd.DataFrame(rows).to_csv(rep / "attribution_email_address.csv", index=False)
+    pd.DataFrame([dict(labels="forget", f1=0.45, f1_chance=0.4, auc=0.55)]).to_csv(rep / "mask_signature.csv", index=False)
+    fig, ax = plt.subplots(figsize=(1, 1)); fig.savefig(rep / "attribution.png", dpi=30); plt.close(fig)
+    page = write_report([run]).read_text()
+    assert "<h2>Attribution against the ground truth (e09)</h2>" in page
+    t = [t for t in read_html_tables(page) if "AUC vs m^F, n=8" in t.columns][0].set_index("score")
+    assert t.at["snip", "AUC vs m^F, n=8"] == "0.528" and len(t) == len(ATTRIBUTION_SCORES)
