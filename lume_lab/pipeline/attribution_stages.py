@@ -85,13 +85,13 @@ def _best_non_contrast(aucs: pd.DataFrame) -> pd.DataFrame:
     return a.groupby(["method", "labels"]).auc.max().unstack("labels").rename(columns=lambda c: f"auc_{c}")
 
 def localized_comparison(store: RunStore, field: str, leakage: bool = True) -> pd.DataFrame:
-    "One row per method (the run's comparators and `localized_graddiff`) on `field`: EM, utility Δ, localization AUC, leakage."
+    "One row per model on `field` (`none`: before unlearning, the run's comparators, `localized_graddiff`): EM, utility Δ, localization AUC, leakage."
     from lume_lab.pipeline import resurface_stages as S
     methods = [m for m in COMPARATORS if m in run_methods(store.config)] + [LOCALIZED]
     for m in methods: U.stage_unlearn(store, m, field)
     rows = {}
-    for m in methods:
-        t = U.stage_evaluate(store, m, field).set_index(["split", "metric"]).value
+    for m in ["none", *methods]:
+        t = (U.stage_evaluate_before(store, field) if m == "none" else U.stage_evaluate(store, m, field)).set_index(["split", "metric"]).value
         rows[m] = {"forget_em": 100 * t[("forget", "em")], "retain_em": 100 * t[("retain", "em")],
                    "utility_delta": 100 * t.get(("utility_delta", "mc_acc"), float("nan"))}
     df = pd.DataFrame.from_dict(rows, orient="index")
@@ -103,7 +103,7 @@ def localized_comparison(store: RunStore, field: str, leakage: bool = True) -> p
     df = df.join(_best_non_contrast(pd.concat(aucs, ignore_index=True)))
     if leakage:
         from lume_lab.analysis.resurfacing import leakage_table
-        res = {m: S.stage_resurface(store, m, field) for m in methods}
+        res = {m: S.stage_resurface(store, m, field) for m in ["none", *methods]}
         for w in ("before", "after"):
             df[f"leak_{w}"] = leakage_table({m: r[w] for m, r in res.items()}).set_index("label").rate
     return df.rename_axis("method").reset_index().assign(field=field)
