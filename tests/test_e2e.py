@@ -58,7 +58,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     sig = pd.read_csv(report / "mask_signature.csv")
     assert set(sig["labels"]) == {"forget", "any"} and sig.f1.between(0, 1).all() and sig.auc.between(0, 1).all()
     lg = pd.read_csv(report / "attribution_methods.csv")
-    assert set(lg.method) == {"grad_diff", "simnpo", "oracle_grad", "localized_graddiff"} and lg.auc_forget.between(0, 1).all()
+    assert set(lg.method) == {"none", "grad_diff", "simnpo", "oracle_grad", "localized_graddiff"}
+    assert lg[lg.method != "none"].auc_forget.between(0, 1).all() and lg[lg.method == "none"].auc_forget.isna().all()
     assert (report / "attribution.png").exists()
     # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
     from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
