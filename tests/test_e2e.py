@@ -49,6 +49,18 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     assert set(res.method) == {"none", "floor", *METHODS} and set(res.stage) == {"before", "after"}
     assert res.rate.between(0, 100).all() and (res.leaked <= res.n_profiles).all()
     assert (report / "resurfacing_leakage.png").exists() and (report / f"resurfacing_jaccard_{field}.png").exists()
+    # e09: attribution scores against the masks, the mask-signature check, localized_graddiff beside its neighbours
+    assert {f"attribution_{field}", "mask_signature", f"attribution_localization_{field}", f"unlearn_localized_graddiff_{field}",
+            f"evaluate_localized_graddiff_{field}", f"resurface_localized_graddiff_{field}"} <= set(done)
+    attr = pd.read_csv(report / f"attribution_{field}.csv")
+    assert set(attr["labels"]) == {"forget", "unified"} and attr.auc.between(0, 1).all() and attr.precision_at_k.between(0, 1).all()
+    assert set(attr["count"].astype(str)) == {str(c) for c in make_config("smoke").attribution.counts}
+    sig = pd.read_csv(report / "mask_signature.csv")
+    assert set(sig["labels"]) == {"forget", "any"} and sig.f1.between(0, 1).all() and sig.auc.between(0, 1).all()
+    lg = pd.read_csv(report / "attribution_methods.csv")
+    assert set(lg.method) == {"none", "grad_diff", "simnpo", "oracle_grad", "localized_graddiff"}
+    assert lg[lg.method != "none"].auc_forget.between(0, 1).all() and lg[lg.method == "none"].auc_forget.isna().all()
+    assert (report / "attribution.png").exists()
     # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
     from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
     assert assert_self_contained((report / "index.html").read_text()) >= 8

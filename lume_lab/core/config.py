@@ -13,9 +13,9 @@ from typing import Any
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'LUME_TASKS', 'REMIND_MODES',
            'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'SECTIONS', 'PRESETS', 'ConfigError', 'ModelConfig',
            'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
-           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'RunConfig',
-           'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
-           'config_diff']
+           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
+           'AttributionConfig', 'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict',
+           'canonical_json', 'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -173,6 +173,15 @@ class ResurfaceConfig:
     top_p: float = 1.0
     samples: int = 1               # samples per attempt when sampling
 
+# %% ../../nbs/core/00_config.ipynb #8ff9c63b
+@dataclass
+class AttributionConfig:
+    "Attribution scores benchmarked against the ground-truth masks and the mask-signature check (e09, issue #19)."
+    counts: list = field(default_factory=lambda: [1, 8, "all"])   # forget examples behind each estimate: ints >= 1 or "all"
+    contrast_lambda: float = 1.0   # λ of the contrast score |g_F| − λ|g_R|
+    signature_max_weights: int = 100_000   # uniform subsample of maskable weights for the mask-signature classifier
+    signature_folds: int = 3       # stratified folds of its out-of-fold predictions
+
 # %% ../../nbs/core/00_config.ipynb #14066c85
 @dataclass
 class RunConfig:
@@ -191,6 +200,7 @@ class RunConfig:
     localization: LocalizationConfig = field(default_factory=LocalizationConfig)
     remind: RemindConfig = field(default_factory=RemindConfig)
     resurface: ResurfaceConfig = field(default_factory=ResurfaceConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
 
     def to_dict(self) -> dict: return asdict(self)
     def __getitem__(self, dotted: str): return get_field(self, dotted)
@@ -236,6 +246,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "localization.composite_max_weights": 50_000,
         "remind.n_holdout": 6, "remind.n_splits": 3, "remind.rf_trees": 10, "remind.variants": 5,
         "remind.ablation_variants": [1, 5], "remind.ablation_replace_probs": [0.3, 0.6], "resurface.attempts": 4,
+        "attribution.counts": [1, "all"], "attribution.signature_max_weights": 20_000,
     },
     # study: Lacuna's testbed shape for one GPU (issue #16) — 6 groups × 200 profiles (1,200) in 5 % masks, four target
     # fields each with up to 100 forget + 100 retain memorized profiles, validation and resurfacing splits, 150
@@ -451,6 +462,14 @@ def _problems(cfg: RunConfig) -> list[str]:
     frac("resurface.top_p")
     if not isinstance(cfg.resurface.paraphrases, bool): out.append(f"resurface.paraphrases must be true or false, got {cfg.resurface.paraphrases!r}")
     if not isinstance(cfg.resurface.extraction_prompts, bool): out.append(f"resurface.extraction_prompts must be true or false, got {cfg.resurface.extraction_prompts!r}")
+    ac = cfg.attribution.counts
+    if not (isinstance(ac, (list, tuple)) and ac and all(c == "all" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in ac)):
+        out.append(f"attribution.counts must be a non-empty list of ints >= 1 or \"all\", got {ac!r}")
+    lam = cfg.attribution.contrast_lambda
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or lam < 0: out.append(f"attribution.contrast_lambda must be a number >= 0, got {lam!r}")
+    pos("attribution.signature_max_weights")
+    if not isinstance(cfg.attribution.signature_folds, int) or isinstance(cfg.attribution.signature_folds, bool) or cfg.attribution.signature_folds < 2:
+        out.append(f"attribution.signature_folds must be an int >= 2, got {cfg.attribution.signature_folds!r}")
     return out
 
 def validate(cfg: RunConfig) -> RunConfig:

@@ -138,6 +138,30 @@ def _resurfacing_section(rep: Path) -> list:
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
     return [_h(2, "Resurfacing attack (Fig. 5)"), *blocks] if blocks else []
 
+# %% ../../nbs/pipeline/08_report.ipynb #f467b36f
+def _attribution_section(rep: Path) -> list:
+    "e09: AUC vs m^F of each attribution score per number of forget examples, the mask-signature check, localized GradDiff."
+    blocks = []
+    order = list(run_config(rep.parent)["unlearn"]["forget_fields"] or [])
+    files = [p for p in rep.glob("attribution_*.csv") if p.stem != "attribution_methods"]
+    key = lambda p: (order.index(p.stem[12:]) if p.stem[12:] in order else len(order), p.stem)
+    parts = [pd.read_csv(p) for p in sorted(files, key=key)]
+    if parts:
+        t = pd.concat(parts, ignore_index=True)
+        w = t[t["labels"] == "forget"].pivot_table(index=["field", "score"], columns="n_examples", values="auc", sort=False)
+        w.columns = [f"AUC vs m^F, n={c}" for c in w.columns]
+        blocks += [_p("Attribution scores of the model before unlearning: exact AUC against the forget mask m^F using n forget examples."),
+                   _table(w.round(3).reset_index())]
+    blocks += _fig(rep, "attribution.png", "Attribution AUC vs m^F as the number of forget examples grows (dashed: chance)")
+    if (rep / "mask_signature.csv").exists():
+        blocks += [_p("Mask signature (Lacuna §3.2): a classifier on the injected model's own weight statistics; chance = base rate."),
+                   _table(pd.read_csv(rep / "mask_signature.csv").round(3))]
+    if (rep / "attribution_methods.csv").exists():
+        blocks += [_p("localized_graddiff (GradDiff in the top-|m^F| weights of a forget-only score) beside its neighbours: EM %, "
+                      "utility Δ, best non-contrast localization AUC, leakage % before / after the attack."),
+                   _table(pd.read_csv(rep / "attribution_methods.csv").round(3))]
+    return [_h(2, "Attribution against the ground truth (e09)"), *blocks] if blocks else []
+
 # %% ../../nbs/pipeline/08_report.ipynb #48ed7881
 def _override_value(v) -> str:
     "How `lume-lab run --set` reads a value back: JSON where it parses, else the raw string."
@@ -217,7 +241,8 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
     if len(card):
         blocks += [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
         for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
-    for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section):
+    for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section,
+                    _attribution_section):
         blocks += section(rep)
     return blocks + _run_section(run_dirs)
 
