@@ -138,6 +138,25 @@ def _resurfacing_section(rep: Path) -> list:
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
     return [_h(2, "Resurfacing attack (Fig. 5)"), *blocks] if blocks else []
 
+# %% ../../nbs/pipeline/08_report.ipynb #6a7b2c02
+def _pistol_section(rep: Path) -> list:
+    "e07: PISTOL's fine-tuning criterion, DS for AB vs AC (Table 2) and per density (Table 3), beside the paper's."
+    blocks = []
+    if (rep / "pistol_finetune.csv").exists():
+        ft = pd.read_csv(rep / "pistol_finetune.csv").groupby("dataset").tail(1)
+        blocks += [_p("Fine-tuning before unlearning: mean ROUGE-1 over the QA at the last check, and whether it reached the target."),
+                   _table(ft[["dataset", "epoch", "rouge1_mean", "rouge1_min", "reached"]].round(3))]
+    if (rep / "pistol_degree_gap.csv").exists():
+        blocks += [_p("Table 2 analogue: DS (↓) forgetting AB (degree 14) vs AC (degree 8), mean ROUGE-1 over seeds; the paper's "
+                      "DS as AB / AC."), _table(pd.read_csv(rep / "pistol_degree_gap.csv").round(2))]
+    blocks += _fig(rep, "pistol_degree.png", "PISTOL Table 2 analogue: DS per method, AB vs AC, ours and the paper's")
+    if (rep / "pistol_density_trend.csv").exists():
+        blocks += [_p("Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / semi-dense / dense."),
+                   _table(pd.read_csv(rep / "pistol_density_trend.csv").round(2))]
+    blocks += _fig(rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's")
+    return [_h(2, "PISTOL: structural unlearning (Tables 2 and 3)"), *blocks] if blocks else []
+
+
 # %% ../../nbs/pipeline/08_report.ipynb #48ed7881
 def _override_value(v) -> str:
     "How `lume-lab run --set` reads a value back: JSON where it parses, else the raw string."
@@ -217,7 +236,8 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
     if len(card):
         blocks += [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
         for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
-    for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section):
+    for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section,
+                    _pistol_section):
         blocks += section(rep)
     return blocks + _run_section(run_dirs)
 
