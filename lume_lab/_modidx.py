@@ -783,6 +783,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                    'lume_lab/pipeline/pistol_stages.py'),
                                                  'lume_lab.pipeline.pistol_stages.plot_ds': ( 'pipeline/pistol_stages.html#plot_ds',
                                                                                               'lume_lab/pipeline/pistol_stages.py'),
+                                                 'lume_lab.pipeline.pistol_stages.prepare_pistol': ( 'pipeline/pistol_stages.html#prepare_pistol',
+                                                                                                     'lume_lab/pipeline/pistol_stages.py'),
                                                  'lume_lab.pipeline.pistol_stages.score_summary': ( 'pipeline/pistol_stages.html#score_summary',
                                                                                                     'lume_lab/pipeline/pistol_stages.py'),
                                                  'lume_lab.pipeline.pistol_stages.stage_pistol_degree': ( 'pipeline/pistol_stages.html#stage_pistol_degree',

@@ -9,6 +9,7 @@ from lume_lab.core.config import ConfigError, make_config
 from lume_lab.core.store import open_run
 from lume_lab.metrics.rouge import deviation_score, rouge_scores
 from lume_lab.pipeline import pistol_stages as P
+from lume_lab.pipeline.cli import main
 from lume_lab.pipeline.config import resolve_config
 from lume_lab.pipeline.stages import load_stage_model
 
@@ -76,7 +77,6 @@ def test_bad_pistol_config_names_the_field(override, field):
 
 def test_bad_config_fails_before_compute(tmp_path, capsys):
     "`lume-lab run` refuses a bad pistol value, naming the field and what is allowed, before it creates the run."
-    from lume_lab.pipeline.cli import main
-    assert main(["run", "--preset", "smoke", "--run-id", "bad", "--runs-root", str(tmp_path), "--set", "pistol.retain_floor=2"]) != 0
+    assert main(["run", "--preset", "smoke", "--run-id", "bad", "--runs-root", str(tmp_path), "--set", "pistol.retain_floor=2"]) == 2
     assert "pistol.retain_floor must be a number >= 0 and <= 1, got 2" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

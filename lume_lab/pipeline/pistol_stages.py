@@ -15,16 +15,16 @@ from ..data.pistol import density_forget_edges, forget_retain
 from ..metrics.ranking import ranking_scores
 from ..metrics.rouge import deviation_score, rouge_scores
 from ..models.ops import batch_nll
-from .stages import STAGE_VERSIONS, load_base, load_stage_model, stage_base, stage_pistol
+from .stages import STAGE_VERSIONS, load_base, load_stage_model, stage_base, stage_pistol, stage_tokenizer, stage_world
 from ..unlearn.base import BASE_HPARAMS, unlearn_loop
 from ..unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['PAPER_MODELS', 'DEGREE_EDGES', 'PAPER_TABLE2_DS', 'PAPER_TABLE3_DS', 'SCORE_COLUMNS', 'pistol_qa', 'eval_sample',
-           'pistol_scores', 'score_summary', 'PistolFinetuneWarning', 'finetune_qa', 'stage_pistol_finetune',
-           'finetune_log', 'pistol_hparams', 'unlearn_edge', 'choose_lr', 'stage_pistol_degree', 'chosen_lr',
-           'density_draws', 'stage_pistol_density', 'before_rows', 'pistol_table', 'degree_gap', 'density_trend',
-           'plot_ds']
+__all__ = ['PAPER_MODELS', 'DEGREE_EDGES', 'PAPER_TABLE2_DS', 'PAPER_TABLE3_DS', 'SCORE_COLUMNS', 'prepare_pistol', 'pistol_qa',
+           'eval_sample', 'pistol_scores', 'score_summary', 'PistolFinetuneWarning', 'finetune_qa',
+           'stage_pistol_finetune', 'finetune_log', 'pistol_hparams', 'unlearn_edge', 'choose_lr',
+           'stage_pistol_degree', 'chosen_lr', 'density_draws', 'stage_pistol_density', 'before_rows', 'pistol_table',
+           'degree_gap', 'density_trend', 'plot_ds']
 
 # %% ../../nbs/pipeline/13_pistol_stages.ipynb #77717dcc
 PAPER_MODELS = ("Llama2-7B", "Mistral-7B", "Gemma-7B")
@@ -43,6 +43,11 @@ PAPER_TABLE3_DS = {   # (density, method) -> DS of Llama2-7B, Mistral-7B, Gemma-
     ("dense", "dpo"): (23.0, 5.0, 16.9), ("dense", "npo"): (20.8, 40.9, 38.8)}
 
 # %% ../../nbs/pipeline/13_pistol_stages.ipynb #6ad7a147
+def prepare_pistol(store: RunStore):
+    "The stages PISTOL's experiment starts from: world → tokenizer → base model, and the PISTOL QA (cached when done); returns the QA."
+    stage_world(store); stage_tokenizer(store); stage_base(store)
+    return stage_pistol(store)
+
 def pistol_qa(store: RunStore, dataset: str):
     "The QA `Dataset` of PISTOL `dataset` ('dataset1' or 'dataset2') that the run uses (the first `pistol.questions_per_contract` per contract)."
     k = store.config.pistol.questions_per_contract
@@ -103,7 +108,7 @@ def stage_pistol_finetune(store: RunStore, dataset: str) -> Path:
     "The base model fine-tuned on PISTOL `dataset`'s QA until ROUGE-1 reaches `pistol.finetune_target` (stage `pistol_finetune_<dataset>`)."
     from lume_lab.models.lm import save_model
     c = store.config; p = c.pistol
-    stage_base(store); qa = pistol_qa(store, dataset)
+    prepare_pistol(store); qa = pistol_qa(store, dataset)
     def fn(out):
         model, tok = load_base(store)
         model, log = finetune_qa(model, tok, qa.to_list(), p, c.seed)
