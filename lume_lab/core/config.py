@@ -338,7 +338,7 @@ PISTOL_PRESETS = {
               "pistol.unlearn_epochs": 2, "pistol.seeds": 2, "pistol.density_draws": 1, "pistol.eval_retain_rows": 20,
               "pistol.max_new_tokens": 12},
     "mini": {"pistol.questions_per_contract": 2, "pistol.finetune_lr": 2e-3, "pistol.finetune_epochs": 80,
-             "pistol.finetune_check_every": 10, "pistol.finetune_target": 0.9, "pistol.lrs": [3e-4, 1e-3, 3e-3],
+             "pistol.finetune_check_every": 10, "pistol.finetune_target": 0.9, "pistol.lrs": [1e-4, 3e-4, 6e-4],
              "pistol.unlearn_epochs": 5, "pistol.seeds": 3, "pistol.density_draws": 3, "pistol.eval_retain_rows": 24,
              "pistol.max_new_tokens": 12},
     "study": {"pistol.finetune_lr": 1e-3, "pistol.finetune_epochs": 100, "pistol.finetune_check_every": 10,
