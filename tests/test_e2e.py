@@ -61,6 +61,19 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     assert set(lg.method) == {"none", "grad_diff", "simnpo", "oracle_grad", "localized_graddiff"}
     assert lg[lg.method != "none"].auc_forget.between(0, 1).all() and lg[lg.method == "none"].auc_forget.isna().all()
     assert (report / "attribution.png").exists()
+    # e07: PISTOL's fine-tuning, degree (Table 2) and density (Table 3) stages and tables; DS of the ROUGE-1 means shown
+    from lume_lab.core.config import PISTOL_METHODS
+    from lume_lab.data.pistol import DENSITIES
+    from lume_lab.metrics.rouge import deviation_score
+    pistol = {f"pistol_{k}_{d}" for k in ("finetune", "before") for d in ("dataset1", "dataset2")}
+    pistol |= {f"pistol_{s}_{m}" for s in ("degree", "density") for m in PISTOL_METHODS}
+    assert pistol <= set(done), sorted(pistol - set(done))
+    for name, by, groups in (("pistol_table2", "edge", {"A-B", "A-C"}), ("pistol_table3", "density", set(DENSITIES))):
+        t = pd.read_csv(report / f"{name}.csv")
+        assert set(t.method) == {"none", *PISTOL_METHODS} and set(t[by]) == groups
+        assert all(abs(ds - deviation_score(f, r)) < 1e-9 for ds, f, r in zip(t.ds, t.forget_rouge1, t.retain_rouge1))
+    assert (report / "pistol_degree.png").exists() and (report / "pistol_density.png").exists()
+    assert "PISTOL: structural unlearning" in (report / "index.html").read_text()
     # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
     from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
     assert assert_self_contained((report / "index.html").read_text()) >= 8

@@ -11,11 +11,11 @@ from typing import Any
 
 # %% auto #0
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'LUME_TASKS', 'REMIND_MODES',
-           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'SECTIONS', 'PRESETS', 'ConfigError', 'ModelConfig',
-           'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
-           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict',
-           'canonical_json', 'config_hash', 'config_diff']
+           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'SECTIONS',
+           'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig',
+           'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig',
+           'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'RunConfig', 'get_field',
+           'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -182,6 +182,58 @@ class AttributionConfig:
     signature_max_weights: int = 100_000   # uniform subsample of maskable weights for the mask-signature classifier
     signature_folds: int = 3       # stratified folds of its out-of-fold predictions
 
+# %% ../../nbs/core/00_config.ipynb #5f1e2a02
+PISTOL_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo")   # PISTOL's five baselines (§4), registry names
+PISTOL_STUDIES = ("degree", "density")                                 # Table 2 (Dataset 1, AB vs AC), Table 3 (Dataset 2)
+
+@dataclass
+class PistolConfig:
+    "PISTOL's structural unlearning (PISTOL §4–5, App. E–F): fine-tune on contract QA, unlearn one edge, ROUGE-1 / DS / MRR / THR."
+    studies: list = field(default_factory=lambda: list(PISTOL_STUDIES))
+    methods: list = field(default_factory=lambda: list(PISTOL_METHODS))
+    questions_per_contract: int = 20     # the first k of each contract's 20 questions (names, addresses and dates come first)
+    finetune_lr: float = 1e-4
+    finetune_batch_size: int = 16        # App. E: effective batch 16
+    finetune_epochs: int = 20            # App. E: 20 epochs; training stops earlier once finetune_target is reached
+    finetune_check_every: int = 5        # epochs between two ROUGE-1 checks of the stopping criterion
+    finetune_target: float = 0.95        # stop when the mean ROUGE-1 recall over the dataset's QA reaches this (App. E: 1)
+    lrs: list = field(default_factory=lambda: [1e-6, 5e-6, 1e-5, 2e-5, 5e-5])   # App. F's sweep
+    retain_floor: float = 0.8            # the retain ROUGE-1 a learning rate must keep to be chosen
+    unlearn_epochs: int = 20             # App. F: 20 epochs, warm-up over the first
+    unlearn_batch_size: int = 4          # App. F: effective batch 4
+    seeds: int = 3                       # runs per (method, edge); §4: mean ± std of 3
+    density_draws: int = 3               # random edges per density of Dataset 2 (§4: three times)
+    eval_retain_rows: int | None = None  # score a fixed sample of this many retain QA (None: all of them)
+    max_new_tokens: int = 24             # greedy answer length for ROUGE-1
+
+def _pistol_problems(cfg) -> list[str]:
+    "Problems of the `pistol` section, each naming the field and what is allowed."
+    c, out = cfg.pistol, []
+    def num(name, lo=0.0, hi=None, integer=False, strict=True):
+        v = getattr(c, name)
+        ok = (isinstance(v, int) if integer else isinstance(v, (int, float))) and not isinstance(v, bool)
+        ok = ok and (v > lo if strict else v >= lo) and (hi is None or v <= hi)
+        if not ok: out.append(f"pistol.{name} must be {'an int' if integer else 'a number'} {'>' if strict else '>='} {lo:g}"
+                              + (f" and <= {hi:g}" if hi is not None else "") + f", got {v!r}")
+    for name, allowed in (("studies", PISTOL_STUDIES), ("methods", PISTOL_METHODS)):
+        v = getattr(c, name)
+        if not isinstance(v, (list, tuple)) or not v or len(set(v)) != len(v) or any(x not in allowed for x in v):
+            out.append(f"pistol.{name} must be a non-empty list of distinct values from {', '.join(allowed)}; got {v!r}")
+    if isinstance(c.studies, (list, tuple)) and "density" in c.studies and "degree" not in c.studies:
+        out.append("pistol.studies: 'density' needs 'degree' (the learning rates are chosen on Dataset 1, then held fixed); got "
+                   f"{c.studies!r}")
+    num("questions_per_contract", 1, 20, integer=True, strict=False)
+    for n in ("finetune_batch_size", "finetune_epochs", "finetune_check_every", "unlearn_epochs", "unlearn_batch_size",
+              "seeds", "density_draws", "max_new_tokens"): num(n, 0, integer=True)
+    num("finetune_lr"); num("finetune_target", 0, 1); num("retain_floor", 0, 1, strict=False)
+    if c.eval_retain_rows is not None: num("eval_retain_rows", 0, integer=True)
+    lrs = c.lrs
+    if not (isinstance(lrs, (list, tuple)) and lrs and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lrs)
+            and len(set(lrs)) == len(lrs)):
+        out.append(f"pistol.lrs must be a non-empty list of distinct positive learning rates, got {lrs!r}")
+    return out
+
+
 # %% ../../nbs/core/00_config.ipynb #14066c85
 @dataclass
 class RunConfig:
@@ -201,6 +253,7 @@ class RunConfig:
     remind: RemindConfig = field(default_factory=RemindConfig)
     resurface: ResurfaceConfig = field(default_factory=ResurfaceConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    pistol: PistolConfig = field(default_factory=PistolConfig)
 
     def to_dict(self) -> dict: return asdict(self)
     def __getitem__(self, dotted: str): return get_field(self, dotted)
@@ -289,6 +342,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "unlearn.forget_fields": list(TARGET_FIELDS),
     },
 }
+
+# %% ../../nbs/core/00_config.ipynb #5f1e2a04
+PISTOL_PRESETS = {
+    "smoke": {"pistol.questions_per_contract": 1, "pistol.finetune_lr": 3e-3, "pistol.finetune_epochs": 200,
+              "pistol.finetune_check_every": 20, "pistol.finetune_target": 0.8, "pistol.lrs": [1e-3, 1e-2],
+              "pistol.unlearn_epochs": 2, "pistol.seeds": 2, "pistol.density_draws": 1, "pistol.eval_retain_rows": 20,
+              "pistol.max_new_tokens": 12},
+    "mini": {"pistol.questions_per_contract": 2, "pistol.finetune_lr": 2e-3, "pistol.finetune_epochs": 80,
+             "pistol.finetune_check_every": 10, "pistol.finetune_target": 0.9, "pistol.lrs": [1e-4, 3e-4, 6e-4],
+             "pistol.unlearn_epochs": 5, "pistol.seeds": 3, "pistol.density_draws": 3, "pistol.eval_retain_rows": 24,
+             "pistol.max_new_tokens": 12},
+    "study": {"pistol.finetune_lr": 1e-3, "pistol.finetune_epochs": 100, "pistol.finetune_check_every": 10,
+              "pistol.lrs": [3e-5, 1e-4, 3e-4, 1e-3]},
+}
+for _p, _v in PISTOL_PRESETS.items(): PRESETS[_p].update(_v)
+
 
 # %% ../../nbs/core/00_config.ipynb #16bd89bf
 def _section_names(obj) -> list[str]: return [f.name for f in fields(obj)]
@@ -470,6 +539,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     pos("attribution.signature_max_weights")
     if not isinstance(cfg.attribution.signature_folds, int) or isinstance(cfg.attribution.signature_folds, bool) or cfg.attribution.signature_folds < 2:
         out.append(f"attribution.signature_folds must be an int >= 2, got {cfg.attribution.signature_folds!r}")
+    out += _pistol_problems(cfg)
     return out
 
 def validate(cfg: RunConfig) -> RunConfig:

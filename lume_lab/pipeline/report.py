@@ -138,7 +138,7 @@ def _resurfacing_section(rep: Path) -> list:
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
     return [_h(2, "Resurfacing attack (Fig. 5)"), *blocks] if blocks else []
 
-# %% ../../nbs/pipeline/08_report.ipynb #f467b36f
+# %% ../../nbs/pipeline/08_report.ipynb #6a7b2c02
 def _attribution_section(rep: Path) -> list:
     "e09: AUC vs m^F of each attribution score per number of forget examples, the mask-signature check, localized GradDiff."
     blocks = []
@@ -161,6 +161,31 @@ def _attribution_section(rep: Path) -> list:
                       "utility Δ, best non-contrast localization AUC, leakage % before / after the attack."),
                    _table(pd.read_csv(rep / "attribution_methods.csv").round(3))]
     return [_h(2, "Attribution against the ground truth (e09)"), *blocks] if blocks else []
+# ### PISTOL (e07)
+#
+# PISTOL Tables 2 and 3 analogues: DS per method for the forget edges AB vs AC and for the three densities, ours
+# beside the paper's three models, the fine-tuning criterion reached before unlearning, and the figures.
+#
+
+# %% ../../nbs/pipeline/08_report.ipynb #36308e2f
+def _pistol_section(rep: Path) -> list:
+    "e07: PISTOL's fine-tuning criterion, DS for AB vs AC (Table 2) and per density (Table 3), beside the paper's."
+    blocks = []
+    if (rep / "pistol_finetune.csv").exists():
+        ft = pd.read_csv(rep / "pistol_finetune.csv").groupby("dataset").tail(1)
+        blocks += [_p("Fine-tuning before unlearning: mean ROUGE-1 over the QA at the last check, and whether it reached the target."),
+                   _table(ft[["dataset", "epoch", "rouge1_mean", "rouge1_min", "reached"]].round(3))]
+    if (rep / "pistol_degree_gap.csv").exists():
+        blocks += [_p("Table 2 analogue: DS (↓) forgetting AB (degree 14) vs AC (degree 8), mean ROUGE-1 over seeds; the paper's "
+                      "DS as AB / AC."), _table(pd.read_csv(rep / "pistol_degree_gap.csv").round(2))]
+    blocks += _fig(rep, "pistol_degree.png", "PISTOL Table 2 analogue: DS per method, AB vs AC, ours and the paper's")
+    if (rep / "pistol_density_trend.csv").exists():
+        blocks += [_p("Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / semi-dense / dense."),
+                   _table(pd.read_csv(rep / "pistol_density_trend.csv").round(2))]
+    blocks += _fig(rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's")
+    return [_h(2, "PISTOL: structural unlearning (Tables 2 and 3)"), *blocks] if blocks else []
+
+
 
 # %% ../../nbs/pipeline/08_report.ipynb #48ed7881
 def _override_value(v) -> str:
@@ -229,7 +254,7 @@ def _run_section(run_dirs: list[Path]) -> list:
         blocks.append(_details(f"config.json of {d.name}", [_pre(json.dumps(run_config(d), indent=2))]))
     return blocks
 
-# %% ../../nbs/pipeline/08_report.ipynb #04b9b212
+# %% ../../nbs/pipeline/08_report.ipynb #ac5e55c8
 def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
     "Every block of the page of `run_dirs` (figures and section tables from the first run), scorecard first."
     run_dirs = [Path(d) for d in run_dirs]
@@ -242,7 +267,7 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
         blocks += [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
         for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
     for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section,
-                    _attribution_section):
+                    _pistol_section, _attribution_section):
         blocks += section(rep)
     return blocks + _run_section(run_dirs)
 
