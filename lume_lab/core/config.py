@@ -11,11 +11,11 @@ from typing import Any
 
 # %% auto #0
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'LUME_TASKS', 'REMIND_MODES',
-           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'SECTIONS', 'PRESETS', 'ConfigError', 'ModelConfig',
-           'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
-           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'RunConfig',
-           'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
-           'config_diff']
+           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'ConfigError',
+           'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
+           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'LumeExpConfig',
+           'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json',
+           'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -172,6 +172,52 @@ class ResurfaceConfig:
     top_p: float = 1.0
     samples: int = 1               # samples per attempt when sampling
 
+# %% ../../nbs/core/00_config.ipynb #7656369f
+LUME_METHODS = ("grad_ascent", "grad_diff", "ukl", "npo", "uld")   # LUME §4: GA, GD, KL (GA + KL on retain), NPO, ULD
+
+@dataclass
+class LumeExpConfig:
+    "LUME experiment e08: fine-tune target and retain-only models, unlearn with per-epoch evaluation (LUME §4, Figs. 2–4)."
+    methods: list = field(default_factory=lambda: list(LUME_METHODS))
+    finetune_epochs: int = 12       # passes over the task texts (documents + knowledge QA) with the pretraining loop
+    finetune_lr: float = 1e-3
+    finetune_batch_size: int = 8
+    epochs: int = 5                 # unlearning epochs (LUME: 10); evaluation after each
+    lr: float = 1e-4                # unlearning learning rate of every method (LUME: 1e-5 on 7B); `hparams` overrides
+    batch_size: int = 32            # LUME's
+    hparams: dict = field(default_factory=dict)   # method -> {hyperparameter: value}
+    docs_per_task: int | None = 4   # documents per task and split the experiment uses (None: all of `lume.n_per_task`)
+    n_nonmembers: int = 20          # unseen documents per task: the MIA non-members
+    reg_max_new_tokens: int = 128
+    kno_max_new_tokens: int = 24
+    utility_mc: int = 100
+    utility_texts: int = 50
+
+def _lume_exp_problems(cfg) -> list[str]:
+    "Problems of the `lume_exp` section (method hyperparameters are checked against the registry by the e08 stages)."
+    c, out = cfg.lume_exp, []
+    ms = c.methods
+    if not (isinstance(ms, (list, tuple)) and ms and all(m in LUME_METHODS for m in ms) and len(set(ms)) == len(ms)):
+        out.append(f"lume_exp.methods must be a non-empty list of distinct methods from {', '.join(LUME_METHODS)}; got {ms!r}")
+    if c.docs_per_task is not None and (isinstance(c.docs_per_task, bool) or not isinstance(c.docs_per_task, int) or c.docs_per_task < 1):
+        out.append(f"lume_exp.docs_per_task must be None (all documents) or a positive int, got {c.docs_per_task!r}")
+    for n in ("finetune_epochs", "finetune_batch_size", "epochs", "batch_size", "n_nonmembers",
+              "reg_max_new_tokens", "kno_max_new_tokens", "utility_mc", "utility_texts"):
+        v = getattr(c, n)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1: out.append(f"lume_exp.{n} must be a positive int, got {v!r}")
+    for n in ("finetune_lr", "lr"):
+        v = getattr(c, n)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0: out.append(f"lume_exp.{n} must be a positive number, got {v!r}")
+    hp = c.hparams
+    if not (isinstance(hp, dict) and all(isinstance(v, dict) for v in hp.values())):
+        out.append(f"lume_exp.hparams must be a dict method -> {{hyperparameter: value}}, got {hp!r}")
+    elif bad := [m for m in hp if m not in (ms if isinstance(ms, (list, tuple)) else [])]:
+        out.append(f"lume_exp.hparams sets {', '.join(map(repr, bad))}, not in lume_exp.methods ({ms!r})")
+    r, L = c.reg_max_new_tokens, cfg.model.max_seq_len
+    if isinstance(r, int) and isinstance(L, int) and not isinstance(r, bool) and r >= L:
+        out.append(f"lume_exp.reg_max_new_tokens ({r}) must be < model.max_seq_len ({L}): the prompt needs room in the context")
+    return out
+
 # %% ../../nbs/core/00_config.ipynb #14066c85
 @dataclass
 class RunConfig:
@@ -190,6 +236,7 @@ class RunConfig:
     localization: LocalizationConfig = field(default_factory=LocalizationConfig)
     remind: RemindConfig = field(default_factory=RemindConfig)
     resurface: ResurfaceConfig = field(default_factory=ResurfaceConfig)
+    lume_exp: LumeExpConfig = field(default_factory=LumeExpConfig)
 
     def to_dict(self) -> dict: return asdict(self)
     def __getitem__(self, dotted: str): return get_field(self, dotted)
@@ -277,6 +324,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "unlearn.forget_fields": list(TARGET_FIELDS),
     },
 }
+
+# %% ../../nbs/core/00_config.ipynb #a983d1e2
+PRESETS["smoke"].update({"lume_exp.finetune_epochs": 30, "lume_exp.finetune_lr": 3e-3, "lume_exp.epochs": 2, "lume_exp.lr": 1e-3,
+                         "lume_exp.batch_size": 8, "lume_exp.docs_per_task": 2, "lume_exp.n_nonmembers": 5,
+                         "lume_exp.reg_max_new_tokens": 24, "lume_exp.kno_max_new_tokens": 8,
+                         "lume_exp.utility_mc": 10, "lume_exp.utility_texts": 5})
+PRESETS["study"].update({"lume_exp.epochs": 10, "lume_exp.docs_per_task": None, "lume_exp.n_nonmembers": 60,
+                         "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300})
+for _p in ("olmo2-1b", "olmo3-7b"):
+    PRESETS[_p].update({"lume_exp.finetune_lr": 1e-5, "lume_exp.finetune_batch_size": 4, "lume_exp.epochs": 10, "lume_exp.lr": 1e-5,
+                        "lume_exp.docs_per_task": None, "lume_exp.n_nonmembers": 60, "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300})
 
 # %% ../../nbs/core/00_config.ipynb #16bd89bf
 def _section_names(obj) -> list[str]: return [f.name for f in fields(obj)]
@@ -449,6 +507,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     if cfg.resurface.temperature is not None: pos("resurface.temperature", float)
     frac("resurface.top_p")
     if not isinstance(cfg.resurface.paraphrases, bool): out.append(f"resurface.paraphrases must be true or false, got {cfg.resurface.paraphrases!r}")
+    out += _lume_exp_problems(cfg)
     return out
 
 def validate(cfg: RunConfig) -> RunConfig:
