@@ -763,6 +763,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                 'lume_lab/pipeline/lume_stages.py'),
                                                'lume_lab.pipeline.lume_stages.finetune_texts': ( 'pipeline/lume_stages.html#finetune_texts',
                                                                                                  'lume_lab/pipeline/lume_stages.py'),
+                                               'lume_lab.pipeline.lume_stages.fit_rows': ( 'pipeline/lume_stages.html#fit_rows',
+                                                                                           'lume_lab/pipeline/lume_stages.py'),
                                                'lume_lab.pipeline.lume_stages.load_lume_model': ( 'pipeline/lume_stages.html#load_lume_model',
                                                                                                   'lume_lab/pipeline/lume_stages.py'),
                                                'lume_lab.pipeline.lume_stages.lume_eval_inputs': ( 'pipeline/lume_stages.html#lume_eval_inputs',
