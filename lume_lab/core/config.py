@@ -182,7 +182,7 @@ class LumeExpConfig:
     finetune_epochs: int = 20       # passes over the task texts (documents + knowledge QA) with the pretraining loop
     finetune_lr: float = 3e-3
     finetune_batch_size: int = 8
-    epochs: int = 5                 # unlearning epochs (LUME: 10); evaluation after each
+    epochs: int = 3                 # unlearning epochs (LUME: 10); evaluation after each
     lr: float = 3e-4                # unlearning learning rate of every method (LUME: 1e-5 on 7B); `hparams` overrides
     batch_size: int = 8             # LUME: 32, on 10x more documents
     hparams: dict = field(default_factory=lambda: {"uld": {"lr": 3e-3}})   # method -> {hyperparameter: value}; ULD's LoRA assistant learns at its mini rate
