@@ -74,6 +74,15 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
         assert all(abs(ds - deviation_score(f, r)) < 1e-9 for ds, f, r in zip(t.ds, t.forget_rouge1, t.retain_rouge1))
     assert (report / "pistol_degree.png").exists() and (report / "pistol_density.png").exists()
     assert "PISTOL: structural unlearning" in (report / "index.html").read_text()
+    # e08: LUME, every method scored at every epoch, the figures and the summary beside the paper
+    from lume_lab.core.config import LUME_METHODS
+    assert {"lume_nonmembers", "lume_target", "lume_retain_only", "lume_eval_base", "lume_eval_target", "lume_eval_retain_only",
+            *(f"lume_unlearn_{m}" for m in LUME_METHODS)} <= set(done)
+    ep = pd.read_csv(report / "lume_epochs.csv")
+    assert set(ep.label) == {"base", "target", "retain_only", *LUME_METHODS}
+    assert set(ep[ep.label == "npo"].epoch) == set(range(make_config("smoke").lume_exp.epochs + 1))
+    assert set(pd.read_csv(report / "lume_summary.csv").label) == set(ep.label)
+    assert all((report / f"lume_{f}.png").exists() for f in ("fig2", "fig3_mia", "fig4_utility", "fig6_tasks"))
     # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
     from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
     assert assert_self_contained((report / "index.html").read_text()) >= 8

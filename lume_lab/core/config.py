@@ -11,11 +11,12 @@ from typing import Any
 
 # %% auto #0
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'LUME_TASKS', 'REMIND_MODES',
-           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'SECTIONS',
-           'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig',
-           'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig',
-           'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'RunConfig', 'get_field',
-           'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
+           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS',
+           'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig',
+           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
+           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig',
+           'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict',
+           'canonical_json', 'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -234,7 +235,54 @@ def _pistol_problems(cfg) -> list[str]:
     return out
 
 
-# %% ../../nbs/core/00_config.ipynb #14066c85
+
+# %% ../../nbs/core/00_config.ipynb #7656369f
+LUME_METHODS = ("grad_ascent", "grad_diff", "ukl", "npo", "uld")   # LUME §4: GA, GD, KL (GA + KL on retain), NPO, ULD
+
+@dataclass
+class LumeExpConfig:
+    "LUME experiment e08: fine-tune target and retain-only models, unlearn with per-epoch evaluation (LUME §4, Figs. 2–4)."
+    methods: list = field(default_factory=lambda: list(LUME_METHODS))
+    finetune_epochs: int = 20       # passes over the task texts (documents + knowledge QA) with the pretraining loop
+    finetune_lr: float = 3e-3
+    finetune_batch_size: int = 8
+    epochs: int = 3                 # unlearning epochs (LUME: 10); evaluation after each
+    lr: float = 3e-4                # unlearning learning rate of every method (LUME: 1e-5 on 7B); `hparams` overrides
+    batch_size: int = 8             # LUME: 32, on 10x more documents
+    hparams: dict = field(default_factory=lambda: {"uld": {"lr": 3e-3}})   # method -> {hyperparameter: value}; ULD's LoRA assistant learns at its mini rate
+    docs_per_task: int | None = 3   # documents per task and split the experiment uses (None: all of `lume.n_per_task`)
+    n_nonmembers: int = 10          # unseen documents per task: the MIA non-members
+    reg_max_new_tokens: int = 64    # completion length, and the tokens of the true rest it is compared with
+    kno_max_new_tokens: int = 24
+    utility_mc: int = 40
+    utility_texts: int = 20
+
+def _lume_exp_problems(cfg) -> list[str]:
+    "Problems of the `lume_exp` section (method hyperparameters are checked against the registry by the e08 stages)."
+    c, out = cfg.lume_exp, []
+    ms = c.methods
+    if not (isinstance(ms, (list, tuple)) and ms and all(m in LUME_METHODS for m in ms) and len(set(ms)) == len(ms)):
+        out.append(f"lume_exp.methods must be a non-empty list of distinct methods from {', '.join(LUME_METHODS)}; got {ms!r}")
+    if c.docs_per_task is not None and (isinstance(c.docs_per_task, bool) or not isinstance(c.docs_per_task, int) or c.docs_per_task < 1):
+        out.append(f"lume_exp.docs_per_task must be None (all documents) or a positive int, got {c.docs_per_task!r}")
+    for n in ("finetune_epochs", "finetune_batch_size", "epochs", "batch_size", "n_nonmembers",
+              "reg_max_new_tokens", "kno_max_new_tokens", "utility_mc", "utility_texts"):
+        v = getattr(c, n)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1: out.append(f"lume_exp.{n} must be a positive int, got {v!r}")
+    for n in ("finetune_lr", "lr"):
+        v = getattr(c, n)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0: out.append(f"lume_exp.{n} must be a positive number, got {v!r}")
+    hp = c.hparams
+    if not (isinstance(hp, dict) and all(isinstance(v, dict) for v in hp.values())):
+        out.append(f"lume_exp.hparams must be a dict method -> {{hyperparameter: value}}, got {hp!r}")
+    elif bad := [m for m in hp if m not in LUME_METHODS]:
+        out.append(f"lume_exp.hparams sets {', '.join(map(repr, bad))}, not a LUME method ({', '.join(LUME_METHODS)})")
+    r, L = c.reg_max_new_tokens, cfg.model.max_seq_len
+    if isinstance(r, int) and isinstance(L, int) and not isinstance(r, bool) and r >= L:
+        out.append(f"lume_exp.reg_max_new_tokens ({r}) must be < model.max_seq_len ({L}): the prompt needs room in the context")
+    return out
+
+# %% ../../nbs/core/00_config.ipynb #2ffb349f
 @dataclass
 class RunConfig:
     "Everything a run needs; built with `make_config`, validated by `validate`."
@@ -254,6 +302,7 @@ class RunConfig:
     resurface: ResurfaceConfig = field(default_factory=ResurfaceConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     pistol: PistolConfig = field(default_factory=PistolConfig)
+    lume_exp: LumeExpConfig = field(default_factory=LumeExpConfig)
 
     def to_dict(self) -> dict: return asdict(self)
     def __getitem__(self, dotted: str): return get_field(self, dotted)
@@ -343,7 +392,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# %% ../../nbs/core/00_config.ipynb #5f1e2a04
+# %% ../../nbs/core/00_config.ipynb #502d80a6
 PISTOL_PRESETS = {
     "smoke": {"pistol.questions_per_contract": 1, "pistol.finetune_lr": 3e-3, "pistol.finetune_epochs": 200,
               "pistol.finetune_check_every": 20, "pistol.finetune_target": 0.8, "pistol.lrs": [1e-3, 1e-2],
@@ -358,6 +407,16 @@ PISTOL_PRESETS = {
 }
 for _p, _v in PISTOL_PRESETS.items(): PRESETS[_p].update(_v)
 
+# %% ../../nbs/core/00_config.ipynb #a983d1e2
+PRESETS["smoke"].update({"lume_exp.finetune_epochs": 30, "lume_exp.finetune_lr": 3e-3, "lume_exp.epochs": 2, "lume_exp.lr": 1e-3,
+                         "lume_exp.batch_size": 8, "lume_exp.docs_per_task": 2, "lume_exp.n_nonmembers": 5,
+                         "lume_exp.reg_max_new_tokens": 24, "lume_exp.kno_max_new_tokens": 8,
+                         "lume_exp.utility_mc": 10, "lume_exp.utility_texts": 5})
+PRESETS["study"].update({"lume_exp.epochs": 10, "lume_exp.docs_per_task": None, "lume_exp.n_nonmembers": 60,
+                         "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300})
+for _p in ("olmo2-1b", "olmo3-7b"):
+    PRESETS[_p].update({"lume_exp.finetune_lr": 1e-5, "lume_exp.finetune_batch_size": 4, "lume_exp.epochs": 10, "lume_exp.lr": 1e-5,
+                        "lume_exp.docs_per_task": None, "lume_exp.n_nonmembers": 60, "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300})
 
 # %% ../../nbs/core/00_config.ipynb #16bd89bf
 def _section_names(obj) -> list[str]: return [f.name for f in fields(obj)]
@@ -411,7 +470,7 @@ def set_fields(cfg: RunConfig, overrides: dict | None) -> RunConfig:
         d[keys[-1]] = copy.deepcopy(v)
     return cfg
 
-# %% ../../nbs/core/00_config.ipynb #d0742646
+# %% ../../nbs/core/00_config.ipynb #3b0cf5aa
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def _check_model_path(p: str | None) -> str | None:
@@ -540,6 +599,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     if not isinstance(cfg.attribution.signature_folds, int) or isinstance(cfg.attribution.signature_folds, bool) or cfg.attribution.signature_folds < 2:
         out.append(f"attribution.signature_folds must be an int >= 2, got {cfg.attribution.signature_folds!r}")
     out += _pistol_problems(cfg)
+    out += _lume_exp_problems(cfg)
     return out
 
 def validate(cfg: RunConfig) -> RunConfig:

@@ -15,8 +15,8 @@ from ..core.store import atomic_write_text
 from .scorecard import report_dir, run_config, run_manifest, scorecard   # `report.scorecard` is the same function
 
 # %% auto #0
-__all__ = ['COLUMN_LABELS', 'SCORECARD_NOTE', 'CSS', 'format_scorecard', 'reproduce_command', 'stage_family', 'stage_times',
-           'report_blocks', 'render_html', 'render_markdown', 'read_html_tables', 'write_report']
+__all__ = ['COLUMN_LABELS', 'LUME_COLUMNS', 'SCORECARD_NOTE', 'CSS', 'format_scorecard', 'reproduce_command', 'stage_family',
+           'stage_times', 'report_blocks', 'render_html', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../nbs/pipeline/08_report.ipynb #78763394
 COLUMN_LABELS = {"forget_em": "forget EM", "forget_es": "forget ES", "forget_prob": "forget Prob", "forget_para_em": "forget EM para",
@@ -185,7 +185,27 @@ def _pistol_section(rep: Path) -> list:
     blocks += _fig(rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's")
     return [_h(2, "PISTOL: structural unlearning (Tables 2 and 3)"), *blocks] if blocks else []
 
+# e08's LUME section: the models at their last epoch beside the paper's findings (`lume_summary.csv`, written by
+# `pipeline.lume_stages.lume_summary`), then the Fig. 2/3/4/6 analogues. No `<h3>` here: those belong to the scorecard.
 
+# %% ../../nbs/pipeline/08_report.ipynb #0d6e36b1
+LUME_COLUMNS = ["label", "epoch", "F-Reg", "F-Kno", "R-Reg", "R-Kno", "AUC public", "AUC all", "mc_acc", "mc_acc Δ", "s/epoch", "paper (LUME 7B)"]
+
+def _lume_section(rep: Path) -> list:
+    "e08: LUME's per-epoch unlearning (Figs. 2–4, 6): last-epoch table beside the paper, and the curves."
+    blocks = []
+    if (rep / "lume_summary.csv").exists():
+        t = pd.read_csv(rep / "lume_summary.csv")
+        blocks += [_p("Each model at its last unlearning epoch (references: epoch 0). F-/R-: forget / retain; Reg: regurgitation "
+                      "rate, Kno: knowledge accuracy, means over tasks; AUC: loss MIA, forget vs unseen documents; mc_acc Δ: world "
+                      "MC accuracy minus the target's; paper: LUME §4, OLMo 7B."),
+                   _table(t[[c for c in LUME_COLUMNS if c in t.columns]].round(3))]
+    for name, cap in (("lume_fig2.png", "Fig. 2 analogue: forget / retain regurgitation and knowledge per epoch"),
+                      ("lume_fig3_mia.png", "Fig. 3 analogue: loss-MIA AUC per epoch"),
+                      ("lume_fig4_utility.png", "Fig. 4 analogue: utility per epoch"),
+                      ("lume_fig6_tasks.png", "Fig. 6 analogue: per task")):
+        blocks += _fig(rep, name, cap)
+    return [_h(2, "LUME: unlearning per epoch (Figs. 2–4)"), *blocks] if blocks else []
 
 # %% ../../nbs/pipeline/08_report.ipynb #48ed7881
 def _override_value(v) -> str:
@@ -254,7 +274,7 @@ def _run_section(run_dirs: list[Path]) -> list:
         blocks.append(_details(f"config.json of {d.name}", [_pre(json.dumps(run_config(d), indent=2))]))
     return blocks
 
-# %% ../../nbs/pipeline/08_report.ipynb #ac5e55c8
+# %% ../../nbs/pipeline/08_report.ipynb #0a25ac0f
 def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
     "Every block of the page of `run_dirs` (figures and section tables from the first run), scorecard first."
     run_dirs = [Path(d) for d in run_dirs]
@@ -267,7 +287,7 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
         blocks += [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
         for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
     for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section,
-                    _pistol_section, _attribution_section):
+                    _pistol_section, _lume_section, _attribution_section):
         blocks += section(rep)
     return blocks + _run_section(run_dirs)
 

@@ -5,6 +5,7 @@
 # %% ../../nbs/unlearn/00_base.ipynb #59fd7dac
 from __future__ import annotations
 import copy, math, random
+from contextlib import contextmanager
 from functools import partial
 from typing import Callable
 
@@ -17,8 +18,8 @@ from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 
 # %% auto #0
-__all__ = ['BASE_HPARAMS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'unlearn_loop',
-           'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
+__all__ = ['BASE_HPARAMS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'on_epoch_end',
+           'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
 
 # %% ../../nbs/unlearn/00_base.ipynb #760ca44f
 class PairedQA(Dataset):
@@ -69,6 +70,25 @@ def lr_factor(step: int, total: int, scheduler: str = "constant", warmup_steps: 
     if scheduler == "cosine": return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
     return max(0.0, 1.0 - progress)
 
+# %% ../../nbs/unlearn/00_base.ipynb #b6edc168
+_EPOCH_HOOKS: list[Callable] = []
+
+@contextmanager
+def on_epoch_end(hook: Callable):
+    "Within the block, `unlearn_loop` calls `hook(model, epoch)` after every epoch (model in eval mode, no gradients)."
+    if not callable(hook): raise ValueError(f"hook must be callable as hook(model, epoch), got {type(hook).__name__}")
+    _EPOCH_HOOKS.append(hook)
+    try: yield hook
+    finally: _EPOCH_HOOKS.remove(hook)
+
+def _call_epoch_hooks(model, epoch: int, view: Callable | None = None):
+    if not _EPOCH_HOOKS: return
+    model.eval()
+    with torch.no_grad():
+        seen = view(model) if view is not None else model
+        for h in list(_EPOCH_HOOKS): h(seen, epoch)
+    model.train()
+
 # %% ../../nbs/unlearn/00_base.ipynb #62ca95d1
 def _prepare_masks(model, grad_masks: dict) -> dict:
     named = dict(model.named_parameters())
@@ -87,8 +107,8 @@ def _scalar(v) -> float: return float(v.detach()) if torch.is_tensor(v) else flo
 
 def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, *, needs_ref: bool = False,
                  grad_masks: dict | None = None, alternate_key: str | None = None, seed: int = 0,
-                 desc: str = "unlearn") -> tuple[object, pd.DataFrame]:
-    "Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log."
+                 desc: str = "unlearn", epoch_view: Callable | None = None) -> tuple[object, pd.DataFrame]:
+    "Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the `on_epoch_end` hooks."
     forget = check_qa(forget, "forget"); retain = check_qa(retain, "retain") if retain else None
     if not forget: raise ValueError("forget set is empty")
     if grad_masks is not None and hp["weight_decay"] != 0:
@@ -134,6 +154,7 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
                 step += 1; bar.update(1)
                 if step >= total: break
             epoch += 1
+            _call_epoch_hooks(acc.unwrap_model(model), epoch, epoch_view)
     finally:
         bar.close()
         for h in hooks: h.remove()
