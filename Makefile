@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup run test check-export nbtest nbtest-fast pytest bench lab docs clean
+.PHONY: setup run run-companions test check-export nbtest nbtest-fast pytest bench lab docs clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml
 
 run: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID)
+
+# PISTOL (e07) and LUME (e08) on the same run: they reuse its base model and add their sections to the report.
+run-companions: setup
+	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID) --only e07 e08 e99
 
 # CI fails when the notebooks and lume_lab/ disagree (new untracked modules included).
 check-export: setup

@@ -9,9 +9,9 @@ from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
 
 
 def test_smoke_run_end_to_end_then_cached(tmp_path):
-    "`lume-lab run --preset smoke` runs every experiment notebook into runs/<id>/; a rerun recomputes nothing."
+    "`lume-lab run --preset smoke --only all` runs every experiment notebook into runs/<id>/; a rerun recomputes nothing."
     METHODS = BUILTIN_METHODS
-    args = ["run", "--preset", "smoke", "--run-id", "e2e", "--runs-root", str(tmp_path),
+    args = ["run", "--preset", "smoke", "--run-id", "e2e", "--runs-root", str(tmp_path), "--only", "all",
             "--set", "pretrain.steps=16", "--set", "pretrain.checkpoint_every=8"]
     assert main(args) == 0
     run = tmp_path / "e2e"
@@ -28,7 +28,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     expected |= {f"unlearn_{m}_{field}_control" for m in METHODS if get_spec(m).has_control}
     assert expected <= set(done), sorted(expected - set(done))
     assert all(v["status"] == "done" for v in done.values())
-    for nb in experiment_notebooks(): assert (run / "notebooks" / nb.name).exists()
+    for nb in experiment_notebooks(["all"]): assert (run / "notebooks" / nb.name).exists()
     report = run / "report"
     assert "mc_acc" in (report / "utility_base.csv").read_text()
     import pandas as pd

@@ -15,8 +15,8 @@ import nbformat
 from ..core.store import runs_root, repo_root, package_dir
 
 # %% auto #0
-__all__ = ['NotebookRunError', 'notebook_parameters', 'check_parameters', 'run_notebook', 'experiments_dir',
-           'experiment_notebooks']
+__all__ = ['COMPANION_EXPERIMENTS', 'NotebookRunError', 'notebook_parameters', 'check_parameters', 'run_notebook',
+           'experiments_dir', 'experiment_notebooks']
 
 # %% ../../nbs/pipeline/00_runner.ipynb #dad89228
 class NotebookRunError(RuntimeError):
@@ -69,10 +69,14 @@ def experiments_dir() -> Path:
         raise FileNotFoundError("experiment notebooks not found: lume_lab must be installed from its repository (pip install -e .)")
     return r / "nbs" / "experiments"
 
+COMPANION_EXPERIMENTS = ("e07", "e08")   # PISTOL and LUME: other papers' datasets, run on request
+
 def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
-    "The main chain `e00…` in order, or only the notebooks whose name starts with one of `names` (e.g. 'e00', or 't00' for tuning)."
+    """The main chain `e00…` in order (the Lacuna testbed and the report, without `COMPANION_EXPERIMENTS`), every `e*`
+    notebook for `names=["all"]`, or only the notebooks whose name starts with one of `names` (e.g. 'e07', or 't00')."""
     every = sorted(p for p in experiments_dir().glob("[a-z][0-9]*.ipynb"))
-    if not names: return [p for p in every if p.stem.startswith("e")]
+    if names == ["all"]: return [p for p in every if p.stem.startswith("e")]
+    if not names: return [p for p in every if p.stem.startswith("e") and not p.stem.startswith(COMPANION_EXPERIMENTS)]
     unknown = [n for n in names if not any(p.stem.startswith(n) for p in every)]
-    if unknown: raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; allowed: {', '.join(p.stem for p in every)}")
+    if unknown: raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; allowed: all, {', '.join(p.stem for p in every)}")
     return [p for p in every if any(p.stem.startswith(n) for n in names)]
