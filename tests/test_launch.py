@@ -93,6 +93,9 @@ CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placem
     "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') of optimizer state, "
                         "which load_state_dict then moves to the parameters' device"),
     "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),
+    "unlearn/localized_graddiff.py": (1, "top-k selection of attribution scores: numpy's introselect on the CPU copy; the mask then "
+                                         "moves to the parameters' device"),
+    "analysis/attribution.py": (2, "per-weight statistics of two state dicts for the scikit-learn mask-signature classifier (numpy)"),
 }
 
 
