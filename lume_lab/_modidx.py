@@ -1044,6 +1044,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'lume_lab/pipeline/stages.py'),
                                           'lume_lab.pipeline.stages.load_stage_model': ( 'pipeline/stages.html#load_stage_model',
                                                                                          'lume_lab/pipeline/stages.py'),
+                                          'lume_lab.pipeline.stages.prepare_base': ( 'pipeline/stages.html#prepare_base',
+                                                                                     'lume_lab/pipeline/stages.py'),
                                           'lume_lab.pipeline.stages.stage_base': ( 'pipeline/stages.html#stage_base',
                                                                                    'lume_lab/pipeline/stages.py'),
                                           'lume_lab.pipeline.stages.stage_lume': ( 'pipeline/stages.html#stage_lume',

@@ -13,7 +13,7 @@ import torch
 
 from ..core.config import ConfigError, LUME_METHODS, PretrainConfig, RunConfig
 from ..core.store import RunStore
-from .stages import load_base, stage_base, stage_lume, stage_tokenizer, stage_world
+from .stages import load_base, prepare_base, stage_base, stage_lume, stage_tokenizer, stage_world
 from ..unlearn.registry import get_spec
 
 # %% auto #0
@@ -63,7 +63,7 @@ def nonmember_docs(cfg: RunConfig) -> list[dict]:
 
 def prepare_lume(store: RunStore):
     "The stages every LUME stage needs (world, tokenizer, base model, LUME data), cached; returns the LUME `DatasetDict`."
-    stage_world(store); stage_tokenizer(store); stage_base(store)
+    prepare_base(store)
     return stage_lume(store)
 
 def stage_lume_nonmembers(store: RunStore) -> pd.DataFrame:

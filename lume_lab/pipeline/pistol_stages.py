@@ -15,7 +15,7 @@ from ..data.pistol import density_forget_edges, forget_retain
 from ..metrics.ranking import ranking_scores
 from ..metrics.rouge import deviation_score, rouge_scores
 from ..models.ops import batch_nll
-from .stages import STAGE_VERSIONS, load_base, load_stage_model, stage_base, stage_pistol, stage_tokenizer, stage_world
+from .stages import STAGE_VERSIONS, load_base, load_stage_model, prepare_base, stage_base, stage_pistol, stage_tokenizer, stage_world
 from ..unlearn.base import BASE_HPARAMS, unlearn_loop
 from ..unlearn.registry import get_spec
 
@@ -45,7 +45,7 @@ PAPER_TABLE3_DS = {   # (density, method) -> DS of Llama2-7B, Mistral-7B, Gemma-
 # %% ../../nbs/pipeline/13_pistol_stages.ipynb #6ad7a147
 def prepare_pistol(store: RunStore):
     "The stages PISTOL's experiment starts from: world → tokenizer → base model, and the PISTOL QA (cached when done); returns the QA."
-    stage_world(store); stage_tokenizer(store); stage_base(store)
+    prepare_base(store)
     return stage_pistol(store)
 
 def pistol_qa(store: RunStore, dataset: str):

@@ -20,8 +20,8 @@ from ..models.lm import build_model, load_model, pretrain, save_model
 from ..models.ops import default_device
 
 # %% auto #0
-__all__ = ['STAGE_VERSIONS', 'stage_world', 'stage_tokenizer', 'stage_base', 'load_base', 'load_stage_model', 'load_pii',
-           'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
+__all__ = ['STAGE_VERSIONS', 'stage_world', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base', 'load_stage_model',
+           'load_pii', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
 
 # %% ../../nbs/pipeline/01_stages.ipynb #2a57b2e7
 STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1,
@@ -72,6 +72,11 @@ def stage_base(store: RunStore) -> Path:
                            deps=["tokenizer"])
     key = {"v": STAGE_VERSIONS["base"], "model": asdict(c.model), "pretrain": asdict(c.pretrain), "seed": c.seed}
     return store.stage("base", lambda out: _pretrain_base(out, store), key=key, deps=["world", "tokenizer"])
+
+def prepare_base(store: RunStore) -> Path:
+    "world → tokenizer → base model, each cached: what every experiment starts from; returns the base stage dir."
+    stage_world(store); stage_tokenizer(store)
+    return stage_base(store)
 
 def load_base(store: RunStore, device=None):
     "(model, tokenizer) of the run's base model."

@@ -16,7 +16,7 @@ from ..inject.masks import group_mask
 from ..models.lm import save_model
 from ..models.ops import pad_id
 from .launch import launched_stage
-from .stages import (STAGE_VERSIONS, load_base, load_pii, load_stage_model, stage_base, stage_pii,
+from .stages import (STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_base, stage_pii,
                                       stage_tokenizer, stage_world)
 
 # %% auto #0
@@ -93,7 +93,7 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #c8bfc979
 def prepare_testbed(store: RunStore):
     "world → tokenizer → base → pii → masks → masked/unmasked injection → instruction tuning → testbed; returns the testbed."
-    stage_world(store); stage_tokenizer(store); stage_base(store); stage_pii(store)
+    prepare_base(store); stage_pii(store)
     for masked in (True, False): stage_inject(store, masked); stage_instruct(store, masked)
     return stage_testbed(store)
 
