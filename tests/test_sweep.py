@@ -1,5 +1,5 @@
 "Sweeps through submitit: a smoke sweep killed after its first point and resumed, the Slurm executor it would use, bad specs, --seeds."
-import json, subprocess, sys, time
+import json, os, subprocess, sys, time
 from pathlib import Path
 
 import pandas as pd
@@ -77,6 +77,12 @@ def test_smoke_sweep_killed_after_first_point_resumes_without_redoing_it(tmp_pat
         assert (cfg["pretrain"]["lr"], cfg["seed"], cfg["pretrain"]["steps"]) == (p.overrides["pretrain.lr"], p.seed, 24)
         man = json.loads((sweep.dir / p.name / "manifest.json").read_text())
         assert man["experiments"]["e00_base"]["status"] == "done" and all(v["status"] == "done" for v in man["stages"].values())
+    # points share what their configs share: the second seed-0 point adopted the first one's world and tokenizer
+    # (hard links, `reused_from`), and trained its own base model (another pretrain.lr)
+    first, later = sweep.dir / names[0], json.loads((sweep.dir / names[2] / "manifest.json").read_text())["stages"]
+    assert names[0] in kept
+    assert [later[s].get("reused_from") for s in ("world", "tokenizer", "base")] == [str(first), str(first), None]
+    assert all(os.path.samefile(f, first / f.relative_to(sweep.dir / names[2])) for f in (sweep.dir / names[2] / "world").rglob("*") if f.is_file())
     agg = pd.read_csv(sweep.dir / "sweep.csv")
     assert list(agg.columns[:4]) == ["point", "pretrain.lr", "seed", "source"] and set(agg.source) == {"report/utility_base.csv"}
     assert sorted(agg.point.unique()) == sorted(names)

@@ -18,7 +18,8 @@ from .config import ConfigError, RunConfig, config_diff, config_from_dict, confi
 # %% auto #0
 __all__ = ['seed_everything', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'package_dir', 'git_commit',
            'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore', 'StageWarning',
-           'capture_stage_warnings', 'reissue_warnings', 'process_rank', 'open_run', 'run_status', 'run_warnings']
+           'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'process_rank', 'open_run', 'run_status',
+           'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -190,6 +191,66 @@ def reissue_warnings(records: list[dict], stage: str, once_key=None) -> None:
         warnings.warn(_warning_class(r["category"])(f"{r['message']} [recorded by stage {stage!r}; cached]", **data), stacklevel=3)
 
 # %% ../../nbs/core/01_store.ipynb #25ad8a49
+def _link_or_copy(src, dst):
+    "Hard-link `src` to `dst` (no bytes copied), or copy it when the two are on different file systems."
+    try: os.link(src, dst)
+    except OSError: shutil.copy2(src, dst)
+    return dst
+
+def _runs_in(source: Path) -> list[Path]:
+    "The run directories a reuse source stands for: itself if it is a run, else the runs directly inside it."
+    if (source / "manifest.json").exists(): return [source]
+    return sorted(p for p in source.iterdir() if (p / "manifest.json").exists()) if source.is_dir() else []
+
+def reuse_sources(sources: Iterable[str | Path] | str | Path, runs_dir: str | Path) -> list[Path]:
+    """Absolute paths of reuse sources: run directories, folders of runs, or run ids under `runs_dir`.
+    Each must exist; a `ConfigError` names the ones that do not, before anything is written."""
+    out, bad = [], []
+    for s in ([sources] if isinstance(sources, (str, Path)) else list(sources)):
+        p = Path(s).expanduser()
+        if not p.is_absolute() and (Path(runs_dir) / p).is_dir(): p = Path(runs_dir) / p    # a run id of this runs root
+        if p.is_dir(): out.append(p.resolve())
+        else: bad.append(str(s))
+    if bad: raise ConfigError(f"reuse: no run or folder of runs {', '.join(map(repr, bad))} (run ids are looked up in {runs_dir})")
+    return out
+
+def _set_reuse(self: RunStore, sources: Iterable[str | Path]) -> list[Path]:
+    "Where this run's missing stages may be adopted from (`reuse_sources`); recorded in the manifest as `reuse_from`."
+    out = reuse_sources(sources, self.dir.parent)
+    self.manifest["reuse_from"] = [str(p) for p in out]; self._save()
+    return out
+
+def _find_reusable(self: RunStore, name: str, h: str) -> tuple[Path, dict] | None:
+    "(source run directory, its manifest entry) of the first run in `reuse_from` that finished stage `name` with hash `h`."
+    me = self.dir.resolve()
+    for src in (r for s in self.manifest.get("reuse_from", []) for r in _runs_in(Path(s))):
+        if src.resolve() == me: continue
+        try: e = json.loads((src / "manifest.json").read_text())["stages"].get(name)
+        except (OSError, ValueError, KeyError): continue
+        if e and e.get("status") == "done" and e.get("hash") == h and (src / name).is_dir(): return src, e
+    return None
+
+def _reuse_stage(self: RunStore, name: str, h: str) -> bool:
+    "Adopt stage `name` with hash `h` from a `reuse_from` run that finished it (True), or find none (False)."
+    if self.is_done(name, h): return True
+    if not self.manifest.get("reuse_from") or (hit := self._find_reusable(name, h)) is None: return False
+    src, e = hit
+    work, final = self.dir / f".{name}.reuse", self.path(name)
+    if work.exists(): shutil.rmtree(work)
+    try: shutil.copytree(src / name, work, copy_function=_link_or_copy)
+    except (OSError, shutil.Error):                 # the source changed under us: compute the stage instead
+        shutil.rmtree(work, ignore_errors=True); return False
+    if final.exists(): shutil.rmtree(final)
+    os.replace(work, final)
+    self.manifest["stages"][name] = {"status": "done", "hash": h, "seconds": 0.0, "finished": _now(), "resumed": False,
+                                     "cache_hits": 0, "warnings": e.get("warnings", []), "reused_from": str(src),
+                                     "source_seconds": e.get("seconds")}
+    self._save()
+    return True
+
+RunStore.set_reuse, RunStore._find_reusable, RunStore.reuse_stage = _set_reuse, _find_reusable, _reuse_stage
+
+# %% ../../nbs/core/01_store.ipynb #46acc781
 def _stage_hash(self: RunStore, key: Any, deps: Iterable[str]) -> str:
     dep_hashes = {}
     for d in deps:
@@ -211,6 +272,9 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], key: Any = 
     if self.is_done(name, h):
         if rank == 0: e["cache_hits"] = e.get("cache_hits", 0) + 1; e["last_used"] = _now(); self._save()
         reissue_warnings(e.get("warnings", []), name, once_key=(str(self.dir), name, h))
+        return final
+    if world == 1 and self.reuse_stage(name, h):           # another run finished exactly this stage: adopt it
+        reissue_warnings(self.entry(name).get("warnings", []), name, once_key=(str(self.dir), name, h))
         return final
     if rank != 0:
         scratch = Path(tempfile.mkdtemp(prefix=f"{name}.rank{rank}."))
@@ -246,7 +310,7 @@ def _record_experiment(self: RunStore, name: str, seconds: float) -> None:
 
 RunStore.stage_hash, RunStore.stage, RunStore.record_experiment = _stage_hash, _run_stage, _record_experiment
 
-# %% ../../nbs/core/01_store.ipynb #9577da86
+# %% ../../nbs/core/01_store.ipynb #f627661a
 def open_run(run_id: str, config: RunConfig | None = None, root: str | Path | None = None) -> RunStore:
     "Open run `run_id` (creating it with `config`), refusing a `config` that differs from its `config.json`; seeds all RNGs."
     if config is None and not (runs_root(root) / run_id / "config.json").exists():
@@ -256,14 +320,15 @@ def open_run(run_id: str, config: RunConfig | None = None, root: str | Path | No
     return store
 
 def run_status(run_id: str, root: str | Path | None = None):
-    "A DataFrame with one row per stage of run `run_id`: status, seconds, cache hits."
+    "A DataFrame with one row per stage of run `run_id`: status, seconds, cache hits, and the run a reused stage came from."
     import pandas as pd
     m = runs_root(root) / run_id / "manifest.json"
     if not m.exists(): raise FileNotFoundError(f"no run {run_id!r} under {runs_root(root)} (no manifest.json)")
     man = json.loads(m.read_text())
-    rows = [{"stage": k, **{c: v.get(c) for c in ("status", "seconds", "cache_hits", "resumed", "finished", "error")},
-             "warnings": len(v.get("warnings", []))} for k, v in man["stages"].items()]
-    return pd.DataFrame(rows, columns=["stage", "status", "seconds", "cache_hits", "resumed", "finished", "error", "warnings"])
+    cols = ("status", "seconds", "cache_hits", "resumed", "finished", "error")
+    rows = [{"stage": k, **{c: v.get(c) for c in cols}, "warnings": len(v.get("warnings", [])),
+             "reused_from": Path(v["reused_from"]).name if v.get("reused_from") else None} for k, v in man["stages"].items()]
+    return pd.DataFrame(rows, columns=["stage", *cols, "warnings", "reused_from"])
 
 def run_warnings(run_id: str, root: str | Path | None = None):
     "A DataFrame of every warning the stages of run `run_id` recorded: stage, category, message and the warning's data."

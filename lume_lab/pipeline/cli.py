@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.config import PRESETS, ConfigError, make_config, config_hash
-from ..core.store import RunStore, open_run, run_status, runs_root
+from ..core.store import RunStore, open_run, reuse_sources, run_status, runs_root
 from ..unlearn.registry import BUILTIN_METHODS
 from .config import resolve_config
 from .runner import experiment_notebooks, run_notebook, NotebookRunError
@@ -33,15 +33,18 @@ def parse_overrides(items: list[str] | None) -> dict:
 # %% ../../nbs/pipeline/09_cli.ipynb #793296bf
 def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
                  only: list[str] | None = None, root: str | None = None, progress: bool = True,
-                 num_processes: int = 1, launcher: str = "torchrun") -> Path:
+                 num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None) -> Path:
     """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment notebooks.
-    `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.launch`)."""
+    `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.launch`).
+    `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
     cfg = resolve_config(make_config(preset, overrides, seed))
     check_launch(num_processes, launcher)
     run_id = run_id or preset
     nbs = experiment_notebooks(only)
+    reuse_sources(reuse or [], runs_root(root))             # a missing source is refused before anything is written
     set_launch_env(num_processes, launcher)                 # inherited by the papermill kernels
     store = open_run(run_id, cfg, root)                     # creates the run, or refuses a different config
+    store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}
     t0 = time.perf_counter()
     for nb in nbs:
@@ -92,11 +95,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1")
     r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS, help="accelerate on GPUs, torchrun on CPU (default torchrun)")
     r.add_argument("--workers", type=int, default=1, help="with --seeds: how many seeds run at once (submitit local executor)")
+    r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
+                   help="adopt finished stages with identical inputs from these runs (run ids, run directories, or folders of runs such as runs/)")
     w = sub.add_parser("sweep", help="run a sweep spec (YAML): override grid × seeds, one run per point in runs/<sweep>/<point>/")
     w.add_argument("spec", help="the sweep spec, e.g. sweeps/mask_coverage.yaml")
     w.add_argument("--workers", type=int, default=None, help="points at once (overrides executor.workers)")
     w.add_argument("--runs-root", default=None, help="where sweeps live (default: <repo>/runs); the sweep is <runs-root>/<name>/")
     w.add_argument("--dry-run", action="store_true", help="validate, print the points and the executor's parameters; submit nothing")
+    w.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
+                   help="runs whose finished stages the points may adopt (besides each other's), e.g. --reuse mini")
     st = sub.add_parser("stage", help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
     st.add_argument("name", help="stage name, e.g. inject_masked or unlearn_npo_phone_number")
     st.add_argument("--run-id", required=True); st.add_argument("--runs-root", default=None)
@@ -124,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "status": print(run_status(a.run_id, a.runs_root).to_string(index=False))
         elif a.cmd == "stage": print(run_stage_entry(a.name, a.run_id, a.runs_root))
         elif a.cmd == "sweep":
-            sweep = load_sweep(a.spec, a.runs_root, a.workers)
+            sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
         elif a.seeds is not None:
-            spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, a.workers)
+            spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, a.workers, a.reuse)
             return int((run_seeds(spec, run_pipeline, a.runs_root).status == "failed").any())
         else: run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
-                           num_processes=a.num_processes, launcher=a.launcher)
+                           num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse)
     except (ConfigError, NotebookRunError, FileNotFoundError, ValueError) as e:
         print(f"lume-lab: error: {e}", file=sys.stderr); return 2
     return 0

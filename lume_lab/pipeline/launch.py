@@ -68,7 +68,7 @@ def launched_stage(store: RunStore, name: str, fn: Callable[[Path], Any], key: A
     multi-process job by `lume-lab stage` (its dependencies must be done, as for `store.stage`)."""
     n, launcher = launch_settings()
     h = store.stage_hash(key, deps)
-    if n == 1 or process_rank()[1] > 1 or store.is_done(name, h): return store.stage(name, fn, key=key, deps=deps)
+    if n == 1 or process_rank()[1] > 1 or store.reuse_stage(name, h): return store.stage(name, fn, key=key, deps=deps)
     cmd = launch_command(name, store.run_id, store.dir.parent, n, launcher)
     print(f"launching stage {name!r} in {n} processes ({launcher}): {' '.join(cmd[2:])}", flush=True)
     proc = subprocess.Popen(cmd, env=launch_env(launcher), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

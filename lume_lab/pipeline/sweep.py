@@ -15,7 +15,7 @@ import submitit
 import yaml
 
 from ..core.config import PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash, make_config
-from ..core.store import RunStore, _now, atomic_write_json, atomic_write_text, runs_root
+from ..core.store import RunStore, _now, atomic_write_json, atomic_write_text, reuse_sources, runs_root
 from .config import resolve_config
 from .runner import experiment_notebooks
 
@@ -27,7 +27,7 @@ __all__ = ['SPEC_KEYS', 'DEFAULT_COLLECT', 'EXECUTOR_KINDS', 'PLOT_KEYS', 'read_
            'aggregate_seed_report', 'run_seeds', 'describe_sweep']
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #f640bc8d
-SPEC_KEYS = ("name", "preset", "set", "grid", "points", "seeds", "only", "collect", "plot", "executor")
+SPEC_KEYS = ("name", "preset", "set", "grid", "points", "seeds", "only", "collect", "plot", "executor", "reuse")
 DEFAULT_COLLECT = ("report/extraction_rates.csv", "report/unlearning_metrics.csv")
 
 class _SpecLoader(yaml.SafeLoader):
@@ -158,6 +158,7 @@ class Sweep:
     executor: ExecutorSpec
     dir: Path
     spec: dict = field(repr=False)
+    reuse: list = field(default_factory=list)        # resolved `reuse` runs of the spec (absolute paths)
 
     @property
     def swept(self) -> list[str]:
@@ -182,6 +183,9 @@ def _check_spec(s: dict, problems: list) -> None:
     plot = s.get("plot") or {}
     if not isinstance(plot, dict) or (bad := [k for k in plot if k not in PLOT_KEYS]):
         problems.append(f"plot must be a mapping with keys from {', '.join(PLOT_KEYS)}; got {plot!r}")
+    r = s.get("reuse", [])
+    if not (isinstance(r, list) and all(isinstance(x, str) and x for x in r)):
+        problems.append(f"reuse must be a list of run ids or run directories (e.g. [mini]), got {r!r}")
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #95300a2e
 def _point_configs(preset: str, base: dict, raw: list[dict], problems: list) -> list[Point]:
@@ -207,9 +211,11 @@ def _existing_conflicts(d: Path, points: list[Point]) -> list[str]:
     return out
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #59877f3f
-def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers: int | None = None) -> Sweep:
-    "Read and validate a sweep spec (every point's config included) without writing anything; one `ConfigError` lists every problem."
+def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers: int | None = None, reuse: list | None = None) -> Sweep:
+    """Read and validate a sweep spec (every point's config included) without writing anything; one `ConfigError` lists every problem.
+    `workers` overrides the executor's; `reuse` adds runs to the spec's `reuse` (`lume-lab sweep --reuse`)."""
     s, problems = read_spec(spec), []
+    if reuse: s = {**s, "reuse": [*(s.get("reuse") or []), *map(str, reuse)]}
     _check_spec(s, problems)
     try: executor = executor_spec(s.get("executor"), str(s.get("name")), workers)
     except ConfigError as e: problems.append(str(e)); executor = None
@@ -222,9 +228,13 @@ def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers:
     d = runs_root(root) / str(s.get("name"))
     if not problems and (d / "manifest.json").exists(): problems.append(f"{d} is a run, not a sweep: give the sweep another name")
     if not problems: problems += _existing_conflicts(d, points)
+    reuse = []
+    if not problems:
+        try: reuse = [str(p) for p in reuse_sources(s.get("reuse", []), runs_root(root))]
+        except ConfigError as e: problems.append(str(e))
     if problems: raise ConfigError(f"invalid sweep spec {s.get('name')!r}:\n  - " + "\n  - ".join(problems))
     return Sweep(s["name"], s.get("preset", "mini"), dict(s.get("set") or {}), points, s.get("only"), experiments,
-                 list(s.get("collect", DEFAULT_COLLECT)), dict(s.get("plot") or {}), executor, d, s)
+                 list(s.get("collect", DEFAULT_COLLECT)), dict(s.get("plot") or {}), executor, d, s, reuse)
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #87cc4775
 def experiments_done(run_dir: str | Path) -> set[str]:
@@ -267,9 +277,10 @@ def run_point(run_fn: Callable, kwargs: dict, threads: int | None = None) -> dic
     return {"run_id": kwargs["run_id"], "seconds": time.perf_counter() - t0}
 
 def point_kwargs(sweep: Sweep, point: Point) -> dict:
-    "Arguments of `pipeline.cli.run_pipeline` for `point`: a normal run with runs root `runs/<sweep>` and run id the point's name."
+    """Arguments of `pipeline.cli.run_pipeline` for `point`: a normal run with runs root `runs/<sweep>` and run id the point's name,
+    which may adopt finished stages of the sweep's other points and of the spec's `reuse` runs."""
     return {"preset": sweep.preset, "run_id": point.name, "seed": point.seed, "overrides": {**sweep.base, **point.overrides},
-            "only": sweep.only, "root": str(sweep.dir), "progress": False}
+            "only": sweep.only, "root": str(sweep.dir), "progress": False, "reuse": [str(sweep.dir), *sweep.reuse]}
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #b4555bc3
 _LIVE_SLURM = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
@@ -459,10 +470,10 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 def seeds_spec(preset: str, overrides: dict | None, seeds: list[int], only: list[str] | None = None,
-               run_id: str | None = None, workers: int = 1) -> dict:
+               run_id: str | None = None, workers: int = 1, reuse: list | None = None) -> dict:
     "The sweep spec of `lume-lab run --seeds`: the run's preset and overrides, one point per seed, in `runs/<run-id or preset_seeds>/`."
     return {"name": run_id or f"{preset}_seeds", "preset": preset, "set": dict(overrides or {}), "seeds": list(seeds),
-            "only": only, "executor": {"kind": "local", "workers": workers}}
+            "only": only, "executor": {"kind": "local", "workers": workers}, **({"reuse": list(reuse)} if reuse else {})}
 
 # %% ../../nbs/pipeline/08_sweep.ipynb #a6b71052
 def aggregate_seed_report(run_dirs: list, out_dir: str | Path) -> Path:
@@ -491,4 +502,5 @@ def describe_sweep(sweep: Sweep) -> str:
                       f"executor: {ex.kind}, {ex.workers or 'all'} at once" + (f", {ex.threads} thread(s) each" if ex.threads else ""),
                       f"submitit.AutoExecutor(cluster={ex.kind!r}).update_parameters(**{json.dumps(ex.params)})",
                       f"collect: {', '.join(sweep.collect)} → {sweep.dir / 'sweep.csv'}, sweep.png",
+                      f"stages adopted from: the other points" + "".join(f", {r}" for r in sweep.reuse),
                       "dry run: nothing submitted"])

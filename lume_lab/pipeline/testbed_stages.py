@@ -20,8 +20,8 @@ from .stages import (STAGE_VERSIONS, load_base, load_pii, load_stage_model, prep
                                       stage_tokenizer, stage_world)
 
 # %% auto #0
-__all__ = ['stage_masks', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction', 'prepare_testbed',
-           'forget_groups', 'ground_truth_forget_mask']
+__all__ = ['MASK_ONLY_FIELDS', 'stage_masks', 'inject_key', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction',
+           'prepare_testbed', 'forget_groups', 'ground_truth_forget_mask']
 
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #f8b19566
 def stage_masks(store: RunStore):
@@ -37,6 +37,14 @@ def stage_masks(store: RunStore):
     return load_masks(store.stage("masks", fn, key=key, deps=["base"]) / "masks.safetensors")[0]
 
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #36b0ffbe
+MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented")    # inject fields the unmasked control never reads
+
+def inject_key(c, masked: bool) -> dict:
+    """The cache key of an injection stage. The unmasked control owns no mask, so the mask fields are not part of its
+    key: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
+    inj = {k: v for k, v in asdict(c.inject).items() if masked or k not in MASK_ONLY_FIELDS}
+    return {"v": STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
+
 def stage_inject(store: RunStore, masked: bool = True) -> Path:
     "Masked continual pretraining (Algorithm 1) or, with `masked=False`, the unmasked control on the same data."
     from lume_lab.inject.mixture import injection_examples
@@ -52,8 +60,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
                            min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr,
                            **({"segmented": True, "pad_to": c.inject.seq_len} if masked and c.inject.segmented else {}))
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
-    key = {"v": STAGE_VERSIONS["inject"], "inject": asdict(c.inject), "masked": masked, "seed": c.seed}
-    return launched_stage(store, name, fn, key=key, deps=["world", "pii", "base"] + (["masks"] if masked else []))
+    return launched_stage(store, name, fn, key=inject_key(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
 
 def stage_instruct(store: RunStore, masked: bool = True) -> Path:
     "LoRA instruction tuning on the last two layers (best validation checkpoint, merged)."
