@@ -12,6 +12,12 @@ Tried and reverted (2026-11-23): SegmentedLinear's per-segment `where` replaced 
 parts. It halved the masking overhead of a single 1024 × 256 layer in isolation, but on this bench (quiet machine,
 7 reps) it gave 0.79x / 0.77x vs the where-loop's 0.82x / 0.82x at 6 / 8 groups: not the cost. What remains is
 probably the modules that `GradMasker._segmented_forward` runs once per segment (norms, embeddings).
+Tried and reverted (2026-11-23, session 8): those modules (no mask covers them) run at most twice over the whole batch,
+with and without the weights' gradient, each row picking its pass. Gradients bitwise equal to the segment loop, but no
+faster: fastest of 15 interleaved reps at 4 / 6 / 8 groups 0.85x / 0.88x / 0.86x vs the loop's 0.93x / 0.90x / 0.86x
+(hidden 128, one thread, other jobs running). A profile (6 groups) puts the rest in SegmentedLinear's backward: the
+per-segment `owner == code` + `where` (~8 % of CPU time), while its matmuls cost less than unmasked training's
+(PII rows compute no gradient for the weights no mask covers).
 """
 import argparse, random, statistics, time
 
