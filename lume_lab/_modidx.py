@@ -920,6 +920,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                 'lume_lab/pipeline/report.py'),
                                           'lume_lab.pipeline.report._attribution_section': ( 'pipeline/report.html#_attribution_section',
                                                                                              'lume_lab/pipeline/report.py'),
+                                          'lume_lab.pipeline.report._compute_seconds': ( 'pipeline/report.html#_compute_seconds',
+                                                                                         'lume_lab/pipeline/report.py'),
                                           'lume_lab.pipeline.report._data_section': ( 'pipeline/report.html#_data_section',
                                                                                       'lume_lab/pipeline/report.py'),
                                           'lume_lab.pipeline.report._data_uri': ( 'pipeline/report.html#_data_uri',
