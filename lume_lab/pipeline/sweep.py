@@ -440,7 +440,8 @@ def plot_sweep(df: pd.DataFrame, sweep: Sweep):
     keys = list(dict.fromkeys(k for k in (s["x"], s["hue"], cat, s["col"], "seed") if k))
     per_seed = df.groupby(keys, dropna=False)[s["y"]].mean().reset_index()
     if s["x"]:
-        g = sns.relplot(data=per_seed, kind="line", x=s["x"], y=s["y"], hue=s["hue"], col=s["col"], col_wrap=4 if s["col"] else None,
+        g = sns.relplot(data=per_seed, kind="line", x=s["x"], y=s["y"], hue=s["hue"], col=s["col"],
+                        col_wrap=min(4, per_seed[s["col"]].nunique()) if s["col"] else None,
                         errorbar="sd", err_style="bars", marker="o", height=3.2, aspect=1.2, facet_kws={"sharey": True})
         if s["logx"]: g.set(xscale="log")
     else:
