@@ -16,8 +16,7 @@ from ..inject.masks import group_mask
 from ..models.lm import save_model
 from ..models.ops import pad_id
 from .launch import launched_stage
-from .stages import (STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_base, stage_pii,
-                                      stage_tokenizer, stage_world)
+from .stages import STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
 __all__ = ['MASK_ONLY_FIELDS', 'stage_masks', 'inject_key', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction',
