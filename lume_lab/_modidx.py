@@ -53,6 +53,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                'lume_lab/analysis/localization.py'),
                                                 'lume_lab.analysis.localization._quantile_rank': ( 'analysis/localization.html#_quantile_rank',
                                                                                                    'lume_lab/analysis/localization.py'),
+                                                'lume_lab.analysis.localization._ranked_aucs': ( 'analysis/localization.html#_ranked_aucs',
+                                                                                                 'lume_lab/analysis/localization.py'),
                                                 'lume_lab.analysis.localization._searchsorted': ( 'analysis/localization.html#_searchsorted',
                                                                                                   'lume_lab/analysis/localization.py'),
                                                 'lume_lab.analysis.localization._sort_': ( 'analysis/localization.html#_sort_',

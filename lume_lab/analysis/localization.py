@@ -262,11 +262,23 @@ def _subsample(sizes: list[int], k: int, seed: int) -> list[np.ndarray]:
     return [idx[cut[t]:cut[t + 1]] - offs[t] for t in range(len(sizes))]
 
 # %% ../../nbs/analysis/00_localization.ipynb #88b68250
+def _ranked_aucs(s: torch.Tensor, labels: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Exact AUC (ties ½) of one flat score vector against each flat bool label vector of `labels`: all scores are sorted
+    once; each label set then costs a sort of its positives and two binary searches of them in the sorted whole."""
+    v = s.numpy(); sv = np.sort(v)
+    out = {}
+    for k, l in labels.items():
+        p = np.sort(v[l.numpy()]); P = len(p); N = len(v) - P
+        twice_ranks = int(np.searchsorted(sv, p, "left").sum(dtype=np.int64)) + int(np.searchsorted(sv, p, "right").sum(dtype=np.int64)) + P
+        out[k] = _auc_from_counts(twice_ranks - P * (P + 1), P, N, small_is_pos=False)
+    return out
+
+# %% ../../nbs/analysis/00_localization.ipynb #b1638367
 def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, forget_groups: Sequence[int],
                       retain_groups: Sequence[int], *, inj_ctrl: Mapping | None = None, unl_ctrl: Mapping | None = None,
                       names: Sequence[str] | None = None, scores: Sequence[str] | None = None, composite: bool = True,
                       composite_max_weights: int = 2_000_000, n_folds: int = 5, seed: int = 0, eps: float = 1e-8,
-                      chunk_size: int = 1 << 22) -> pd.DataFrame:
+                      chunk_size: int = 1 << 22, in_memory_max_weights: int = 1 << 26) -> pd.DataFrame:
     "AUC of every applicable App. E score (and the composite) of one unlearned model, vs m^F ('forget') and m^F ∪ m^R ('unified')."
     if (inj_ctrl is None) != (unl_ctrl is None): raise ValueError("pass both inj_ctrl and unl_ctrl (the UnMask control before and after unlearning) or neither")
     # only the maskable tensors (those in `owner`): layers outside every mask (e.g. the last two, reserved for LoRA)
@@ -278,6 +290,8 @@ def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, 
     if bad: raise ValueError(f"unknown score(s) {bad}; allowed: {', '.join(SCORE_FAMILIES)}")
     if unl_ctrl is None and any(SCORE_FAMILIES[s] == "contrast" for s in scores): raise ValueError("contrast scores need inj_ctrl and unl_ctrl")
     if not isinstance(composite_max_weights, int) or composite_max_weights < 1: raise ValueError(f"composite_max_weights must be a positive int, got {composite_max_weights!r}")
+    if isinstance(in_memory_max_weights, bool) or not isinstance(in_memory_max_weights, int) or in_memory_max_weights < 0:
+        raise ValueError(f"in_memory_max_weights must be an int >= 0 (0: always stream), got {in_memory_max_weights!r}")
     label_sets = {"forget": list(forget_groups), "unified": list(forget_groups) + list(retain_groups)}
     shapes = [tuple(pre[n].shape) for n in names]
     counts = {ls: [_count(_labels_of(owner, n, sh, gs)) for n, sh in zip(names, shapes)] for ls, gs in label_sets.items()}
@@ -294,18 +308,30 @@ def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, 
     sub = _subsample([math.prod(sh) for sh in shapes], composite_max_weights, seed) if composite else None
     X = np.zeros((sum(len(i) for i in sub), len(scores)), dtype=np.float32) if composite else None
     args = (pre, inj, unl, inj_ctrl, unl_ctrl, sd, cm, eps)
+    for ls in label_sets:
+        P = sum(counts[ls]); N = total - P
+        if P == 0 or N == 0: raise ValueError(f"the {ls} labels have {P} in-mask and {N} out-of-mask weights; both classes are needed")
+    in_memory = total <= in_memory_max_weights
+    if in_memory:   # every label set once, and the composite's sample as global indices
+        labels = {ls: torch.cat([_labels_of(owner, n, sh, gs) for n, sh in zip(names, shapes)]) for ls, gs in label_sets.items()}
+        offs = np.concatenate([[0], np.cumsum([math.prod(sh) for sh in shapes])])
+        gsub = torch.from_numpy(np.concatenate([i + o for i, o in zip(sub, offs)])) if composite else None
     for j, score in enumerate(scores):
         def pieces(ls):
             for n, sh in zip(names, shapes): yield _tensor_score(score, n, *args), _labels_of(owner, n, sh, label_sets[ls])
-        if composite:  # one extra pass for the composite's features: cheap next to the sorts
-            o = 0
-            for t, n in enumerate(names):
-                k = len(sub[t]); X[o:o + k, j] = _tensor_score(score, n, *args)[torch.from_numpy(sub[t])].numpy(); o += k
+        full = torch.cat([_tensor_score(score, n, *args) for n in names]) if in_memory else None
+        if full is not None and torch.isnan(full).any(): full = None         # NaN has no rank: the streaming path decides
+        if composite:  # one extra pass for the composite's features (streaming): cheap next to the sorts
+            if full is not None: X[:, j] = full[gsub].numpy()
+            else:
+                o = 0
+                for t, n in enumerate(names):
+                    k = len(sub[t]); X[o:o + k, j] = _tensor_score(score, n, *args)[torch.from_numpy(sub[t])].numpy(); o += k
+        aucs = _ranked_aucs(full, labels) if full is not None else \
+            {ls: streaming_auc(lambda: pieces(ls), n_pos=sum(counts[ls]), n_total=total, chunk_size=chunk_size) for ls in label_sets}
         for ls in label_sets:
-            P = sum(counts[ls]); N = total - P
-            if P == 0 or N == 0: raise ValueError(f"the {ls} labels have {P} in-mask and {N} out-of-mask weights; both classes are needed")
-            auc = streaming_auc(lambda: pieces(ls), n_pos=P, n_total=total, chunk_size=chunk_size)
-            rows.append(dict(labels=ls, score=score, family=SCORE_FAMILIES[score], auc=auc, n_pos=P, n_neg=N, applicable=True, note=""))
+            P = sum(counts[ls])
+            rows.append(dict(labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], n_pos=P, n_neg=total - P, applicable=True, note=""))
     if composite:
         for ls, gs in label_sets.items():
             y = np.concatenate([_labels_of(owner, n, sh, gs)[torch.from_numpy(i)].numpy() for n, sh, i in zip(names, shapes, sub)])
