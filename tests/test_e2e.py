@@ -94,3 +94,27 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     for k, v in man2["stages"].items():
         assert v["finished"] == done[k]["finished"], f"stage {k} reran"
         assert v["cache_hits"] >= 1, k
+    # the resurfacing attack as a 2-process job (`lume-lab stage` under torch.distributed.run, gloo): on a copy of the run
+    # whose floor model and two attacks are forgotten, the job recomputes them (instruct_floor inside the floor's job);
+    # the prompts before the attack see the same model, and the attack's DDP fine-tune follows the one-process one
+    import shutil, subprocess, sys
+    from pathlib import Path
+    from lume_lab.pipeline.launch import launch_command, launch_env
+    shutil.copytree(run, tmp_path / "e2e2")
+    again = [f"resurface_floor_{field}", f"resurface_npo_{field}"]
+    man3 = json.loads((tmp_path / "e2e2" / "manifest.json").read_text())
+    for k in ["instruct_floor", *again]: man3["stages"].pop(k); shutil.rmtree(tmp_path / "e2e2" / k)
+    (tmp_path / "e2e2" / "manifest.json").write_text(json.dumps(man3))
+    for st in again:
+        job = subprocess.run(launch_command(st, "e2e2", tmp_path, 2, "torchrun"), cwd=Path(__file__).resolve().parents[1],
+                             env=launch_env("torchrun"), capture_output=True, text=True, timeout=600)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        e = json.loads((tmp_path / "e2e2" / "manifest.json").read_text())["stages"][st]
+        assert e["status"] == "done" and e["processes"] == 2 and e["hash"] == done[st]["hash"]
+        one, two = run / st, tmp_path / "e2e2" / st
+        assert pd.read_csv(one / "before.csv").equals(pd.read_csv(two / "before.csv"))
+        a, b = pd.read_csv(one / "after.csv"), pd.read_csv(two / "after.csv")
+        assert a.profile_id.tolist() == b.profile_id.tolist() and list(a.columns) == list(b.columns)
+        la, lb = pd.read_csv(one / "attack_log.csv"), pd.read_csv(two / "attack_log.csv")
+        assert la.step.tolist() == lb.step.tolist()
+        pd.testing.assert_series_equal(lb.val_loss, la.val_loss, rtol=1e-3)

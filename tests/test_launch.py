@@ -3,6 +3,8 @@ writes the run, the papermill-side `launched_stage` starts the job; no stage har
 import ast, json, os, shutil, subprocess, sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -55,6 +57,30 @@ def test_two_process_stage_equals_one_process(runs):
     assert sum(not torch.equal(a[n], base[n]) for n in a) > len(a) // 2       # injection did move the weights
     # masks intact: the masks file is untouched and the run's masks are what the stage used
     assert (runs / "one" / "masks" / "masks.safetensors").read_bytes() == (runs / "two" / "masks" / "masks.safetensors").read_bytes()
+
+
+def test_two_process_instruction_tuning_equals_one_process(runs):
+    "`lume-lab stage instruct_masked` (LoRA, DDP over 2 gloo ranks) merges the adapters one process would, from the same injected model."
+    stage_inject(open_run("one", root=runs), True)                   # cached when the test above ran
+    for r in ("three", "four"): shutil.copytree(runs / "one", runs / r)
+    env = launch_env("torchrun")
+    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", "instruct_masked", "--run-id", "three",
+                          "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(launch_command("instruct_masked", "four", runs, 2, "torchrun"), cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    m3, m4 = (json.loads((runs / r / "manifest.json").read_text())["stages"]["instruct_masked"] for r in ("three", "four"))
+    assert m3["status"] == m4["status"] == "done" and m3["hash"] == m4["hash"] and m4["processes"] == 2
+    a, b, inj = _weights(runs / "three", "instruct_masked"), _weights(runs / "four", "instruct_masked"), _weights(runs / "one", "inject_masked")
+    L = make_config("smoke").model.num_layers
+    changed = sorted(n for n in a if not torch.equal(a[n], inj[n]))
+    assert changed and all(f"layers.{L - 2}." in n or f"layers.{L - 1}." in n for n in changed), changed   # LoRA merged into the last two layers
+    for n in a: torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=5e-5, msg=n)
+    l3, l4 = (pd.read_csv(runs / r / "instruct_masked" / "log.csv") for r in ("three", "four"))
+    assert l3.step.tolist() == l4.step.tolist() and l3.is_best.tolist() == l4.is_best.tolist()
+    np.testing.assert_allclose(l4.val_loss, l3.val_loss, rtol=1e-4)
+    np.testing.assert_allclose(l4.train_loss[1:], l3.train_loss[1:], rtol=1e-4)       # the global batch's token mean on every rank
 
 
 def test_launched_stage_from_the_notebook_side(runs, monkeypatch):

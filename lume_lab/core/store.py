@@ -262,10 +262,20 @@ def process_rank() -> tuple[int, int]:
     "(rank, world size) of this process in a `torchrun`/`accelerate launch` job; (0, 1) outside one."
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
+def _wait_for_rank0(store: RunStore, name: str, h: str, poll: float = 0.1) -> None:
+    "Block (another rank of a job) until rank 0 has recorded stage `name` with hash `h` as done; its failure is raised here too."
+    while True:
+        store.reload(); e = store.entry(name)
+        if e is not None and e.get("hash") == h:
+            if e["status"] == "done": return
+            if e["status"] == "failed": raise StageError(f"stage {name!r} failed on rank 0: {e.get('error')}")
+        time.sleep(poll)
+
 def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], key: Any = None, deps: Iterable[str] = ()) -> Path:
     """Run stage `name` (`fn(work_dir)` writes its artifacts) unless cached; returns the stage directory.
     In a multi-process job every rank runs `fn` (the training inside it is distributed), but only rank 0 owns the run
-    directory: the other ranks write into a scratch directory that is deleted, and never touch the manifest."""
+    directory: the other ranks write into a scratch directory that is deleted, never touch the manifest, and return
+    only once rank 0 has finished the stage (a stage function may read what it wrote, e.g. `stage_resurface`)."""
     h, final = self.stage_hash(key, deps), self.path(name)
     rank, world = process_rank()
     e = self.entry(name)
@@ -280,6 +290,7 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], key: Any = 
         scratch = Path(tempfile.mkdtemp(prefix=f"{name}.rank{rank}."))
         try: fn(scratch)
         finally: shutil.rmtree(scratch, ignore_errors=True)
+        _wait_for_rank0(self, name, h)            # the caller may read the stage's files as soon as we return
         return final
     work, marker = self.dir / f".{name}.partial", self.dir / f".{name}.partial" / ".stage_hash"
     if work.exists() and not (marker.exists() and marker.read_text() == h): shutil.rmtree(work)

@@ -10,7 +10,8 @@ import pandas as pd
 import torch
 
 from ..core.config import ConfigError
-from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, progress as progress_bar, qa_nll, to_device, token_mean_nll
+from ..models.ops import (check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, progress as progress_bar, qa_nll,
+                                 to_device, token_logprobs, token_mean_nll)
 
 # %% auto #0
 __all__ = ['LORA_TARGETS', 'train_val_split', 'lora_last_layers', 'instruction_tune']
@@ -68,36 +69,56 @@ def _qa_rows(rows) -> list[dict]:
     if miss: raise ValueError(f"instruct_rows need 'prompt' and 'answer' columns; missing {miss}")
     return check_qa(rows, "instruct_rows")
 
+def _shard_loss(model, tokenizer, rows: list[dict], rank: int, world: int, device) -> torch.Tensor:
+    """This rank's part of the token-mean NLL of the global batch `rows` (rows `rank::world`), times `world`: DDP
+    averages the ranks' gradients, so the average is the gradient of the global token mean. A rank left without rows
+    (a short last batch) runs one row at weight 0, so that every rank takes part in the gradient all-reduce."""
+    n = int(n_answer_tokens(_batch(tokenizer, rows, device)["labels"]).sum())
+    mine = rows[rank::world]
+    xb = _batch(tokenizer, mine or rows[:1], device)
+    lp, _ = token_logprobs(model(**lm_inputs(xb)).logits, xb["labels"])
+    return -lp.sum() * ((world if mine else 0.0) / max(n, 1))
+
 def instruction_tune(model, tokenizer, instruct_rows, instruct_cfg, seed: int, *, split_by: str = "profile",
                      lora_dropout: float = 0.0, patience: int | None = None, inplace: bool = False, progress: bool = True) -> tuple:
     "LoRA-tune the last two layers on QA `instruct_rows`, keep the best adapters by validation loss, merge; returns (model, log)."
+    from accelerate import Accelerator
     _check_instruct_cfg(instruct_cfg); c = instruct_cfg
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
         raise ValueError(f"patience must be None (train all epochs) or a positive int (evaluations without improvement), got {patience!r}")
     rows = _qa_rows(instruct_rows)
     tr_rows, va_rows = train_val_split(rows, c.train_fraction, seed, split_by)
-    pm = lora_last_layers(model if inplace else copy.deepcopy(model), c.lora_r, c.lora_alpha, seed, dropout=lora_dropout)
-    params = {n: p for n, p in pm.named_parameters() if p.requires_grad}
+    acc = Accelerator(); rank, world = acc.process_index, acc.num_processes
+    core = lora_last_layers(model if inplace else copy.deepcopy(model), c.lora_r, c.lora_alpha, seed, dropout=lora_dropout)
+    if world > 1: core = core.to(acc.device)               # one process: the model stays where it was given
+    params = {n: p for n, p in core.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(params.values(), lr=c.lr, weight_decay=0.0)
-    dev, gen = model_device(pm), torch.Generator().manual_seed(seed)
+    pm, opt = acc.prepare(core, opt) if world > 1 else (core, opt)     # DDP across the ranks of a launched stage
+    dev, gen = model_device(core), torch.Generator().manual_seed(seed)
     steps_per_epoch = math.ceil(len(tr_rows) / c.batch_size); total = c.epochs * steps_per_epoch
     log, best, window = [], None, []
     def evaluate(step, epoch):
         nonlocal best
-        v = qa_nll(pm, tokenizer, va_rows, add_eos=True, batch_size=c.batch_size, average="token")
+        v = qa_nll(core, tokenizer, va_rows, add_eos=True, batch_size=c.batch_size, average="token")
         log.append({"step": step, "epoch": epoch, "train_loss": sum(window) / len(window) if window else float("nan"), "val_loss": v})
         window.clear()
         if best is None or v < best[1]: best = (step, v, {n: p.detach().clone() for n, p in params.items()})
     evaluate(0, 0.0)
     pm.train(); step, stop = 0, False
-    bar = progress_bar(total=total, desc="instruct", disable=not progress)
+    bar = progress_bar(total=total, desc="instruct", disable=not progress or not acc.is_local_main_process)
     for ep in range(c.epochs):
         order = torch.randperm(len(tr_rows), generator=gen).tolist()
         for b in range(steps_per_epoch):
-            xb = _batch(tokenizer, [tr_rows[i] for i in order[b * c.batch_size:(b + 1) * c.batch_size]], dev)
-            loss = token_mean_nll(pm(**lm_inputs(xb)).logits, xb["labels"])
-            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
-            step += 1; window.append(loss.item()); bar.update(1)
+            batch = [tr_rows[i] for i in order[b * c.batch_size:(b + 1) * c.batch_size]]
+            opt.zero_grad(set_to_none=True)
+            if world == 1:
+                xb = _batch(tokenizer, batch, dev)
+                loss = token_mean_nll(pm(**lm_inputs(xb)).logits, xb["labels"]); loss.backward(); shown = loss.item()
+            else:
+                loss = _shard_loss(pm, tokenizer, batch, rank, world, dev); acc.backward(loss)
+                shown = acc.reduce(loss.detach(), "mean").item()          # the global batch's token mean
+            opt.step()
+            step += 1; window.append(shown); bar.update(1)
             if step % c.eval_every == 0 or step == total:
                 evaluate(step, step / steps_per_epoch)
                 stop = patience is not None and sum(r["step"] > best[0] for r in log) >= patience
@@ -106,7 +127,7 @@ def instruction_tune(model, tokenizer, instruct_rows, instruct_cfg, seed: int, *
     bar.close()
     with torch.no_grad():
         for n, p in params.items(): p.copy_(best[2][n])
-    merged = pm.merge_and_unload(safe_merge=True).eval()
+    merged = core.merge_and_unload(safe_merge=True).eval()
     df = pd.DataFrame(log); df["is_best"] = df.step == best[0]
     df.attrs["best_step"], df.attrs["best_val_loss"] = best[0], best[1]
     return merged, df

@@ -60,15 +60,20 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
 # %% ../../nbs/pipeline/09_cli.ipynb #9db989aa
 def stage_entries(store: RunStore) -> dict[str, Callable[[RunStore], Path]]:
     "Launchable stage name → function of the store, for this run's config."
-    from lume_lab.pipeline.testbed_stages import stage_inject
+    from lume_lab.pipeline.resurface_stages import resurface_labels, stage_instruct_floor, stage_resurface
+    from lume_lab.pipeline.testbed_stages import stage_inject, stage_instruct
     from lume_lab.pipeline.unlearn_stages import stage_unlearn, unlearn_name
     from lume_lab.unlearn.registry import get_spec
     c = store.config
-    out = {"inject_masked": lambda s: stage_inject(s, True), "inject_unmasked": lambda s: stage_inject(s, False)}
+    out = {"inject_masked": lambda s: stage_inject(s, True), "inject_unmasked": lambda s: stage_inject(s, False),
+           "instruct_masked": lambda s: stage_instruct(s, True), "instruct_unmasked": lambda s: stage_instruct(s, False),
+           "instruct_floor": stage_instruct_floor}
     for m in c.unlearn.methods or []:
         for f in c.unlearn.forget_fields:
             out[unlearn_name(m, f)] = lambda s, m=m, f=f: stage_unlearn(s, m, f)
             if get_spec(m).has_control: out[unlearn_name(m, f, True)] = lambda s, m=m, f=f: stage_unlearn(s, m, f, True)
+    for f in c.unlearn.forget_fields:
+        for label in resurface_labels(c): out[f"resurface_{label}_{f}"] = lambda s, l=label, f=f: stage_resurface(s, l, f)
     return out
 
 def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None) -> Path:

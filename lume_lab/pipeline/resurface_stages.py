@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..core.store import RunStore
 from .config import run_methods
+from .launch import launched_stage
 from .stages import STAGE_VERSIONS, load_base, load_pii, load_stage_model
 from .testbed_stages import stage_testbed
 from .unlearn_stages import load_unlearned, stage_unlearn, unlearn_name
@@ -32,7 +33,7 @@ def stage_instruct_floor(store: RunStore) -> Path:
         merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     key = {"v": STAGE_VERSIONS["instruct"], "instruct": asdict(c.instruct), "seed": c.seed}
-    return store.stage("instruct_floor", fn, key=key, deps=["pii", "base"])
+    return launched_stage(store, "instruct_floor", fn, key=key, deps=["pii", "base"])
 
 # %% ../../nbs/pipeline/06_resurface_stages.ipynb #150bd8df
 REFERENCE_MODELS = ("none", "floor")
@@ -97,7 +98,7 @@ def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.Dat
     src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", unlearn_name(label, field)])
     key = {"v": STAGE_VERSIONS["resurface"], "resurface": asdict(c.resurface), "instruct": asdict(icfg), "label": label,
            "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
-    d = store.stage(f"resurface_{label}_{field}", fn, key=key, deps=["testbed", "pii"] + src)
+    d = launched_stage(store, f"resurface_{label}_{field}", fn, key=key, deps=["testbed", "pii"] + src)   # the attack's fine-tune: DDP with --num-processes
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("before", "after")}
 
 def resurface_labels(cfg) -> list[str]:

@@ -70,7 +70,7 @@ def stage_instruct(store: RunStore, masked: bool = True) -> Path:
         merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     key = {"v": STAGE_VERSIONS["instruct"], "instruct": asdict(c.instruct), "seed": c.seed}
-    return store.stage("instruct_masked" if masked else "instruct_unmasked", fn, key=key, deps=["pii", src])
+    return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, key=key, deps=["pii", src])
 
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #6cec6204
 def stage_testbed(store: RunStore):
