@@ -54,7 +54,7 @@ def test_alphaedit_null_space_and_target(problem):
     edited, log = get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain, {"layers": layers})
     texts = [e["prompt"] + e["answer"] for e in retain]          # mom2_data = ["retain"] (default)
     for l in layers:
-        K0 = torch.cat(list(preserved_keys(model, tok, texts, l))).T       # d_k × N
+        K0 = torch.cat([ks[l] for ks in preserved_keys(model, tok, texts, [l])]).T       # d_k × N
         W0, W1 = down_proj(model, l).weight.detach(), down_proj(edited, l).weight.detach()
         dW = W1 - W0
         assert dW.norm() > 1.0                                     # a real edit

@@ -58,8 +58,9 @@ def preserved_keys(model, tokenizer, texts: list[str], layers: list[int], batch_
     all from one forward pass per batch that stops at the deepest layer's `down_proj` (a pass over 2,000 texts for
     layers 4–8 of a 32-layer model costs 9/32 of one full pass, not five)."""
     if not texts: raise ValueError("no preserved-knowledge texts given (mom2_data)")
+    if isinstance(layers, int) or not all(isinstance(l, int) and not isinstance(l, bool) for l in layers) or not layers:
+        raise ValueError(f"layers must be a non-empty list of layer indices, e.g. [1, 2]; got {layers!r}")
     layers = sorted(set(layers))
-    if not layers: raise ValueError("layers is empty")
     dev, store = model_device(model), {}
     def keep(l):
         def hook(m, args):
