@@ -36,16 +36,21 @@ def runs(tmp_path_factory):
     return root
 
 
-def test_two_process_stage_equals_one_process(runs):
-    "`lume-lab stage inject_masked` in 2 torchrun processes (gloo) gives one process's weights; rank 0 alone writes the run."
+def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str) -> tuple[dict, dict]:
+    "Run `lume-lab stage <stage>` in one process on `run_one` and as a 2-process torchrun job on `run_two`; their manifest entries."
     env = launch_env("torchrun")
-    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", "inject_masked", "--run-id", "one",
+    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_one,
                           "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(launch_command("inject_masked", "two", runs, 2, "torchrun"), cwd=ROOT, env=env,
+    two = subprocess.run(launch_command(stage, run_two, runs, 2, "torchrun"), cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
-    m1, m2 = (json.loads((runs / r / "manifest.json").read_text())["stages"]["inject_masked"] for r in ("one", "two"))
+    return tuple(json.loads((runs / r / "manifest.json").read_text())["stages"][stage] for r in (run_one, run_two))
+
+
+def test_two_process_stage_equals_one_process(runs):
+    "`lume-lab stage inject_masked` in 2 torchrun processes (gloo) gives one process's weights; rank 0 alone writes the run."
+    m1, m2 = _one_and_two_processes(runs, "inject_masked", "one", "two")
     assert m1["status"] == m2["status"] == "done" and m1["hash"] == m2["hash"]
     assert m2["processes"] == 2 and "processes" not in m1
     assert not list((runs / "two").glob(".*.partial"))               # nothing half-written left behind
@@ -63,14 +68,7 @@ def test_two_process_instruction_tuning_equals_one_process(runs):
     "`lume-lab stage instruct_masked` (LoRA, DDP over 2 gloo ranks) merges the adapters one process would, from the same injected model."
     stage_inject(open_run("one", root=runs), True)                   # cached when the test above ran
     for r in ("three", "four"): shutil.copytree(runs / "one", runs / r)
-    env = launch_env("torchrun")
-    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", "instruct_masked", "--run-id", "three",
-                          "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(launch_command("instruct_masked", "four", runs, 2, "torchrun"), cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert two.returncode == 0, two.stderr[-3000:]
-    m3, m4 = (json.loads((runs / r / "manifest.json").read_text())["stages"]["instruct_masked"] for r in ("three", "four"))
+    m3, m4 = _one_and_two_processes(runs, "instruct_masked", "three", "four")
     assert m3["status"] == m4["status"] == "done" and m3["hash"] == m4["hash"] and m4["processes"] == 2
     a, b, inj = _weights(runs / "three", "instruct_masked"), _weights(runs / "four", "instruct_masked"), _weights(runs / "one", "inject_masked")
     L = make_config("smoke").model.num_layers
