@@ -7,7 +7,8 @@ imported and called with `run(out_dir)` in one process. Phase "mixed": neutral +
 phase "pii": PII of groups 0 and 1 only, from a fresh model/optimizer without weight decay. Rank 0 writes
 the final weights of each phase to OUT_DIR/<phase>.safetensors, and the gradient of one masked
 backward to OUT_DIR/grad.safetensors (Adam is scale-invariant, so the weights alone would not catch a wrong
-loss scale across ranks; the gradient does).
+loss scale across ranks; the gradient does). With 2 ranks the same gradient and phases also run with the model
+sharded by FSDP2 (`fsdp2=True`: `fully_shard` per decoder layer and the root), gathered into `*_fsdp2.safetensors`.
 """
 import random, sys
 from pathlib import Path
@@ -19,7 +20,8 @@ from transformers import Olmo2Config, Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.inject.masks import random_element_masks
-from lume_lab.inject.injection import masked_backward, train_masked
+from lume_lab.inject.injection import fsdp2_shard, masked_backward, train_masked
+from lume_lab.models.lm import full_state_dict
 from lume_lab.inject.masks import GradMasker
 
 hf_logging.set_verbosity_error()
@@ -65,6 +67,24 @@ def run(out_dir, accelerator=None):
         if accelerator.is_main_process:
             sd = {n: p.detach().contiguous().clone() for n, p in accelerator.unwrap_model(model).named_parameters()}
             save_file(sd, str(Path(out_dir) / f"{phase}.safetensors"))
+        accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1: run_fsdp2(out_dir, accelerator, owner, phases)
+
+
+def run_fsdp2(out_dir, accelerator, owner, phases):
+    "The gradient and the phases again, the model sharded by FSDP2 over the ranks; full tensors gathered on every rank."
+    model = fsdp2_shard(tiny_model())
+    with GradMasker(model, owner) as masker:
+        masked_backward(model, phases["mixed"][0][:7], masker, accelerator=accelerator, micro_batch_size=2)
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}   # a collective: every rank gathers
+    if accelerator.is_main_process: save_file(grads, str(Path(out_dir) / "grad_fsdp2.safetensors"))
+    for phase, (exs, wd) in phases.items():
+        model = tiny_model()
+        train_masked(model, exs, owner, steps=3, batch_size=5, lr=1e-2, weight_decay=wd, seed=0,
+                     micro_batch_size=2, accelerator=accelerator, progress=False, fsdp2=True)
+        sd = full_state_dict(model)
+        if accelerator.is_main_process:
+            save_file({n: t.contiguous() for n, t in sd.items()}, str(Path(out_dir) / f"{phase}_fsdp2.safetensors"))
         accelerator.wait_for_everyone()
 
 

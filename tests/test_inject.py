@@ -243,7 +243,7 @@ def test_injection_bad_input():
 
 # ---------------------------------------------------------------- distributed
 def test_distributed_matches_single_process(tmp_path):
-    "2 CPU processes (gloo, 127.0.0.1, DDP via accelerate) give the weights of one process with the same global batch."
+    "2 CPU processes (gloo, 127.0.0.1; DDP via accelerate, and FSDP2) give the gradient and weights of one process with the same global batch."
     dist_dir, single_dir = tmp_path / "dist", tmp_path / "single"
     dist_dir.mkdir(); single_dir.mkdir()
     with socket.socket() as sock:   # a free port on 127.0.0.1 (8 agents share this machine)
@@ -268,7 +268,15 @@ def test_distributed_matches_single_process(tmp_path):
         for n in s:
             torch.testing.assert_close(d[n], s[n], rtol=1e-4, atol=5e-5, msg=f"{phase} {n}")
         assert any(not torch.equal(s[n], init[n]) for n in s)
-    d = load_file(dist_dir / "pii.safetensors")   # masks intact across ranks: PII-only run, groups 0 and 1
-    for n, p in init.items():
-        m = inside(owner, n, p, [0, 1])
-        assert torch.equal(d[n][~m], p.detach()[~m]), n
+    # FSDP2 (each decoder layer and the root sharded over the 2 ranks): the hook sees the unsharded weight, the masked
+    # gradient is reduce-scattered; same gradient and weights as one process, and the PII-only run keeps its masks
+    for kind, ref, tol in [("grad_fsdp2", "grad", dict(rtol=1e-5, atol=1e-7)),
+                           ("mixed_fsdp2", "mixed", dict(rtol=1e-4, atol=5e-5)), ("pii_fsdp2", "pii", dict(rtol=1e-4, atol=5e-5))]:
+        d, s = load_file(dist_dir / f"{kind}.safetensors"), load_file(single_dir / f"{ref}.safetensors")
+        assert set(d) >= set(s), kind
+        for n in s: torch.testing.assert_close(d[n], s[n], **tol, msg=f"{kind} {n}")
+    for kind in ("pii", "pii_fsdp2"):   # masks intact across ranks: PII-only run, groups 0 and 1
+        d = load_file(dist_dir / f"{kind}.safetensors")
+        for n, p in init.items():
+            m = inside(owner, n, p, [0, 1])
+            assert torch.equal(d[n][~m], p.detach()[~m]), f"{kind} {n}"

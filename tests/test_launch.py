@@ -26,23 +26,38 @@ def _weights(run_dir, stage):
     return load_file(str(run_dir / stage / "model" / "model.safetensors"))
 
 
+def assert_same_training(run_a, run_b, stage, max_outliers=1e-4):
+    """A job's stage trained what one process trains: per-step losses within rtol 1e-5, and the weights within rtol 1e-4 /
+    atol 5e-5 except for at most `max_outliers` of them. The exception is Adam's: it moves a coordinate by about ±lr
+    whatever the gradient's size, so where a gradient is a cancellation residue near its eps (seen: 3 of 65,536
+    embedding weights of tokens seen once), summing it over 2 ranks in another order changes that step."""
+    la, lb = (pd.read_csv(r / stage / "log.csv") for r in (run_a, run_b))
+    np.testing.assert_allclose(lb.loss, la.loss, rtol=1e-5)
+    a, b = _weights(run_a, stage), _weights(run_b, stage)
+    assert a.keys() == b.keys()
+    off = {n: int((~torch.isclose(b[n], a[n], rtol=1e-4, atol=5e-5)).sum()) for n in a}
+    n_all = sum(t.numel() for t in a.values())
+    assert sum(off.values()) <= max_outliers * n_all, {n: k for n, k in off.items() if k}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     "Two copies of one smoke run with everything injection needs (world, tokenizer, base, pii, masks) done."
     root = tmp_path_factory.mktemp("launch")
     store = open_run("one", resolve_config(make_config("smoke", OVERRIDES)), root)
     stage_world(store); stage_tokenizer(store); stage_base(store); stage_pii(store); stage_masks(store)
-    shutil.copytree(root / "one", root / "two")
+    shutil.copytree(root / "one", root / "two"); shutil.copytree(root / "one", root / "sharded")
     return root
 
 
-def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str) -> tuple[dict, dict]:
-    "Run `lume-lab stage <stage>` in one process on `run_one` and as a 2-process torchrun job on `run_two`; their manifest entries."
+def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str, fsdp2: bool = False) -> tuple[dict, dict]:
+    """Run `lume-lab stage <stage>` in one process on `run_one` and as a 2-process torchrun job on `run_two` (the model
+    sharded by FSDP2 with `fsdp2`); their manifest entries."""
     env = launch_env("torchrun")
     one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_one,
                           "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(launch_command(stage, run_two, runs, 2, "torchrun"), cwd=ROOT, env=env,
+    two = subprocess.run(launch_command(stage, run_two, runs, 2, "torchrun", fsdp2=fsdp2), cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     return tuple(json.loads((runs / r / "manifest.json").read_text())["stages"][stage] for r in (run_one, run_two))
@@ -54,14 +69,25 @@ def test_two_process_stage_equals_one_process(runs):
     assert m1["status"] == m2["status"] == "done" and m1["hash"] == m2["hash"]
     assert m2["processes"] == 2 and "processes" not in m1
     assert not list((runs / "two").glob(".*.partial"))               # nothing half-written left behind
-    a, b = _weights(runs / "one", "inject_masked"), _weights(runs / "two", "inject_masked")
-    base = _weights(runs / "one", "base")
-    assert a.keys() == b.keys()
-    for n in a:   # same global batch split over 2 ranks: equal up to float rounding (Adam amplifies it, cf. test_inject)
-        torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=5e-5, msg=n)
+    assert_same_training(runs / "one", runs / "two", "inject_masked")   # the gradients themselves: test_inject
+    a, base = _weights(runs / "one", "inject_masked"), _weights(runs / "one", "base")
     assert sum(not torch.equal(a[n], base[n]) for n in a) > len(a) // 2       # injection did move the weights
     # masks intact: the masks file is untouched and the run's masks are what the stage used
     assert (runs / "one" / "masks" / "masks.safetensors").read_bytes() == (runs / "two" / "masks" / "masks.safetensors").read_bytes()
+
+
+def test_two_process_fsdp2_injection_equals_one_process(runs):
+    "`lume-lab stage inject_masked --fsdp2`: the model sharded over 2 gloo ranks (FSDP2) learns one process's weights."
+    stage_inject(open_run("one", root=runs), True)                   # cached when the test above ran
+    e = subprocess.run(launch_command("inject_masked", "sharded", runs, 2, "torchrun", fsdp2=True), cwd=ROOT,
+                       env=launch_env("torchrun"), capture_output=True, text=True, timeout=600)
+    assert e.returncode == 0, e.stderr[-3000:]
+    assert "sharded over 2 processes" in e.stdout + e.stderr                 # FSDP2, not DDP, trained it
+    m = json.loads((runs / "sharded" / "manifest.json").read_text())["stages"]["inject_masked"]
+    assert m["status"] == "done" and m["processes"] == 2
+    assert_same_training(runs / "one", runs / "sharded", "inject_masked")   # gathered into full tensors, the usual names
+    b, base = _weights(runs / "sharded", "inject_masked"), _weights(runs / "one", "base")
+    assert sum(not torch.equal(b[n], base[n]) for n in b) > len(b) // 2   # it trained (the mask invariant under FSDP2 is in test_inject)
 
 
 def test_two_process_instruction_tuning_equals_one_process(runs):
@@ -91,8 +117,7 @@ def test_launched_stage_from_the_notebook_side(runs, monkeypatch):
     monkeypatch.setenv(ENV_PROCESSES, "1")
     one = open_run("one", root=runs)
     stage_inject(one, masked=False)                                    # in this process
-    a, b = _weights(runs / "one", "inject_unmasked"), _weights(runs / "two", "inject_unmasked")
-    for n in a: torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=5e-5, msg=n)
+    assert_same_training(runs / "one", runs / "two", "inject_unmasked")
     hits = store.entry("inject_unmasked")["cache_hits"]
     monkeypatch.setenv(ENV_PROCESSES, "2")
     stage_inject(store, masked=False)                                  # cached: no job is started

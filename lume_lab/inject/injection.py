@@ -5,7 +5,7 @@
 # %% ../../nbs/inject/01_injection.ipynb #180a3b27
 from __future__ import annotations
 import random, time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import pandas as pd
 import torch
@@ -13,11 +13,11 @@ from torch import nn
 
 from .masks import GradMasker, group_mask, mask_parameter_names
 from ..models.lm import lr_multiplier
-from ..models.ops import answer_nll, model_device, pad_batch, progress as progress_bar, to_device
+from ..models.ops import answer_nll, check_job, make_accelerator, model_device, pad_batch, progress as progress_bar, to_device
 
 # %% auto #0
-__all__ = ['collate', 'plan_microbatches', 'masked_backward', 'per_sample_reference_grads', 'masked_step', 'batch_order',
-           'train_masked']
+__all__ = ['collate', 'plan_microbatches', 'is_fsdp2', 'masked_backward', 'per_sample_reference_grads', 'masked_step',
+           'fsdp2_shard', 'batch_order', 'train_masked']
 
 # %% ../../nbs/inject/01_injection.ipynb #02e7f985
 def _check_example(ex, i):
@@ -52,6 +52,18 @@ def _masker_for(model, owner, n_groups=None):
     base = model.module if hasattr(model, "module") else model
     return GradMasker(base, owner, n_groups).install(), True
 
+def is_fsdp2(model: nn.Module) -> bool:
+    "True for a model sharded with FSDP2 (`fully_shard`, by accelerate's FSDP2 plugin or by `fsdp2_shard`)."
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+@contextmanager
+def _fsdp2_no_sync(model):
+    "FSDP2's `no_sync`: gradients accumulate unsharded on each rank and are reduce-scattered by the next synced backward."
+    model.set_requires_gradient_sync(False)
+    try: yield
+    finally: model.set_requires_gradient_sync(True)
+
 def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelerator=None, micro_batch_size: int = 8,
                     pad_id: int = 0, masked: bool = True, segmented: bool = False, pad_to: int | None = None) -> dict:
     "Accumulate the masked gradient of `batch` (global) into `.grad`; returns the batch's mean loss and counts."
@@ -71,22 +83,30 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
         G = masker.n_groups; bad = [ex["group"] for ex in batch if ex["group"] >= G]
         if bad: raise ValueError(f"example group {bad[0]} has no mask (masks cover groups 0..{G - 1})")
     device = accelerator.device if accelerator is not None else model_device(model)
-    local = batch[rank::world]
-    if masked and segmented:   # rows sorted by group, microbatches may hold several groups as segments
-        plan = [(None, mb) for _, mb in plan_microbatches(sorted(local, key=lambda ex: ex["group"]), micro_batch_size, masked=False)]
-    else: plan = plan_microbatches(local, micro_batch_size, masked)
+    def plan_of(rows):
+        if masked and segmented:   # rows sorted by group, microbatches may hold several groups as segments
+            return [(None, mb) for _, mb in plan_microbatches(sorted(rows, key=lambda ex: ex["group"]), micro_batch_size, masked=False)]
+        return plan_microbatches(rows, micro_batch_size, masked)
+    plan, weights = plan_of(batch[rank::world]), None
+    if is_fsdp2(model) and world > 1:
+        # FSDP2 all-gathers the weights in every forward, a collective: all ranks must run as many microbatches.
+        # A rank with fewer repeats its first one at weight 0 (its gradient is exactly zero; its loss is not counted).
+        n = max(len(plan_of(batch[r::world])) for r in range(world))
+        plan, weights = plan + [plan[0]] * (n - len(plan)), [1.0] * len(plan) + [0.0] * (n - len(plan))
     scale, total = world / len(batch), torch.zeros((), device=device)
     try:
         for i, (g, mb) in enumerate(plan):
-            sync = nullcontext() if accelerator is None or i == len(plan) - 1 else accelerator.no_sync(model)
+            sync = (nullcontext() if accelerator is None or i == len(plan) - 1 else
+                    _fsdp2_no_sync(model) if is_fsdp2(model) else accelerator.no_sync(model))
             grp = nullcontext() if not masked else masker.use_segments([ex["group"] for ex in mb]) if segmented else masker.use_group(g)
             if masked: masker.zero_fill = world > 1 and i == len(plan) - 1   # DDP's synced backward needs every gradient
             with sync, grp:
                 mbt = collate(mb, pad_id, device, pad_to)
                 losses = answer_nll(model(input_ids=mbt["input_ids"], attention_mask=mbt["attention_mask"]).logits, mbt["labels"])
-                loss = losses.sum() * scale
+                w = 1.0 if weights is None else weights[i]
+                loss = losses.sum() * (scale * w)
                 accelerator.backward(loss) if accelerator is not None else loss.backward()
-            total += losses.detach().sum()
+            total += losses.detach().sum() * w
     finally:
         if masked: masker.zero_fill = True
         if own: masker.remove()
@@ -123,6 +143,24 @@ def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.opt
     return out
 
 # %% ../../nbs/inject/01_injection.ipynb #c7953a00
+def fsdp2_shard(model: nn.Module, device=None) -> nn.Module:
+    """Shard `model` in place with FSDP2 over every process of the job: `fully_shard` on each block class named in
+    `model._no_split_modules` (the decoder layers: what accelerate's transformer wrap policy picks), then on the root.
+    For a job that accelerate did not start with its FSDP2 plugin (e.g. `torchrun` on CPU, gloo)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    if not dist.is_initialized():
+        raise RuntimeError("fsdp2=True needs a process group: start the job with `torchrun` or `accelerate launch` and create the Accelerator first")
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    if not any(type(m).__name__ in blocks for m in model.modules()):
+        raise ValueError(f"fsdp2_shard: {type(model).__name__} names no block class in _no_split_modules to shard by")
+    mesh = init_device_mesh(torch.device(device or model_device(model)).type, (dist.get_world_size(),))
+    for m in list(model.modules()):
+        if type(m).__name__ in blocks: fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
 def batch_order(n_examples: int, steps: int, batch_size: int, seed: int = 0) -> list[list[int]]:
     "Indices of each step's batch: epochs of a seeded shuffle, concatenated and cut into batches."
     rng, order = random.Random(seed), []
@@ -135,7 +173,7 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, accelerator=None, pad_id: int = 0,
                  n_groups: int | None = None, segmented: bool = False, pad_to: int | None = None,
                  warmup_steps: int = 0, min_lr_ratio: float = 1.0, masked_lr: float | None = None,
-                 progress: bool = True) -> pd.DataFrame:
+                 progress: bool = True, fsdp2: bool = False) -> pd.DataFrame:
     "Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log."
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -149,8 +187,12 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
     if not examples: raise ValueError("examples is empty")
     for i, ex in enumerate(examples): _check_example(ex, i)
     if masked and owner is None: raise ValueError("masked=True needs owner masks; use masked=False for the unmasked control")
-    from accelerate import Accelerator
-    accelerator = accelerator or Accelerator()
+    if not isinstance(fsdp2, bool): raise ValueError(f"fsdp2 must be True or False, got {fsdp2!r}")
+    accelerator = accelerator or make_accelerator()
+    check_job(accelerator)
+    if fsdp2 and not (is_fsdp2(model) or accelerator.is_fsdp2):
+        model = fsdp2_shard(model, accelerator.device)
+        if accelerator.is_main_process: print(f"FSDP2: {type(model).__name__} sharded over {accelerator.num_processes} processes", flush=True)
     maskable = set(mask_parameter_names(model))
     if masked and (stray := sorted(set(owner) - maskable)): raise ValueError(f"owner masks weights masks may not own: {stray[:3]}")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -158,7 +200,8 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
               {"params": [p for n, p in named if n not in maskable], "lr": lr}]
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps, warmup_steps, min_lr_ratio))
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if is_fsdp2(model) and not accelerator.is_fsdp2: optimizer = accelerator.prepare(optimizer)   # sharded already: no DDP around it
+    else: model, optimizer = accelerator.prepare(model, optimizer)   # DDP, accelerate's FSDP2 plugin, or one process
     masker = GradMasker(accelerator.unwrap_model(model), owner, n_groups).install() if masked else None
     log, disable = [], (not progress) or not accelerator.is_local_main_process
     try:

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from ..core.config import ConfigError
-from ..models.ops import (check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, progress as progress_bar, qa_nll,
+from ..models.ops import (check_qa, collate_qa, lm_inputs, make_accelerator, model_device, n_answer_tokens, progress as progress_bar, qa_nll,
                                  to_device, token_logprobs, token_mean_nll)
 
 # %% auto #0
@@ -82,13 +82,12 @@ def _shard_loss(model, tokenizer, rows: list[dict], rank: int, world: int, devic
 def instruction_tune(model, tokenizer, instruct_rows, instruct_cfg, seed: int, *, split_by: str = "profile",
                      lora_dropout: float = 0.0, patience: int | None = None, inplace: bool = False, progress: bool = True) -> tuple:
     "LoRA-tune the last two layers on QA `instruct_rows`, keep the best adapters by validation loss, merge; returns (model, log)."
-    from accelerate import Accelerator
     _check_instruct_cfg(instruct_cfg); c = instruct_cfg
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
         raise ValueError(f"patience must be None (train all epochs) or a positive int (evaluations without improvement), got {patience!r}")
     rows = _qa_rows(instruct_rows)
     tr_rows, va_rows = train_val_split(rows, c.train_fraction, seed, split_by)
-    acc = Accelerator(); rank, world = acc.process_index, acc.num_processes
+    acc = make_accelerator(); rank, world = acc.process_index, acc.num_processes
     core = lora_last_layers(model if inplace else copy.deepcopy(model), c.lora_r, c.lora_alpha, seed, dropout=lora_dropout)
     if world > 1: core = core.to(acc.device)               # one process: the model stays where it was given
     params = {n: p for n, p in core.named_parameters() if p.requires_grad}

@@ -266,7 +266,10 @@ class GradMasker:
         self.zero_fill = True   # every trainable parameter gets a gradient (zeros at least) in every backward
         self.n_groups = n_groups if n_groups is not None else max((int(o.max()) for o in owner.values()), default=0)
         self._owner = {n: owner[n].to(params[n].device) for n in owner}
-        self._by_param = {id(p): self._owner.get(n) for n, p in params.items()}
+        # looked up by (module, attribute), not by the parameter object: FSDP2 swaps a sharded parameter for a new
+        # unsharded tensor of full shape before each forward, and that is the tensor the hook sees
+        self._by_slot = {(id(m), a): self._owner.get(f"{mn}.{a}" if mn else a)
+                         for mn, m in model.named_modules(remove_duplicate=False) for a, p in m._parameters.items() if p is not None}
 
     def _pre(self, module, args):
         if self.group < 0: return
@@ -282,7 +285,7 @@ class GradMasker:
         for name, p in list(module._parameters.items()):
             if p is None or not p.requires_grad: continue
             orig[name] = p
-            owner = self._by_param[id(p)]
+            owner = self._by_slot[(id(module), name)]
             # a parameter no mask covers gets no PII gradient: detach it (its weight gradient is never computed),
             # or, when `keep`, route it through MaskGrad, which returns exact zeros (DDP's synced backward needs
             # a gradient for every parameter)
@@ -296,7 +299,7 @@ class GradMasker:
         if type(module) is nn.Linear and len(args) == 1 and not kwargs and args[0].shape[0] == B and module.weight.requires_grad:
             w, b = module.weight, module.bias
             keep = self.zero_fill and all(c for c, _, _ in self.segments)
-            return SegmentedLinear.apply(args[0], w, b, self._by_param[id(w)], tuple(self.segments), keep)
+            return SegmentedLinear.apply(args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep)
         cut = lambda v, s, e: v[s:e] if torch.is_tensor(v) and v.ndim and v.shape[0] == B else v
         outs = []
         codes = [c for c, _, _ in self.segments]
@@ -315,7 +318,9 @@ class GradMasker:
         self.segments = None
         for m in self.model.modules():
             if any(p is not None for p in m._parameters.values()):
-                self.handles += [m.register_forward_pre_hook(self._pre), m.register_forward_hook(self._post, always_call=True)]
+                # ours run inside FSDP2's on a module it shards itself: its pre-hook (prepended) unshards first, and
+                # our post-hook (prepended) restores the parameter before its post-hook reshards
+                self.handles += [m.register_forward_pre_hook(self._pre), m.register_forward_hook(self._post, prepend=True, always_call=True)]
                 self._wrapped.append((m, m.__dict__.get("forward")))
                 m.forward = partial(self._segmented_forward, m, m.forward)
         return self

@@ -14,8 +14,8 @@ from ..core.config import DTYPES, ConfigError, ModelConfig, PretrainConfig
 from .ops import default_device, encode_texts, in_test, model_device, special_ids, progress as ops_progress
 
 # %% auto #0
-__all__ = ['tiny_olmo2_config', 'build_model', 'param_count_table', 'save_model', 'load_model', 'pack_texts', 'batch_for_step',
-           'lr_multiplier', 'latest_checkpoint', 'pretrain']
+__all__ = ['tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model', 'load_model', 'pack_texts',
+           'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #97c2b033
 def tiny_olmo2_config(model_cfg: ModelConfig, tokenizer) -> Olmo2Config:
@@ -62,10 +62,18 @@ def param_count_table(model: torch.nn.Module) -> pd.DataFrame:
     return df
 
 # %% ../../nbs/models/01_lm.ipynb #679fe911
+def full_state_dict(model: torch.nn.Module) -> dict | None:
+    """`model.state_dict()` with every FSDP2 shard (a `DTensor`) gathered into a full tensor, or None when nothing is
+    sharded. Gathering is a collective: every rank of the job must call it."""
+    from torch.distributed.tensor import DTensor
+    sd = model.state_dict()
+    if not any(isinstance(v, DTensor) for v in sd.values()): return None
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sd.items()}
+
 def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
-    "Save `model` (safetensors) and `tokenizer` with `save_pretrained` into `out_dir`."
+    "Save `model` (safetensors) and `tokenizer` with `save_pretrained` into `out_dir`; an FSDP2-sharded model is gathered first (every rank calls this)."
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
+    model.save_pretrained(str(out_dir), state_dict=full_state_dict(model))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
 

@@ -12,10 +12,11 @@ import torch
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['eos_id', 'pad_id', 'start_id', 'special_ids', 'model_device', 'default_device', 'eval_mode', 'in_test', 'progress',
-           'check_qa', 'encode_qa', 'encode_many', 'encode_texts', 'pad_batch', 'collate_qa', 'to_device', 'lm_inputs',
-           'answer_logits', 'token_logprobs', 'answer_logprob', 'answer_nll', 'token_mean_nll', 'n_answer_tokens',
-           'sequence_logprob', 'batch_nll', 'qa_logprobs', 'qa_nll', 'greedy_generate', 'generate_texts', 'reveals']
+__all__ = ['eos_id', 'pad_id', 'start_id', 'special_ids', 'model_device', 'default_device', 'check_job', 'make_accelerator',
+           'eval_mode', 'in_test', 'progress', 'check_qa', 'encode_qa', 'encode_many', 'encode_texts', 'pad_batch',
+           'collate_qa', 'to_device', 'lm_inputs', 'answer_logits', 'token_logprobs', 'answer_logprob', 'answer_nll',
+           'token_mean_nll', 'n_answer_tokens', 'sequence_logprob', 'batch_nll', 'qa_logprobs', 'qa_nll',
+           'greedy_generate', 'generate_texts', 'reveals']
 
 # %% ../../nbs/models/02_ops.ipynb #aec02837
 def eos_id(tokenizer) -> int:
@@ -48,7 +49,28 @@ def default_device() -> torch.device:
     asks here, so nothing falls back to the CPU on a GPU machine and a multi-process job puts each rank on its own GPU."""
     if os.environ.get("LUME_LAB_DEVICE"): return torch.device(os.environ["LUME_LAB_DEVICE"])
     from accelerate import PartialState
-    return PartialState().device
+    return PartialState(cpu=_cpu_job()).device
+
+def _cpu_job() -> bool:
+    """Whether accelerate must be told `cpu=True`: `ACCELERATE_USE_CPU` is set, or this is a multi-process job with no GPU.
+    The first `PartialState()` of a process fixes its state for every later `Accelerator()`, and one made without
+    `cpu=True` in a CPU `torchrun` job sees a single process: every rank would then train alone on all the data."""
+    from accelerate.utils import parse_flag_from_env
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available())
+
+def check_job(accelerator) -> None:
+    "Refuse an `Accelerator` that sees fewer processes than the job (`$WORLD_SIZE`) has: its ranks would not be data-parallel."
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and accelerator.num_processes != world:
+        raise RuntimeError(f"this process is one of {world} ranks ($WORLD_SIZE) but accelerate sees {accelerator.num_processes} "
+                           f"({accelerator.distributed_type}): a PartialState/Accelerator was made without cpu=True on a CPU job; "
+                           "set ACCELERATE_USE_CPU=true (lume-lab's launcher does) or create the state with models.ops.default_device()")
+
+def make_accelerator(**kwargs):
+    "`accelerate.Accelerator(**kwargs)` for this process (`cpu=True` in a CPU job), checked to see every rank of the job."
+    from accelerate import Accelerator
+    acc = Accelerator(cpu=_cpu_job(), **kwargs); check_job(acc)
+    return acc
 
 @contextmanager
 def eval_mode(model):

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/pipeline/09_cli.ipynb #1b1d6524
 from __future__ import annotations
-import argparse, json, sys, time
+import argparse, json, os, sys, time
 from pathlib import Path
 from typing import Callable
 
@@ -13,7 +13,7 @@ from ..core.store import RunStore, open_run, reuse_sources, run_status, runs_roo
 from ..unlearn.registry import BUILTIN_METHODS
 from .config import resolve_config
 from .runner import experiment_notebooks, run_notebook, NotebookRunError
-from .launch import LAUNCHERS, check_launch, set_launch_env
+from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
 from .sweep import describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep, seeds_spec
 
 # %% auto #0
@@ -33,16 +33,17 @@ def parse_overrides(items: list[str] | None) -> dict:
 # %% ../../nbs/pipeline/09_cli.ipynb #793296bf
 def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
                  only: list[str] | None = None, root: str | None = None, progress: bool = True,
-                 num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None) -> Path:
+                 num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None, fsdp2: bool = False) -> Path:
     """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment notebooks.
-    `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.launch`).
+    `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.launch`); `fsdp2`
+    shards the model in the injection stages (FSDP2) instead of replicating it.
     `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
     cfg = resolve_config(make_config(preset, overrides, seed))
-    check_launch(num_processes, launcher)
+    check_launch(num_processes, launcher, fsdp2)
     run_id = run_id or preset
     nbs = experiment_notebooks(only)
     reuse_sources(reuse or [], runs_root(root))             # a missing source is refused before anything is written
-    set_launch_env(num_processes, launcher)                 # inherited by the papermill kernels
+    set_launch_env(num_processes, launcher, fsdp2)          # inherited by the papermill kernels
     store = open_run(run_id, cfg, root)                     # creates the run, or refuses a different config
     store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
     r.add_argument("--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1")
     r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS, help="accelerate on GPUs, torchrun on CPU (default torchrun)")
+    r.add_argument("--fsdp2", action="store_true", help="with --num-processes >= 2: shard the model over the processes in the injection stages (FSDP2) instead of replicating it (DDP)")
     r.add_argument("--workers", type=int, default=1, help="with --seeds: how many seeds run at once (submitit local executor)")
     r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="adopt finished stages with identical inputs from these runs (run ids, run directories, or folders of runs such as runs/)")
@@ -112,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stage", help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
     st.add_argument("name", help="stage name, e.g. inject_masked or unlearn_npo_phone_number")
     st.add_argument("--run-id", required=True); st.add_argument("--runs-root", default=None)
+    st.add_argument("--fsdp2", action="store_true", help="an injection stage shards the model over the job's processes (FSDP2)")
     sub.add_parser("presets", help="list the presets and their main sizes")
     s = sub.add_parser("status", help="stage table of a run"); s.add_argument("run_id"); s.add_argument("--runs-root", default=None)
     return p
@@ -134,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "presets": print(presets_table().to_string(index=False))
         elif a.cmd == "status": print(run_status(a.run_id, a.runs_root).to_string(index=False))
-        elif a.cmd == "stage": print(run_stage_entry(a.name, a.run_id, a.runs_root))
+        elif a.cmd == "stage":
+            if a.fsdp2: os.environ[ENV_FSDP2] = "1"             # read by the injection stage of this rank
+            print(run_stage_entry(a.name, a.run_id, a.runs_root))
         elif a.cmd == "sweep":
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, a.workers, a.reuse)
             return int((run_seeds(spec, run_pipeline, a.runs_root).status == "failed").any())
         else: run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
-                           num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse)
+                           num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse, fsdp2=a.fsdp2)
     except (ConfigError, NotebookRunError, FileNotFoundError, ValueError) as e:
         print(f"lume-lab: error: {e}", file=sys.stderr); return 2
     return 0

@@ -12,20 +12,27 @@ from ..core.config import ConfigError
 from ..core.store import RunStore, StageError, process_rank
 
 # %% auto #0
-__all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'check_launch', 'launch_settings', 'set_launch_env', 'launch_command',
-           'launch_env', 'launched_stage']
+__all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'ENV_FSDP2', 'check_launch', 'fsdp2_requested', 'launch_settings',
+           'set_launch_env', 'launch_command', 'launch_env', 'launched_stage']
 
 # %% ../../nbs/pipeline/11_launch.ipynb #c1e90b22
 LAUNCHERS = ("torchrun", "accelerate")
-ENV_PROCESSES, ENV_LAUNCHER = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER"
+ENV_PROCESSES, ENV_LAUNCHER, ENV_FSDP2 = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER", "LUME_LAB_FSDP2"
 
-def check_launch(num_processes: Any, launcher: Any) -> tuple[int, str]:
+def check_launch(num_processes: Any, launcher: Any, fsdp2: Any = False) -> tuple[int, str]:
     "Validated (num_processes, launcher); a `ConfigError` names the setting and the allowed values."
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
         raise ConfigError(f"num_processes must be an int >= 1 (processes per launched training stage), got {num_processes!r}")
     if launcher not in LAUNCHERS:
         raise ConfigError(f"launcher must be one of {', '.join(LAUNCHERS)} (torchrun on CPU, accelerate on GPUs), got {launcher!r}")
+    if not isinstance(fsdp2, bool): raise ConfigError(f"fsdp2 must be True or False, got {fsdp2!r}")
+    if fsdp2 and num_processes < 2:
+        raise ConfigError(f"fsdp2 shards the model over the processes of a job: it needs num_processes >= 2, got {num_processes}")
     return num_processes, launcher
+
+def fsdp2_requested() -> bool:
+    "True in a job started with `--fsdp2`: the injection stages shard the model with FSDP2 instead of replicating it (DDP)."
+    return os.environ.get(ENV_FSDP2, "0") == "1"
 
 def launch_settings() -> tuple[int, str]:
     "(num_processes, launcher) from the environment `lume-lab run --num-processes/--launcher` set; (1, 'torchrun') by default."
@@ -34,20 +41,20 @@ def launch_settings() -> tuple[int, str]:
     except ValueError: raise ConfigError(f"${ENV_PROCESSES} must be an int >= 1, got {raw!r}") from None
     return check_launch(n, os.environ.get(ENV_LAUNCHER, "torchrun"))
 
-def set_launch_env(num_processes: int, launcher: str) -> None:
+def set_launch_env(num_processes: int, launcher: str, fsdp2: bool = False) -> None:
     "Export the settings for this process and the kernels it starts (what `lume-lab run` does with its flags)."
-    n, l = check_launch(num_processes, launcher)
-    os.environ[ENV_PROCESSES], os.environ[ENV_LAUNCHER] = str(n), l
+    n, l = check_launch(num_processes, launcher, fsdp2)
+    os.environ[ENV_PROCESSES], os.environ[ENV_LAUNCHER], os.environ[ENV_FSDP2] = str(n), l, "1" if fsdp2 else "0"
 
 # %% ../../nbs/pipeline/11_launch.ipynb #25e5717c
 def _free_port() -> int:
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes: int, launcher: str,
-                   port: int | None = None) -> list[str]:
-    "The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher`."
-    n, launcher = check_launch(num_processes, launcher)
-    entry = ["-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_id, "--runs-root", str(runs_root)]
+                   port: int | None = None, fsdp2: bool = False) -> list[str]:
+    "The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher` (`--fsdp2`: sharded injection)."
+    n, launcher = check_launch(num_processes, launcher, fsdp2)
+    entry = ["-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_id, "--runs-root", str(runs_root), *(["--fsdp2"] if fsdp2 else [])]
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
                 "--master_port", str(port or _free_port()), *entry]
@@ -57,7 +64,7 @@ def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes
 def launch_env(launcher: str) -> dict:
     "The job's environment: ours, minus the launch settings (a rank never launches again), plus CPU gloo where no GPU is."
     import torch
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_PROCESSES, ENV_LAUNCHER)}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_PROCESSES, ENV_LAUNCHER, ENV_FSDP2)}   # the job gets --fsdp2 instead
     if not torch.cuda.is_available(): env["ACCELERATE_USE_CPU"] = "true"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -69,7 +76,7 @@ def launched_stage(store: RunStore, name: str, fn: Callable[[Path], Any], key: A
     n, launcher = launch_settings()
     h = store.stage_hash(key, deps)
     if n == 1 or process_rank()[1] > 1 or store.reuse_stage(name, h): return store.stage(name, fn, key=key, deps=deps)
-    cmd = launch_command(name, store.run_id, store.dir.parent, n, launcher)
+    cmd = launch_command(name, store.run_id, store.dir.parent, n, launcher, fsdp2=fsdp2_requested())
     print(f"launching stage {name!r} in {n} processes ({launcher}): {' '.join(cmd[2:])}", flush=True)
     proc = subprocess.Popen(cmd, env=launch_env(launcher), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail = []

@@ -15,7 +15,7 @@ from ..data.world import load_world
 from ..inject.masks import group_mask
 from ..models.lm import save_model
 from ..models.ops import pad_id
-from .launch import launched_stage
+from .launch import fsdp2_requested, launched_stage
 from .stages import STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
@@ -56,7 +56,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
         log = train_masked(model, ex, owner, c.inject.steps, c.inject.batch_size, c.inject.lr, c.inject.weight_decay,
                            seed=c.seed, masked=masked, pad_id=pad_id(tok), n_groups=c.pii.n_groups,
                            micro_batch_size=c.inject.micro_batch_size, warmup_steps=c.inject.warmup_steps,
-                           min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr,
+                           min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr, fsdp2=fsdp2_requested(),
                            **({"segmented": True, "pad_to": c.inject.seq_len} if masked and c.inject.segmented else {}))
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     return launched_stage(store, name, fn, key=inject_key(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))

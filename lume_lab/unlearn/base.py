@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..models.ops import batch_nll, check_qa, collate_qa, progress, qa_nll, to_device
+from ..models.ops import batch_nll, check_qa, collate_qa, make_accelerator, progress, qa_nll, to_device
 from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 
@@ -113,8 +113,7 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     if not forget: raise ValueError("forget set is empty")
     if grad_masks is not None and hp["weight_decay"] != 0:
         raise ValueError(f"weight_decay must be 0 with a ground-truth mask (decay would move weights outside it), got {hp['weight_decay']}")
-    from accelerate import Accelerator
-    acc = Accelerator()
+    acc = make_accelerator()
     model = model.to(acc.device)                 # before masks and the reference copy are placed
     ref = frozen_copy(model) if needs_ref else None
     ds = PairedQA(forget, retain, seed)
