@@ -4,7 +4,7 @@ Same model, same batch, one process. Times one gradient computation (forward + b
 global batch; the optimizer step is identical in all three and excluded. Repetitions are interleaved and the
 median is reported, because these machines are shared and noisy.
 
-    .venv/bin/python bench/bench_injection.py [--hidden 128] [--seq-len 64] [--batch 16] [--groups 1 4 8] [--reps 5]
+    .venv/bin/python bench/bench_injection.py [--hidden 128] [--seq-len 64] [--batch 16] [--groups 1 4 8] [--reps 5] [--device cpu|cuda] [--dtype bfloat16]
 
 Goals: masked/unmasked throughput >= 0.9x (masked = one backward per group sub-batch, or segmented); mask storage <= 1 byte per parameter.
 
@@ -41,17 +41,21 @@ def main():
     ap.add_argument("--groups", type=int, nargs="+", default=[1, 4, 8], help="numbers of PII groups present in the batch")
     ap.add_argument("--neutral", type=float, default=0.5, help="fraction of neutral rows in the batch")
     ap.add_argument("--reps", type=int, default=5); ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     cfg = Olmo2Config(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=4, intermediate_size=4 * a.hidden,
                       vocab_size=1024, eos_token_id=0, pad_token_id=0)
-    model = Olmo2ForCausalLM(cfg)
+    model = Olmo2ForCausalLM(cfg).to(device=a.device, dtype=getattr(torch, a.dtype))
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     G = max(a.groups)
     owner = random_element_masks(model, G, 1 / (2 * G), seed=a.seed)
     n_params = sum(p.numel() for p in model.parameters()); n_elig = sum(o.numel() for o in owner.values())
     owner_bytes = sum(o.numel() * o.element_size() for o in owner.values())
     packed_bytes = sum(o.numel() * o.element_size() for o in pack_masks(owner, G).values())
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; OLMo-2 hidden {a.hidden}, {a.layers} layers, "
+    dev = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, device {a.device} ({dev}), {a.dtype}; OLMo-2 hidden {a.hidden}, {a.layers} layers, "
           f"{n_params/1e6:.2f}M params ({n_elig/1e6:.2f}M eligible); batch {a.batch} x {a.seq_len} tokens, "
           f"{a.neutral:.0%} neutral; median of {a.reps} interleaved reps (shared 2-core machine: expect noise)")
     print(f"mask storage: owner uint8 {owner_bytes/n_elig:.2f} B/eligible weight = {owner_bytes/n_params:.3f} B/model param; "
@@ -73,7 +77,7 @@ def main():
             for r in range(a.reps + 1):   # first rep is warm-up
                 for n, f in runs.items():
                     model.zero_grad(set_to_none=True)
-                    t0 = time.perf_counter(); f(); dt = time.perf_counter() - t0
+                    sync(); t0 = time.perf_counter(); f(); sync(); dt = time.perf_counter() - t0
                     if r: times[n].append(dt)
         med = {n: statistics.median(t) for n, t in times.items()}; lo = {n: min(t) for n, t in times.items()}
         for n in runs:
