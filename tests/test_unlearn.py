@@ -176,7 +176,7 @@ json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forge
 
 
 def test_accelerate_two_cpu_processes(tmp_path):
-    "The loop under accelerate with 2 CPU processes (gloo): ranks end bitwise identical and the forget NLL rises."
+    "The loop under accelerate with 2 CPU processes (gloo): ranks end bitwise identical, the forget NLL rises, and one process with the same global batch trains the same weights."
     import json, socket, subprocess, sys
     script = tmp_path / "run.py"; script.write_text(_MP_SCRIPT)
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
@@ -188,3 +188,11 @@ def test_accelerate_two_cpu_processes(tmp_path):
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     res = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in (0, 1)]
     assert res[0]["steps"] == 3 and res[0]["after"] > res[0]["before"] + 0.05
+    # batch_size is the global batch (split over the ranks): one process takes the same 3 steps on the same examples
+    one = tmp_path / "one"; one.mkdir()
+    r1 = subprocess.run([sys.executable, str(script), str(one)], env={**env, "RANK": "0"}, capture_output=True, text=True, timeout=300)
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    s = json.loads((one / "r0.json").read_text()); ws = torch.load(one / "w0.pt", weights_only=True)
+    assert s["steps"] == 3 and abs(s["after"] - res[0]["after"]) < 1e-4 * abs(s["after"])
+    off = sum(int((~torch.isclose(w0[k], ws[k], rtol=1e-4, atol=5e-5)).sum()) for k in ws)
+    assert off <= 1e-4 * sum(v.numel() for v in ws.values()), off     # Adam's near-zero-gradient coordinates aside (test_launch)

@@ -113,7 +113,10 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     if not forget: raise ValueError("forget set is empty")
     if grad_masks is not None and hp["weight_decay"] != 0:
         raise ValueError(f"weight_decay must be 0 with a ground-truth mask (decay would move weights outside it), got {hp['weight_decay']}")
-    acc = make_accelerator()
+    from accelerate.utils import DataLoaderConfiguration
+    acc = make_accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))   # batch_size is global
+    if hp["batch_size"] % acc.num_processes:
+        raise ValueError(f"batch_size ({hp['batch_size']}) is the global batch and must be a multiple of the {acc.num_processes} processes")
     model = model.to(acc.device)                 # before masks and the reference copy are placed
     ref = frozen_copy(model) if needs_ref else None
     ds = PairedQA(forget, retain, seed)
@@ -128,7 +131,7 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"])
     model, popt, dl = acc.prepare(model, opt, dl)
-    total = hp["max_steps"] or hp["epochs"] * len(dl)     # len(dl): batches per process and epoch
+    total = hp["max_steps"] or hp["epochs"] * len(dl)     # len(dl): global batches per epoch
     warmup = warmup_length(total, hp["warmup_steps"], hp["warmup_ratio"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, hp["scheduler"], warmup))
     opt = popt
