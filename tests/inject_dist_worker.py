@@ -20,7 +20,8 @@ from transformers import Olmo2Config, Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.inject.masks import random_element_masks
-from lume_lab.inject.injection import fsdp2_shard, masked_backward, train_masked
+from lume_lab.inject.injection import masked_backward, train_masked
+from lume_lab.models.ops import fsdp2_shard
 from lume_lab.models.lm import full_state_dict
 from lume_lab.inject.masks import GradMasker
 

@@ -196,3 +196,57 @@ def test_accelerate_two_cpu_processes(tmp_path):
     assert s["steps"] == 3 and abs(s["after"] - res[0]["after"]) < 1e-4 * abs(s["after"])
     off = sum(int((~torch.isclose(w0[k], ws[k], rtol=1e-4, atol=5e-5)).sum()) for k in ws)
     assert off <= 1e-4 * sum(v.numel() for v in ws.values()), off     # Adam's near-zero-gradient coordinates aside (test_launch)
+
+
+_FSDP2_SCRIPT = r"""
+import copy, json, os, sys, torch
+torch.set_num_threads(1)
+from lume_lab.models.lm import full_state_dict
+from lume_lab.models.toy import toy_problem
+from lume_lab.unlearn.registry import get_spec
+out, rank = sys.argv[1], int(os.environ.get("RANK", "0"))
+model, tok, forget, retain = toy_problem(finetune_steps=20)
+torch.manual_seed(0)
+mask = {n: torch.rand(p.shape) < 0.3 for n, p in model.named_parameters() if n.endswith("mlp.down_proj.weight")}
+torch.save({n: p.detach().clone() for n, p in model.state_dict().items()}, f"{out}/init{rank}.pt")
+torch.save(mask, f"{out}/mask{rank}.pt")
+hp = {"lr": 1e-2, "max_steps": 3, "batch_size": 2}
+for name, kw in [("grad_diff", {}), ("oracle_grad", {"ground_truth_mask": mask}), ("npo", {})]:
+    unl, log = get_spec(name).run(copy.deepcopy(model), tok, forget, retain, hp, **kw)
+    sd = full_state_dict(unl) or unl.state_dict()          # gathered from the FSDP2 shards on every rank
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in sd.items()}, f"{out}/{name}.pt")
+        log.to_csv(f"{out}/{name}.csv", index=False)
+print("sharded:", type(unl).__name__)
+"""
+
+
+def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
+    """`--fsdp2` ($LUME_LAB_FSDP2=1): GradDiff, NPO (a sharded reference model) and OracleGrad (masks applied to the
+    gradient shards: FSDP2 never fires tensor hooks) in 2 sharded processes train what one process trains, and
+    OracleGrad leaves every weight outside its mask bitwise unchanged."""
+    import json, socket, subprocess, sys
+    import numpy as np, pandas as pd
+    script = tmp_path / "run.py"; script.write_text(_FSDP2_SCRIPT)
+    with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1", "LUME_LAB_FSDP2": "1"}
+    two, one = tmp_path / "two", tmp_path / "one"; two.mkdir(); one.mkdir()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                        f"--master_port={port}", str(script), str(two)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "sharded: FSDP" in r.stdout                    # the model was sharded, not replicated
+    r1 = subprocess.run([sys.executable, str(script), str(one)], env=env, capture_output=True, text=True, timeout=300)
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    assert "sharded: Olmo2ForCausalLM" in r1.stdout       # one process: nothing to shard over
+    for name in ("grad_diff", "oracle_grad", "npo"):
+        a, b = torch.load(one / f"{name}.pt", weights_only=True), torch.load(two / f"{name}.pt", weights_only=True)
+        assert a.keys() == b.keys(), name
+        la, lb = pd.read_csv(one / f"{name}.csv"), pd.read_csv(two / f"{name}.csv")
+        np.testing.assert_allclose(lb.loss, la.loss, rtol=1e-5, err_msg=name)
+        off = sum(int((~torch.isclose(b[k], a[k], rtol=1e-4, atol=5e-5)).sum()) for k in a)
+        assert off <= 1e-4 * sum(v.numel() for v in a.values()), (name, off)
+    init, mask, og = (torch.load(two / f, weights_only=True) for f in ("init0.pt", "mask0.pt", "oracle_grad.pt"))
+    for k, w in og.items():
+        outside = ~mask[k] if k in mask else torch.ones_like(w, dtype=torch.bool)
+        assert torch.equal(w[outside], init[k][outside]), k
+    assert any(not torch.equal(og[k], init[k]) for k in mask)

@@ -13,11 +13,11 @@ from torch import nn
 
 from .masks import GradMasker, group_mask, mask_parameter_names
 from ..models.lm import lr_multiplier
-from ..models.ops import answer_nll, check_job, make_accelerator, model_device, pad_batch, progress as progress_bar, to_device
+from ..models.ops import answer_nll, check_job, fsdp2_shard, is_fsdp2, make_accelerator, model_device, pad_batch, progress as progress_bar, to_device
 
 # %% auto #0
-__all__ = ['collate', 'plan_microbatches', 'is_fsdp2', 'masked_backward', 'per_sample_reference_grads', 'masked_step',
-           'fsdp2_shard', 'batch_order', 'train_masked']
+__all__ = ['collate', 'plan_microbatches', 'masked_backward', 'per_sample_reference_grads', 'masked_step', 'batch_order',
+           'train_masked']
 
 # %% ../../nbs/inject/01_injection.ipynb #02e7f985
 def _check_example(ex, i):
@@ -51,11 +51,6 @@ def _masker_for(model, owner, n_groups=None):
     if owner is None or isinstance(owner, GradMasker): return owner, False
     base = model.module if hasattr(model, "module") else model
     return GradMasker(base, owner, n_groups).install(), True
-
-def is_fsdp2(model: nn.Module) -> bool:
-    "True for a model sharded with FSDP2 (`fully_shard`, by accelerate's FSDP2 plugin or by `fsdp2_shard`)."
-    from torch.distributed.fsdp import FSDPModule
-    return isinstance(model, FSDPModule)
 
 @contextmanager
 def _fsdp2_no_sync(model):
@@ -143,24 +138,6 @@ def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.opt
     return out
 
 # %% ../../nbs/inject/01_injection.ipynb #c7953a00
-def fsdp2_shard(model: nn.Module, device=None) -> nn.Module:
-    """Shard `model` in place with FSDP2 over every process of the job: `fully_shard` on each block class named in
-    `model._no_split_modules` (the decoder layers: what accelerate's transformer wrap policy picks), then on the root.
-    For a job that accelerate did not start with its FSDP2 plugin (e.g. `torchrun` on CPU, gloo)."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    if not dist.is_initialized():
-        raise RuntimeError("fsdp2=True needs a process group: start the job with `torchrun` or `accelerate launch` and create the Accelerator first")
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
-    if not any(type(m).__name__ in blocks for m in model.modules()):
-        raise ValueError(f"fsdp2_shard: {type(model).__name__} names no block class in _no_split_modules to shard by")
-    mesh = init_device_mesh(torch.device(device or model_device(model)).type, (dist.get_world_size(),))
-    for m in list(model.modules()):
-        if type(m).__name__ in blocks: fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
 def batch_order(n_examples: int, steps: int, batch_size: int, seed: int = 0) -> list[list[int]]:
     "Indices of each step's batch: epochs of a seeded shuffle, concatenated and cut into batches."
     rng, order = random.Random(seed), []

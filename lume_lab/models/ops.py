@@ -12,11 +12,11 @@ import torch
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['eos_id', 'pad_id', 'start_id', 'special_ids', 'model_device', 'default_device', 'check_job', 'make_accelerator',
-           'eval_mode', 'in_test', 'progress', 'check_qa', 'encode_qa', 'encode_many', 'encode_texts', 'pad_batch',
-           'collate_qa', 'to_device', 'lm_inputs', 'answer_logits', 'token_logprobs', 'answer_logprob', 'answer_nll',
-           'token_mean_nll', 'n_answer_tokens', 'sequence_logprob', 'batch_nll', 'qa_logprobs', 'qa_nll',
-           'greedy_generate', 'generate_texts', 'reveals']
+__all__ = ['ENV_FSDP2', 'eos_id', 'pad_id', 'start_id', 'special_ids', 'model_device', 'default_device', 'check_job',
+           'make_accelerator', 'fsdp2_requested', 'is_fsdp2', 'fsdp2_shard', 'eval_mode', 'in_test', 'progress',
+           'check_qa', 'encode_qa', 'encode_many', 'encode_texts', 'pad_batch', 'collate_qa', 'to_device', 'lm_inputs',
+           'answer_logits', 'token_logprobs', 'answer_logprob', 'answer_nll', 'token_mean_nll', 'n_answer_tokens',
+           'sequence_logprob', 'batch_nll', 'qa_logprobs', 'qa_nll', 'greedy_generate', 'generate_texts', 'reveals']
 
 # %% ../../nbs/models/02_ops.ipynb #aec02837
 def eos_id(tokenizer) -> int:
@@ -71,6 +71,36 @@ def make_accelerator(**kwargs):
     from accelerate import Accelerator
     acc = Accelerator(cpu=_cpu_job(), **kwargs); check_job(acc)
     return acc
+
+ENV_FSDP2 = "LUME_LAB_FSDP2"
+
+def fsdp2_requested() -> bool:
+    """True in a job started with `--fsdp2` (`$LUME_LAB_FSDP2=1`, set by `lume-lab stage --fsdp2`): the injection and
+    unlearning stages shard the model over the job's processes with FSDP2 instead of replicating it (DDP)."""
+    return os.environ.get(ENV_FSDP2, "0") == "1"
+
+def is_fsdp2(model: nn.Module) -> bool:
+    "True for a model sharded with FSDP2 (`fully_shard`, by accelerate's FSDP2 plugin or by `fsdp2_shard`)."
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+def fsdp2_shard(model: nn.Module, device=None) -> nn.Module:
+    """Shard `model` in place with FSDP2 over every process of the job: `fully_shard` on each block class named in
+    `model._no_split_modules` (the decoder layers: what accelerate's transformer wrap policy picks), then on the root.
+    For a job that accelerate did not start with its FSDP2 plugin (e.g. `torchrun` on CPU, gloo)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    if not dist.is_initialized():
+        raise RuntimeError("fsdp2=True needs a process group: start the job with `torchrun` or `accelerate launch` and create the Accelerator first")
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    if not any(type(m).__name__ in blocks for m in model.modules()):
+        raise ValueError(f"fsdp2_shard: {type(model).__name__} names no block class in _no_split_modules to shard by")
+    mesh = init_device_mesh(torch.device(device or model_device(model)).type, (dist.get_world_size(),))
+    for m in list(model.modules()):
+        if type(m).__name__ in blocks: fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
 
 @contextmanager
 def eval_mode(model):

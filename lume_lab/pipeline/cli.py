@@ -36,7 +36,7 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
                  num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None, fsdp2: bool = False) -> Path:
     """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment notebooks.
     `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.launch`); `fsdp2`
-    shards the model in the injection stages (FSDP2) instead of replicating it.
+    shards the model in the injection and unlearning stages (FSDP2) instead of replicating it.
     `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
     cfg = resolve_config(make_config(preset, overrides, seed))
     check_launch(num_processes, launcher, fsdp2)
@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
     r.add_argument("--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1")
     r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS, help="accelerate on GPUs, torchrun on CPU (default torchrun)")
-    r.add_argument("--fsdp2", action="store_true", help="with --num-processes >= 2: shard the model over the processes in the injection stages (FSDP2) instead of replicating it (DDP)")
+    r.add_argument("--fsdp2", action="store_true", help="with --num-processes >= 2: shard the model over the processes in the injection and unlearning stages (FSDP2) instead of replicating it (DDP)")
     r.add_argument("--workers", type=int, default=1, help="with --seeds: how many seeds run at once (submitit local executor)")
     r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="adopt finished stages with identical inputs from these runs (run ids, run directories, or folders of runs such as runs/)")
@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stage", help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
     st.add_argument("name", help="stage name, e.g. inject_masked or unlearn_npo_phone_number")
     st.add_argument("--run-id", required=True); st.add_argument("--runs-root", default=None)
-    st.add_argument("--fsdp2", action="store_true", help="an injection stage shards the model over the job's processes (FSDP2)")
+    st.add_argument("--fsdp2", action="store_true", help="an injection or unlearning stage shards the model over the job's processes (FSDP2)")
     sub.add_parser("presets", help="list the presets and their main sizes")
     s = sub.add_parser("status", help="stage table of a run"); s.add_argument("run_id"); s.add_argument("--runs-root", default=None)
     return p
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "presets": print(presets_table().to_string(index=False))
         elif a.cmd == "status": print(run_status(a.run_id, a.runs_root).to_string(index=False))
         elif a.cmd == "stage":
-            if a.fsdp2: os.environ[ENV_FSDP2] = "1"             # read by the injection stage of this rank
+            if a.fsdp2: os.environ[ENV_FSDP2] = "1"             # read by the injection and unlearning code of this rank
             print(run_stage_entry(a.name, a.run_id, a.runs_root))
         elif a.cmd == "sweep":
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)

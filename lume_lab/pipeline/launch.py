@@ -10,14 +10,15 @@ from typing import Any, Callable, Iterable
 
 from ..core.config import ConfigError
 from ..core.store import RunStore, StageError, process_rank
+from ..models.ops import ENV_FSDP2, fsdp2_requested
 
 # %% auto #0
-__all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'ENV_FSDP2', 'check_launch', 'fsdp2_requested', 'launch_settings',
-           'set_launch_env', 'launch_command', 'launch_env', 'launched_stage']
+__all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'check_launch', 'launch_settings', 'set_launch_env', 'launch_command',
+           'launch_env', 'launched_stage']
 
 # %% ../../nbs/pipeline/11_launch.ipynb #c1e90b22
 LAUNCHERS = ("torchrun", "accelerate")
-ENV_PROCESSES, ENV_LAUNCHER, ENV_FSDP2 = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER", "LUME_LAB_FSDP2"
+ENV_PROCESSES, ENV_LAUNCHER = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER"   # ENV_FSDP2: models.ops
 
 def check_launch(num_processes: Any, launcher: Any, fsdp2: Any = False) -> tuple[int, str]:
     "Validated (num_processes, launcher); a `ConfigError` names the setting and the allowed values."
@@ -29,10 +30,6 @@ def check_launch(num_processes: Any, launcher: Any, fsdp2: Any = False) -> tuple
     if fsdp2 and num_processes < 2:
         raise ConfigError(f"fsdp2 shards the model over the processes of a job: it needs num_processes >= 2, got {num_processes}")
     return num_processes, launcher
-
-def fsdp2_requested() -> bool:
-    "True in a job started with `--fsdp2`: the injection stages shard the model with FSDP2 instead of replicating it (DDP)."
-    return os.environ.get(ENV_FSDP2, "0") == "1"
 
 def launch_settings() -> tuple[int, str]:
     "(num_processes, launcher) from the environment `lume-lab run --num-processes/--launcher` set; (1, 'torchrun') by default."

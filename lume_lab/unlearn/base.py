@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..models.ops import batch_nll, check_qa, collate_qa, make_accelerator, progress, qa_nll, to_device
+from ..models.ops import batch_nll, check_qa, collate_qa, fsdp2_requested, fsdp2_shard, make_accelerator, progress, qa_nll, to_device
 from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 
@@ -107,8 +107,10 @@ def _scalar(v) -> float: return float(v.detach()) if torch.is_tensor(v) else flo
 
 def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, *, needs_ref: bool = False,
                  grad_masks: dict | None = None, alternate_key: str | None = None, seed: int = 0,
-                 desc: str = "unlearn", epoch_view: Callable | None = None) -> tuple[object, pd.DataFrame]:
-    "Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the `on_epoch_end` hooks."
+                 desc: str = "unlearn", epoch_view: Callable | None = None, fsdp2: bool | None = None) -> tuple[object, pd.DataFrame]:
+    """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the `on_epoch_end` hooks.
+    `fsdp2` (default: `models.ops.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job, shard the model (and the
+    reference copy) with FSDP2 instead of replicating them; the returned model is then sharded (`save_model` gathers it)."""
     forget = check_qa(forget, "forget"); retain = check_qa(retain, "retain") if retain else None
     if not forget: raise ValueError("forget set is empty")
     if grad_masks is not None and hp["weight_decay"] != 0:
@@ -117,20 +119,31 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     acc = make_accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))   # batch_size is global
     if hp["batch_size"] % acc.num_processes:
         raise ValueError(f"batch_size ({hp['batch_size']}) is the global batch and must be a multiple of the {acc.num_processes} processes")
+    sharded = (fsdp2_requested() if fsdp2 is None else fsdp2) and acc.num_processes > 1
     model = model.to(acc.device)                 # before masks and the reference copy are placed
     ref = frozen_copy(model) if needs_ref else None
     ds = PairedQA(forget, retain, seed)
     dl = DataLoader(ds, batch_size=hp["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed),
                     collate_fn=partial(collate_pairs, tokenizer, alternate_key=alternate_key, max_length=hp["max_length"]))
-    frozen, hooks = [], []
+    frozen, hooks, shard_masks = [], [], {}
     if grad_masks is not None:
         masks = _prepare_masks(model, grad_masks)
         for n, p in model.named_parameters():
-            if n in masks: hooks.append(p.register_hook(lambda g, m=masks[n]: torch.where(m, g, torch.zeros_like(g))))
-            elif p.requires_grad: p.requires_grad_(False); frozen.append(p)
+            if n in masks:
+                if not sharded: hooks.append(p.register_hook(lambda g, m=masks[n]: torch.where(m, g, torch.zeros_like(g))))
+            elif p.requires_grad: p.requires_grad_(False); frozen.append(n)
+    if sharded:
+        fsdp2_shard(model, acc.device)
+        if ref is not None: fsdp2_shard(ref, acc.device)
+        if grad_masks is not None:   # hooks never fire on sharded parameters: mask each gradient shard after the reduce-scatter
+            from torch.distributed.tensor import distribute_tensor
+            shard_masks = {p: distribute_tensor(masks[n], p.device_mesh, p.placements, src_data_rank=None)
+                           for n, p in model.named_parameters() if n in masks}
+    frozen = [p for n, p in model.named_parameters() if n in frozen]   # by name: FSDP2 replaced the parameters
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"])
-    model, popt, dl = acc.prepare(model, opt, dl)
+    if sharded: popt, dl = acc.prepare(opt, dl)                  # sharded already: no DDP around it
+    else: model, popt, dl = acc.prepare(model, opt, dl)
     total = hp["max_steps"] or hp["epochs"] * len(dl)     # len(dl): global batches per epoch
     warmup = warmup_length(total, hp["warmup_steps"], hp["warmup_ratio"])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, hp["scheduler"], warmup))
@@ -146,7 +159,10 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
                 batch = {k: to_device(v, acc.device) for k, v in batch.items()}
                 out = loss_fn(model, batch, ref, hp)
                 acc.backward(out["loss"])
+                for p, m in shard_masks.items():
+                    if p.grad is not None: p.grad = torch.where(m, p.grad, torch.zeros_like(p.grad))
                 gnorm = acc.clip_grad_norm_(params, hp["max_grad_norm"] or math.inf)   # the norm before clipping; inf: none
+                if hasattr(gnorm, "full_tensor"): gnorm = gnorm.full_tensor()     # FSDP2: a DTensor
                 lr = sched.get_last_lr()[0]
                 opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
                 keys = ["loss", "forget_loss", "retain_loss", "forget_nll", "retain_nll"]

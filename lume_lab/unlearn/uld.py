@@ -163,7 +163,8 @@ def _uld(model, tokenizer, forget, retain, hp, *, seed=0):
         torch.manual_seed(seed)
         assistant = build_assistant(model, hp["n_layers"], hp["lora_r"], hp["lora_alpha"], hp["lora_dropout"], seed)
         view = lambda a: ULDModel(model, a, hp["alpha"], hp["top_logit_filter"])     # what an on_epoch_end hook evaluates
-        assistant, log = unlearn_loop(assistant, tokenizer, forget, retain, _uld_step, hp, seed=seed, desc="uld", epoch_view=view)
+        assistant, log = unlearn_loop(assistant, tokenizer, forget, retain, _uld_step, hp, seed=seed, desc="uld", epoch_view=view,
+                                      fsdp2=False)   # a small LoRA assistant: replicated (DDP) even under --fsdp2
     return ULDModel(model, assistant.eval(), hp["alpha"], hp["top_logit_filter"]).eval(), log
 
 def _save_uld(result, tokenizer, out_dir): result.save_assistant(Path(out_dir) / "assistant")
