@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             if a.dry_run: print(describe_sweep(sweep)); return 0
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
         elif a.seeds is not None:
+            if (a.num_processes, a.launcher, a.fsdp2) != (1, "torchrun", False):   # never silently one process
+                raise ConfigError("--seeds runs every seed as a one-process run; --num-processes, --launcher and --fsdp2 apply to "
+                                  "one run: start `lume-lab run --seed N` per seed with them")
             spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, a.workers, a.reuse)
             return int((run_seeds(spec, run_pipeline, a.runs_root).status == "failed").any())
         else: run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
