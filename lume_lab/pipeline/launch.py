@@ -49,7 +49,7 @@ def _free_port() -> int:
 
 def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes: int, launcher: str,
                    port: int | None = None, fsdp2: bool = False) -> list[str]:
-    "The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher` (`--fsdp2`: sharded injection)."
+    "The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher` (`--fsdp2`: injection and unlearning sharded)."
     n, launcher = check_launch(num_processes, launcher, fsdp2)
     entry = ["-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_id, "--runs-root", str(runs_root), *(["--fsdp2"] if fsdp2 else [])]
     if launcher == "torchrun":

@@ -125,13 +125,13 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     ds = PairedQA(forget, retain, seed)
     dl = DataLoader(ds, batch_size=hp["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed),
                     collate_fn=partial(collate_pairs, tokenizer, alternate_key=alternate_key, max_length=hp["max_length"]))
-    frozen, hooks, shard_masks = [], [], {}
+    frozen_names, hooks, shard_masks = [], [], {}
     if grad_masks is not None:
         masks = _prepare_masks(model, grad_masks)
         for n, p in model.named_parameters():
             if n in masks:
                 if not sharded: hooks.append(p.register_hook(lambda g, m=masks[n]: torch.where(m, g, torch.zeros_like(g))))
-            elif p.requires_grad: p.requires_grad_(False); frozen.append(n)
+            elif p.requires_grad: p.requires_grad_(False); frozen_names.append(n)
     if sharded:
         fsdp2_shard(model, acc.device)
         if ref is not None: fsdp2_shard(ref, acc.device)
@@ -139,7 +139,7 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
             from torch.distributed.tensor import distribute_tensor
             shard_masks = {p: distribute_tensor(masks[n], p.device_mesh, p.placements, src_data_rank=None)
                            for n, p in model.named_parameters() if n in masks}
-    frozen = [p for n, p in model.named_parameters() if n in frozen]   # by name: FSDP2 replaced the parameters
+    frozen = [p for n, p in model.named_parameters() if n in frozen_names]   # by name: FSDP2 replaced the parameters
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"])
     if sharded: popt, dl = acc.prepare(opt, dl)                  # sharded already: no DDP around it
