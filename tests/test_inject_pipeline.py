@@ -89,6 +89,38 @@ def test_mixture_deterministic_and_roles(pii, tok):
     assert sum(e["group"] >= 0 for e in only) < sum(e["group"] >= 0 for e in a)
 
 
+def test_mixture_stream_replay(pii, tok):
+    "neutral_replay='stream': one pass of steps × batch examples, every corpus block used before any repeats, PII in epochs."
+    from collections import Counter
+    from lume_lab.inject.mixture import neutral_blocks
+    world = [f"Box {i} holds {i * 7 % 101} red stones and {i % 13} blue ones." for i in range(300)]   # distinct blocks
+    c = dataclasses.replace(make_config("smoke").inject, neutral_replay="fixed", batch_size=8, neutral_fraction=0.5)
+    fixed = injection_examples(world, pii, tok, c, seed=1)
+    n_pii = sum(e["group"] >= 0 for e in fixed)
+    c = dataclasses.replace(c, neutral_replay="stream", steps=math.ceil(2.5 * 2 * n_pii / 8))   # ~2.5 passes over the PII
+    ex = injection_examples(world, pii, tok, c, seed=1)
+    assert len(ex) == c.steps * c.batch_size
+    assert ex == injection_examples(world, pii, tok, c, seed=1)                                  # seeded
+    blocks = [tuple(b) for b in neutral_blocks(world, tok, c.seq_len, 10**4, seed=0)]
+    corpus = set(blocks)
+    neu = Counter(tuple(e["input_ids"]) for e in ex if e["group"] < 0)
+    assert sum(neu.values()) == round(c.neutral_fraction * len(ex))
+    assert set(neu) <= corpus
+    n, B = sum(neu.values()), len(corpus)
+    assert n > B                                                        # the run needs more than one pass over the corpus
+    assert {neu.get(b, 0) for b in corpus} <= {n // B, n // B + 1}       # ... and uses each block ⌊n/B⌋ or ⌈n/B⌉ times
+    pii_fixed = Counter(tuple(e["input_ids"]) for e in fixed if e["group"] >= 0)
+    pii_stream = Counter(tuple(e["input_ids"]) for e in ex if e["group"] >= 0)
+    assert set(pii_stream) == set(pii_fixed)                            # the same PII sequences, in whole epochs
+    r = sum(pii_stream.values()) / sum(pii_fixed.values())
+    assert all(math.floor(r) * k <= pii_stream[s] <= math.ceil(r) * k for s, k in pii_fixed.items())
+
+
+def test_neutral_replay_validated():
+    with pytest.raises(ConfigError, match="inject.neutral_replay must be one of fixed, stream"):
+        make_config("smoke", {"inject.neutral_replay": "fresh"})
+
+
 # ---------------------------------------------------------------- instruction tuning
 def test_lora_touches_only_last_two_layers(recs, tok):
     c = make_config("smoke", {"instruct.epochs": 2, "instruct.eval_every": 2, "instruct.lora_r": 4, "instruct.lr": 1e-2}).instruct

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'LUME_TASKS', 'REMIND_MODES',
-           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS',
-           'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig',
-           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
-           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig',
-           'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict',
-           'canonical_json', 'config_hash', 'config_diff']
+__all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS', 'LUME_TASKS',
+           'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
+           'LUME_METHODS', 'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig',
+           'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig',
+           'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig',
+           'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config',
+           'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -28,6 +28,7 @@ QA_ATTRIBUTES = (
 )
 MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
+NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
 RESURFACE_FIELDS = ("all", "forget")
@@ -112,6 +113,7 @@ class InjectConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 1.0
     masked_lr: float | None = None
+    neutral_replay: str = "fixed"   # fixed: a pool of neutral blocks repeated with the PII; stream: each block drawn once per pass over the corpus
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -552,6 +554,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     if not isinstance(cfg.inject.segmented, bool): out.append(f"inject.segmented must be true or false, got {cfg.inject.segmented!r}")
     pos("inject.lr", float); frac("inject.neutral_fraction", lo_open=False, hi_closed=False)
     if cfg.inject.masked_lr is not None: pos("inject.masked_lr", float)
+    choice("inject.neutral_replay", NEUTRAL_REPLAYS)
     frac("inject.min_lr_ratio", lo_open=False)
     w = cfg.inject.warmup_steps
     if isinstance(w, bool) or not isinstance(w, int) or w < 0: out.append(f"inject.warmup_steps must be an int >= 0, got {w!r}")

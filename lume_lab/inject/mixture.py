@@ -10,7 +10,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ..core.config import ConfigError, QA_ATTRIBUTES
+from ..core.config import ConfigError, NEUTRAL_REPLAYS, QA_ATTRIBUTES
 from ..data.pii import ROLES
 from ..models.lm import pack_texts
 from ..models.ops import encode_texts
@@ -64,6 +64,8 @@ def _check_inject_cfg(c) -> None:
         raise ConfigError(f"inject.neutral_fraction must be a number in [0, 1) (share of neutral examples), got {nf!r}")
     if isinstance(c.seq_len, bool) or not isinstance(c.seq_len, int) or c.seq_len < 8:
         raise ConfigError(f"inject.seq_len must be an int >= 8, got {c.seq_len!r}")
+    if (r := getattr(c, "neutral_replay", "fixed")) not in NEUTRAL_REPLAYS:
+        raise ConfigError(f"inject.neutral_replay must be one of {', '.join(NEUTRAL_REPLAYS)}; got {r!r}")
 
 def _check_roles(roles) -> list[str]:
     roles = list(roles)
@@ -97,12 +99,28 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
     texts, L = _texts_of(world), inject_cfg.seq_len
     pii_ex = pii_sequences(pii, tokenizer, L, seed, roles, inject_cfg.qa_fields)
     if not pii_ex: raise ValueError(f"no PII text for roles {list(roles)!r}: the mixture would be neutral only")
-    nf = inject_cfg.neutral_fraction
+    nf, replay = inject_cfg.neutral_fraction, getattr(inject_cfg, "neutral_replay", "fixed")
+    if replay == "stream": return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by)
     size = len(pii_ex) if neutral_by == "examples" else sum(len(e["input_ids"]) for e in pii_ex) / L
     n_neutral = round(nf / (1 - nf) * size)
-    neu = [{"input_ids": b, "labels": None, "group": -1, "source": "neutral"} for b in neutral_blocks(texts, tokenizer, L, n_neutral, seed)]
-    examples = pii_ex + neu
+    examples = pii_ex + _neutral_examples(neutral_blocks(texts, tokenizer, L, n_neutral, seed))
     random.Random(f"mixture:{seed}:order").shuffle(examples)
+    return examples
+
+def _neutral_examples(blocks) -> list[dict]: return [{"input_ids": b, "labels": None, "group": -1, "source": "neutral"} for b in blocks]
+
+def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str) -> list[dict]:
+    "`neutral_replay='stream'`: the whole run's `steps × batch_size` examples, PII in epochs, neutral blocks drawn once each."
+    total, nf, L = inject_cfg.steps * inject_cfg.batch_size, inject_cfg.neutral_fraction, inject_cfg.seq_len
+    if neutral_by == "examples": n_neutral = round(nf * total)
+    else:   # neutral tokens n·L over all tokens n·L + (total − n)·ā = nf, with ā the mean PII sequence length
+        a = sum(len(e["input_ids"]) for e in pii_ex) / len(pii_ex)
+        n_neutral = round(nf * total * a / (L * (1 - nf) + nf * a))
+    rng, pii_slots = random.Random(f"mixture:{seed}:stream"), []
+    while len(pii_slots) < total - n_neutral:   # whole seeded epochs of the PII sequences: each is seen ⌊r⌋ or ⌈r⌉ times
+        epoch = list(pii_ex); rng.shuffle(epoch); pii_slots += epoch
+    examples = pii_slots[:total - n_neutral] + _neutral_examples(neutral_blocks(texts, tokenizer, L, n_neutral, seed))
+    rng.shuffle(examples)
     return examples
 
 # %% ../../nbs/inject/02_mixture.ipynb #50f8eb7b

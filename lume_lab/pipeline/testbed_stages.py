@@ -42,6 +42,7 @@ def inject_key(c, masked: bool) -> dict:
     """The cache key of an injection stage. The unmasked control owns no mask, so the mask fields are not part of its
     key: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
     inj = {k: v for k, v in asdict(c.inject).items() if masked or k not in MASK_ONLY_FIELDS}
+    if inj.get("neutral_replay") == "fixed": del inj["neutral_replay"]   # the behaviour before the field existed: earlier runs keep their injections
     return {"v": STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
 
 def stage_inject(store: RunStore, masked: bool = True) -> Path:
