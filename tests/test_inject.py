@@ -280,3 +280,35 @@ def test_distributed_matches_single_process(tmp_path):
         for n, p in init.items():
             m = inside(owner, n, p, [0, 1])
             assert torch.equal(d[n][~m], p.detach()[~m]), f"{kind} {n}"
+
+
+_AMP_SCRIPT = r'''
+import json, random, sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_inject import tiny, examples, inside
+from lume_lab.inject.injection import train_masked
+from lume_lab.inject.masks import random_element_masks
+model = tiny(0); owner = random_element_masks(model, 6, 0.15, seed=0)
+dtypes = set()
+model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, i, o: dtypes.add(str(o.dtype)))
+before = {n: p.detach().clone() for n, p in model.named_parameters()}
+log = train_masked(model, examples([1, 4] * 4, 0), owner, steps=3, batch_size=4, lr=1e-2, seed=0, micro_batch_size=2, progress=False)
+outside = all(torch.equal(p.detach()[~inside(owner, n, p, [1, 4])], before[n][~inside(owner, n, p, [1, 4])]) for n, p in model.named_parameters())
+print(json.dumps({"forward": sorted(dtypes), "params": sorted({str(p.dtype) for p in model.parameters()}),
+                  "outside_unchanged": outside, "loss": log.loss.tolist()}))
+'''
+
+
+def test_bf16_autocast_over_float32_weights():
+    "ACCELERATE_MIXED_PRECISION=bf16: the trainer's Accelerator autocasts forwards to bf16, AdamW steps float32 weights, masks still hold."
+    def run(mp):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": mp}
+        out = subprocess.run([sys.executable, "-c", _AMP_SCRIPT, str(ROOT / "tests")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        import json
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    amp, fp32 = run("bf16"), run("no")
+    assert amp["forward"] == ["torch.bfloat16"] and fp32["forward"] == ["torch.float32"]
+    assert amp["params"] == fp32["params"] == ["torch.float32"]
+    assert amp["outside_unchanged"] and fp32["outside_unchanged"]
+    assert amp["loss"] != fp32["loss"]            # the bf16 forward really ran: its losses differ in the low bits

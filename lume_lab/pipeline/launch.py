@@ -55,8 +55,10 @@ def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
                 "--master_port", str(port or _free_port()), *entry]
+    # accelerate launch sets the ranks' ACCELERATE_MIXED_PRECISION from its own flag ("no" by default): pass ours on
+    mp = os.environ.get("ACCELERATE_MIXED_PRECISION")
     return [sys.executable, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if n > 1 else []), "--num_processes", str(n),
-            "--main_process_port", str(port or _free_port()), *entry]
+            "--main_process_port", str(port or _free_port()), *(["--mixed_precision", mp] if mp else []), *entry]
 
 def launch_env(launcher: str) -> dict:
     "The job's environment: ours, minus the launch settings (a rank never launches again), plus CPU gloo where no GPU is."
