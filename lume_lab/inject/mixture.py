@@ -93,7 +93,8 @@ def pii_sequences(pii, tokenizer, seq_len: int, seed: int, roles: Iterable[str] 
 # %% ../../nbs/inject/02_mixture.ipynb #b1f6899d
 def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: Iterable[str] = ROLES,
                        neutral_by: str = "examples") -> list[dict]:
-    "The shuffled injection examples: PII sequences (one group each) plus `neutral_fraction` neutral blocks (group -1)."
+    """The shuffled injection examples: PII sequences (one group each) plus `neutral_fraction` neutral blocks (group -1);
+    with `inject_cfg.neutral_replay="stream"` the whole run's `steps × batch_size` examples (neutral blocks drawn over the corpus)."""
     _check_inject_cfg(inject_cfg)
     if neutral_by not in ("examples", "tokens"): raise ValueError(f"neutral_by must be 'examples' or 'tokens', got {neutral_by!r}")
     texts, L = _texts_of(world), inject_cfg.seq_len
