@@ -5,8 +5,8 @@ in place: there is no float32 master copy. bf16 keeps 8 significant bits, so an 
 in the last place of a weight (|w| · 2⁻⁹) rounds back to the old value. AdamW's step is about `lr` per weight, so at
 the small learning rates of the real-model presets (injection 1e-5) only weights with |w| ≲ 512 · lr move at all.
 
-This script takes a preset's architecture with random weights (HF's init, std 0.02: trained OLMo-2 matrices are of
-the same order), runs the same `--steps` AdamW steps on the same random batch in float32 and in bfloat16, and prints
+This script builds a preset's tiny OLMo-2 with `models.lm.build_model` (random weights, std 0.02: trained OLMo-2
+matrices are of the same order), runs the same `--steps` AdamW steps on the same random batch in float32 and in bfloat16, and prints
 the share of matrix weights that changed in each, and, for bf16, the median |w| of the weights that moved and of those
 that did not. Weight-change scores (localization precision) then see weight magnitude as well as the method.
 
@@ -14,22 +14,30 @@ that did not. Weight-change scores (localization precision) then see weight magn
 """
 import argparse
 
+import dataclasses
+
 import torch
-from transformers import Olmo2Config, Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.core.config import make_config
+from lume_lab.models.lm import build_model
 
 hf_logging.set_verbosity_error()
 
 
-def changed_share(cfg: Olmo2Config, dtype: torch.dtype, lr: float, steps: int, seed: int = 0) -> tuple[float, float, float]:
+class VocabOnly:
+    "What `build_model` reads from a tokenizer: its length and the special ids (no text is encoded here)."
+    eos_token_id, pad_token_id, bos_token_id = 1, 0, 1
+    def __init__(self, n: int): self.n = n
+    def __len__(self): return self.n
+
+
+def changed_share(model_cfg, dtype: str, lr: float, steps: int, seed: int = 0) -> tuple[float, float, float]:
     "(share of 2-D weights changed, median |w| of the changed ones, median |w| of the unchanged ones) after `steps` AdamW steps."
-    torch.manual_seed(seed)
-    model = Olmo2ForCausalLM(cfg).to(dtype)
+    model = build_model(dataclasses.replace(model_cfg, dtype=dtype), VocabOnly(model_cfg.vocab_size), seed).train()
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.dim() == 2}
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    x = torch.randint(0, cfg.vocab_size, (8, 64), generator=torch.Generator().manual_seed(seed))
+    x = torch.randint(0, model_cfg.vocab_size, (8, 64), generator=torch.Generator().manual_seed(seed))
     for _ in range(steps):
         model(input_ids=x, labels=x).loss.backward(); opt.step(); opt.zero_grad()
     moved, still = [], []
@@ -49,14 +57,11 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     m = make_config(a.preset).model
-    cfg = Olmo2Config(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                      num_attention_heads=m.num_heads, num_key_value_heads=m.num_heads, intermediate_size=m.intermediate_size,
-                      max_position_embeddings=m.max_seq_len, pad_token_id=0, bos_token_id=1, eos_token_id=1)
     print(f"{a.preset} architecture ({m.num_layers} layers × {m.hidden_size}), {a.steps} AdamW steps, share of matrix weights changed:")
     print(f"{'lr':>8} {'float32':>8} {'bfloat16':>9} {'bf16/fp32':>10}   median |w| bf16 moved / unmoved")
     for lr in a.lrs:
-        f32, _, _ = changed_share(cfg, torch.float32, lr, a.steps)
-        b16, w_moved, w_still = changed_share(cfg, torch.bfloat16, lr, a.steps)
+        f32, _, _ = changed_share(m, "float32", lr, a.steps)
+        b16, w_moved, w_still = changed_share(m, "bfloat16", lr, a.steps)
         print(f"{lr:>8.0e} {f32:>8.3f} {b16:>9.3f} {b16 / f32:>10.3f}   {w_moved:.2e} / {w_still:.2e}")
 
 

@@ -293,7 +293,8 @@ dtypes = set()
 model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, i, o: dtypes.add(str(o.dtype)))
 before = {n: p.detach().clone() for n, p in model.named_parameters()}
 log = train_masked(model, examples([1, 4] * 4, 0), owner, steps=3, batch_size=4, lr=1e-2, seed=0, micro_batch_size=2, progress=False)
-outside = all(torch.equal(p.detach()[~inside(owner, n, p, [1, 4])], before[n][~inside(owner, n, p, [1, 4])]) for n, p in model.named_parameters())
+out_of_mask = {n: ~inside(owner, n, p, [1, 4]) for n, p in model.named_parameters()}
+outside = all(torch.equal(p.detach()[out_of_mask[n]], before[n][out_of_mask[n]]) for n, p in model.named_parameters())
 print(json.dumps({"forward": sorted(dtypes), "params": sorted({str(p.dtype) for p in model.parameters()}),
                   "outside_unchanged": outside, "loss": log.loss.tolist()}))
 '''
