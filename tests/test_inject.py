@@ -143,12 +143,34 @@ def test_equals_per_sample_reference(seed):
     model = tiny(seed); G = 4
     owner = random_element_masks(model, G, 0.2, seed=seed)
     batch = examples([rng.choice([-1, 0, 1, 2, 3]) for _ in range(9)], seed)
-    ref = per_sample_reference_grads(model, batch, owner)
-    for segmented in (False, True):
-        model.zero_grad(set_to_none=True)
-        masked_backward(model, batch, owner, micro_batch_size=rng.choice([1, 2, 4, 9]), segmented=segmented, pad_to=16)
+    for scope in ("all", "unowned"):   # Algorithm 1, and neutral rows kept off the masks
+        ref = per_sample_reference_grads(model, batch, owner, neutral_scope=scope)
+        for segmented in (False, True):
+            model.zero_grad(set_to_none=True)
+            masked_backward(model, batch, owner, micro_batch_size=rng.choice([1, 2, 4, 9]), segmented=segmented, pad_to=16,
+                            neutral_scope=scope)
+            for n, p in model.named_parameters():
+                torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"{scope} segmented={segmented} {n}")
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(segmented):
+    "neutral_scope='unowned': after neutral + group-1 training, every other group's weights are bitwise unchanged."
+    G = 4; owner = random_element_masks(tiny(3), G, 0.2, seed=3)
+    exs = examples([-1, -1, 1, -1, 1, -1], 3)
+    moved_others = {}
+    for scope in ("unowned", "all"):
+        model = tiny(3); before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        train_masked(model, exs, owner, steps=3, batch_size=3, lr=1e-2, seed=0, micro_batch_size=2, segmented=segmented,
+                     pad_to=16, progress=False, neutral_scope=scope)
+        moved_others[scope] = moved_free = moved_g = 0
         for n, p in model.named_parameters():
-            torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"segmented={segmented} {n}")
+            owned = owner[n] > 0 if n in owner else torch.zeros_like(p, dtype=torch.bool)
+            d, g1 = p.detach() != before[n], inside(owner, n, p, [1])
+            moved_others[scope] += int(d[owned & ~g1].sum())
+            moved_free += int(d[~owned].sum()); moved_g += int(d[g1].sum())
+        assert moved_free > 0 and moved_g > 0, scope   # the neutral text trains the free weights, group 1 its mask
+    assert moved_others == {"unowned": 0, "all": moved_others["all"]} and moved_others["all"] > 0   # Algorithm 1 moves them
 
 
 def test_post_accumulate_masking_would_differ():
@@ -239,6 +261,9 @@ def test_injection_bad_input():
     with pytest.raises(ValueError, match="more than pad_to"): masked_backward(model, examples([0], 0, 20, 21), owner, pad_to=16)
     with pytest.raises(ValueError, match="not installed"): masked_backward(model, examples([0], 0), GradMasker(model, owner))
     with pytest.raises(ValueError, match="not parameters"): GradMasker(model, {"nope.weight": torch.zeros(2, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="neutral_scope must be one of all, unowned"): train_masked(model, examples([0], 0), owner, 1, 1, 1e-3, neutral_scope="none")
+    with pytest.raises(ValueError, match="GradMasker passed as owner has neutral_scope='all'"):
+        with GradMasker(model, owner) as gm: masked_backward(model, examples([0], 0), gm, neutral_scope="unowned")
 
 
 # ---------------------------------------------------------------- distributed

@@ -119,6 +119,18 @@ def test_mixture_stream_replay(pii, tok):
 def test_neutral_replay_validated():
     with pytest.raises(ConfigError, match="inject.neutral_replay must be one of fixed, stream"):
         make_config("smoke", {"inject.neutral_replay": "fresh"})
+    with pytest.raises(ConfigError, match="inject.neutral_scope must be one of all, unowned"):
+        make_config("smoke", {"inject.neutral_scope": "masks"})
+
+
+def test_inject_key_neutral_fields():
+    "The defaults leave the injection cache key as it was before the fields existed; the control ignores the scope."
+    from lume_lab.pipeline.testbed_stages import inject_key
+    c = make_config("smoke")
+    assert not {"neutral_replay", "neutral_scope"} & set(inject_key(c, True)["inject"])
+    u = make_config("smoke", {"inject.neutral_scope": "unowned", "inject.neutral_replay": "stream"})
+    assert inject_key(u, True)["inject"]["neutral_scope"] == "unowned" and inject_key(u, True) != inject_key(c, True)
+    assert "neutral_scope" not in inject_key(u, False)["inject"] and inject_key(u, False)["inject"]["neutral_replay"] == "stream"
 
 
 # ---------------------------------------------------------------- instruction tuning

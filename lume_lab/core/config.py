@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS', 'LUME_TASKS',
-           'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
-           'LUME_METHODS', 'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig',
-           'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig',
-           'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig',
-           'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate', 'make_config',
-           'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
+__all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES',
+           'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS',
+           'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig',
+           'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
+           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
+           'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate',
+           'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -29,6 +29,7 @@ QA_ATTRIBUTES = (
 MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
+NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
 RESURFACE_FIELDS = ("all", "forget")
@@ -114,6 +115,7 @@ class InjectConfig:
     min_lr_ratio: float = 1.0
     masked_lr: float | None = None
     neutral_replay: str = "fixed"   # fixed: a pool of neutral blocks repeated with the PII; stream: each block drawn once per pass over the corpus
+    neutral_scope: str = "all"      # all: neutral rows train every weight (Algorithm 1); unowned: only weights no mask owns
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -316,7 +318,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # mini: the CPU-sized testbed (issue #13 probes in e00_base and e02_inject). World: 50 facts per relation, so the
     # base recalls them in 300 steps (seen MC 0.68 vs control 0.19 on a probe). Injection: 4 groups × 12 profiles in
     # 20 % masks (4 × 25 % would leave no weight outside every mask, and localization needs some); the maskable weights
-    # learn at 2e-3, everything else at 5e-4, half the examples neutral, warm-up 25 and cosine decay to 0.3. Each
+    # learn at 4e-3, everything else at 5e-4, warm-up 25 and cosine decay to 0.3. A quarter of the examples are
+    # neutral text drawn as a stream over the whole corpus, and the neutral rows train only the weights no mask owns
+    # (inject.neutral_scope="unowned", a departure from Algorithm 1): a fixed neutral pool left held-out perplexity
+    # at ×1.85 of the base, a stream with Algorithm 1's scope at ×0.94 but the masks then memorized 0–22 %, and
+    # stream + unowned keeps both (×0.68, 33 / 53 / 22 / 72 %; e02 "Fifth round", probes U1–U3). Each
     # profile has one document and 2 questions per attribute, so 48 profiles cost the tokens 24 profiles with 5
     # documents and 4 questions did. Batches of 8 for 1,000 steps (the same tokens as 16 × 500) memorize more:
     # 21 / 50 / 27 / 73 % vs 15 / 35 / 17 / 42 % (city / license / email / phone, e02 probes E vs I7); 4 × 24 memorizes
@@ -328,8 +334,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "world.n_public_people": 100, "world.facts_per_relation": 50, "world.heldout_fraction": 0.2,
         "pii.n_groups": 4, "pii.profiles_per_group": 12, "pii.n_instruct": 4, "pii.n_resurface": 4, "pii.n_validation": 4,
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,
-        "inject.mask_fraction": 0.2, "inject.steps": 1000, "inject.batch_size": 8, "inject.lr": 5e-4, "inject.masked_lr": 2e-3,
-        "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3, "inject.neutral_fraction": 0.5,
+        "inject.mask_fraction": 0.2, "inject.steps": 1000, "inject.batch_size": 8, "inject.lr": 5e-4, "inject.masked_lr": 4e-3,
+        "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3, "inject.neutral_fraction": 0.25,
+        "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",
         "inject.qa_fields": list(TARGET_FIELDS), "testbed.profiles_per_field": 48,   # up to 24 forget + 24 retain (issue #13's target)
         "unlearn.forget_fields": ["phone_number", "email_address"],
         "resurface.attempts": 40,      # 200 (the default, Lacuna's) × 12 models does not fit mini's budget; e06 states it
@@ -359,7 +366,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # attribute, batches of 8, separate masked learning rate, warm-up and decay), NOT yet measured on a GPU: mini
     # memorizes 20–70 % with ~70k masked weights per profile, study gives ~6k, so extraction must be checked first
     # (e02) and the mask fraction or width raised if it is low. Weights stay float32 (a from-scratch tiny model
-    # pretrains badly in pure bf16; bf16 is for the OLMo presets' checkpoints).
+    # pretrains badly in pure bf16; bf16 is for the OLMo presets' checkpoints). Its neutral replay is still Algorithm 1's
+    # fixed pool: mini moved to a stream with neutral rows kept off the masks (e02 "Fifth round") after this preset was
+    # written; which of the two suits study is unmeasured (`--set inject.neutral_replay=stream --set inject.neutral_scope=unowned`).
     "study": {
         "model.hidden_size": 512, "model.num_layers": 8, "model.num_heads": 8, "model.intermediate_size": 2048,
         "model.vocab_size": 8192,
@@ -554,7 +563,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     if not isinstance(cfg.inject.segmented, bool): out.append(f"inject.segmented must be true or false, got {cfg.inject.segmented!r}")
     pos("inject.lr", float); frac("inject.neutral_fraction", lo_open=False, hi_closed=False)
     if cfg.inject.masked_lr is not None: pos("inject.masked_lr", float)
-    choice("inject.neutral_replay", NEUTRAL_REPLAYS)
+    choice("inject.neutral_replay", NEUTRAL_REPLAYS); choice("inject.neutral_scope", NEUTRAL_SCOPES)
     frac("inject.min_lr_ratio", lo_open=False)
     w = cfg.inject.warmup_steps
     if isinstance(w, bool) or not isinstance(w, int) or w < 0: out.append(f"inject.warmup_steps must be an int >= 0, got {w!r}")

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..core.config import NEUTRAL_SCOPES
 from .masks import GradMasker, group_mask, mask_parameter_names
 from ..models.lm import lr_multiplier
 from ..models.ops import answer_nll, check_job, fsdp2_shard, is_fsdp2, make_accelerator, model_device, pad_batch, progress as progress_bar, to_device
@@ -47,10 +48,14 @@ def plan_microbatches(batch: list[dict], micro_batch_size: int, masked: bool = T
     return [(g, c) for g in sorted(by_group) for c in chunk(by_group[g])]
 
 # %% ../../nbs/inject/01_injection.ipynb #57c4cee9
-def _masker_for(model, owner, n_groups=None):
-    if owner is None or isinstance(owner, GradMasker): return owner, False
+def _masker_for(model, owner, n_groups=None, neutral_scope=None):
+    if isinstance(owner, GradMasker):
+        if neutral_scope not in (None, owner.neutral_scope):
+            raise ValueError(f"neutral_scope={neutral_scope!r} but the GradMasker passed as owner has neutral_scope={owner.neutral_scope!r}")
+        return owner, False
+    if owner is None: return owner, False
     base = model.module if hasattr(model, "module") else model
-    return GradMasker(base, owner, n_groups).install(), True
+    return GradMasker(base, owner, n_groups, neutral_scope or "all").install(), True
 
 @contextmanager
 def _fsdp2_no_sync(model):
@@ -60,8 +65,10 @@ def _fsdp2_no_sync(model):
     finally: model.set_requires_gradient_sync(True)
 
 def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelerator=None, micro_batch_size: int = 8,
-                    pad_id: int = 0, masked: bool = True, segmented: bool = False, pad_to: int | None = None) -> dict:
-    "Accumulate the masked gradient of `batch` (global) into `.grad`; returns the batch's mean loss and counts."
+                    pad_id: int = 0, masked: bool = True, segmented: bool = False, pad_to: int | None = None,
+                    neutral_scope: str | None = None) -> dict:
+    """Accumulate the masked gradient of `batch` (global) into `.grad`; returns the batch's mean loss and counts.
+    `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`)."""
     if not batch: raise ValueError("batch is empty")
     for i, ex in enumerate(batch): _check_example(ex, i)
     if masked and owner is None: raise ValueError("masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control")
@@ -72,7 +79,7 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
     world = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
     if len(batch) < world: raise ValueError(f"global batch of {len(batch)} examples is smaller than the {world} processes")
-    masker, own = _masker_for(model, owner) if masked else (None, False)
+    masker, own = _masker_for(model, owner, neutral_scope=neutral_scope) if masked else (None, False)
     if masked:
         if not masker.handles: raise ValueError("the GradMasker is not installed: use it as a context manager or call .install()")
         G = masker.n_groups; bad = [ex["group"] for ex in batch if ex["group"] >= G]
@@ -111,8 +118,10 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
     return {"loss": total.item() / len(batch), "n_microbatches": len(plan)}
 
 # %% ../../nbs/inject/01_injection.ipynb #bbce763a
-def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    "Lacuna Algorithm 1: Σ_s m_{g(s)} ⊙ ∇(L_s / B), one sample at a time."
+def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[str, torch.Tensor],
+                               neutral_scope: str = "all") -> dict[str, torch.Tensor]:
+    "Lacuna Algorithm 1: Σ_s m_{g(s)} ⊙ ∇(L_s / B), one sample at a time (`neutral_scope='unowned'`: neutral samples masked to owner 0)."
+    if neutral_scope not in NEUTRAL_SCOPES: raise ValueError(f"neutral_scope must be one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     device = model_device(model)
     acc = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -122,17 +131,18 @@ def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[
         grads = torch.autograd.grad(loss, list(params.values()))
         for (n, p), gr in zip(params.items(), grads):
             if ex["group"] >= 0: gr = torch.where(group_mask(owner[n].to(device), ex["group"]), gr, 0.0) if n in owner else torch.zeros_like(gr)
+            elif neutral_scope == "unowned" and n in owner: gr = torch.where(owner[n].to(device) == 0, gr, 0.0)
             acc[n] += gr
     return acc
 
 # %% ../../nbs/inject/01_injection.ipynb #c5d0ef12
 def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.optim.Optimizer, *, accelerator=None,
                 micro_batch_size: int = 8, pad_id: int = 0, masked: bool = True, segmented: bool = False,
-                pad_to: int | None = None) -> dict:
+                pad_to: int | None = None, neutral_scope: str | None = None) -> dict:
     "Zero grads, accumulate the masked gradient of `batch` (one backward per single-group microbatch), one optimizer step."
     optimizer.zero_grad(set_to_none=True)
     out = masked_backward(model, batch, owner, accelerator=accelerator, micro_batch_size=micro_batch_size,
-                          pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to)
+                          pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to, neutral_scope=neutral_scope)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return out
@@ -150,8 +160,10 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, accelerator=None, pad_id: int = 0,
                  n_groups: int | None = None, segmented: bool = False, pad_to: int | None = None,
                  warmup_steps: int = 0, min_lr_ratio: float = 1.0, masked_lr: float | None = None,
-                 progress: bool = True, fsdp2: bool = False) -> pd.DataFrame:
-    "Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log."
+                 progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all") -> pd.DataFrame:
+    """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log.
+    `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`)."""
+    if neutral_scope not in NEUTRAL_SCOPES: raise ValueError(f"neutral_scope must be one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
     if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
@@ -179,7 +191,7 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps, warmup_steps, min_lr_ratio))
     if is_fsdp2(model) and not accelerator.is_fsdp2: optimizer = accelerator.prepare(optimizer)   # sharded already: no DDP around it
     else: model, optimizer = accelerator.prepare(model, optimizer)   # DDP, accelerate's FSDP2 plugin, or one process
-    masker = GradMasker(accelerator.unwrap_model(model), owner, n_groups).install() if masked else None
+    masker = GradMasker(accelerator.unwrap_model(model), owner, n_groups, neutral_scope).install() if masked else None
     log, disable = [], (not progress) or not accelerator.is_local_main_process
     try:
         model.train()

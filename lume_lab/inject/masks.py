@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from safetensors.torch import save_file, safe_open
 
+from ..core.config import NEUTRAL_SCOPES
+
 # %% auto #0
 __all__ = ['mask_parameter_names', 'random_element_masks', 'random_structural_masks', 'group_mask', 'pack_masks', 'masks_equal',
            'unpack_masks', 'save_masks', 'load_masks', 'check_masks', 'mask_coverage', 'mask_budget', 'MaskGrad',
@@ -230,11 +232,11 @@ class MaskGrad(torch.autograd.Function):
 
 # %% ../../nbs/inject/00_masks.ipynb #6b6842fb
 class SegmentedLinear(torch.autograd.Function):
-    "`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`, each masked to `owner == code`."
+    "`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`, each masked to `owner == code` (neutral code 0: unmasked, or `owner == 0` with `neutral_unowned`)."
     @staticmethod
-    def forward(ctx, x, weight, bias, owner, segments, keep):
+    def forward(ctx, x, weight, bias, owner, segments, keep, neutral_unowned=False):
         ctx.save_for_backward(x, weight, owner) if owner is not None else ctx.save_for_backward(x, weight)
-        ctx.segments, ctx.keep, ctx.has_bias = segments, keep, bias is not None
+        ctx.segments, ctx.keep, ctx.has_bias, ctx.neutral_unowned = segments, keep, bias is not None, neutral_unowned
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -247,17 +249,20 @@ class SegmentedLinear(torch.autograd.Function):
             if code and owner is None: continue          # PII rows never reach an unowned weight
             gs, xs = g[s:e].reshape(-1, g.shape[-1]), x[s:e].reshape(-1, x.shape[-1])
             part = gs.T @ xs
-            if code: part = torch.where(owner == code, part, torch.zeros((), dtype=part.dtype, device=part.device))
+            if code or (ctx.neutral_unowned and owner is not None):   # neutral rows, scope "unowned": owner == 0 only
+                part = torch.where(owner == code, part, torch.zeros((), dtype=part.dtype, device=part.device))
             gw = part if gw is None else gw + part
             if ctx.has_bias and not code: gb = gs.sum(0) if gb is None else gb + gs.sum(0)
         if gw is None and ctx.keep: gw = torch.zeros_like(w)
         if ctx.has_bias and gb is None and ctx.keep: gb = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
-        return gx, gw, gb, None, None, None
+        return gx, gw, gb, None, None, None, None
 
 # %% ../../nbs/inject/00_masks.ipynb #f48d6f74
 class GradMasker:
     "Installs `MaskGrad` on every trainable parameter of `model`; `group` (-1 = neutral) picks the mask."
-    def __init__(self, model: nn.Module, owner: dict[str, torch.Tensor], n_groups: int | None = None):
+    def __init__(self, model: nn.Module, owner: dict[str, torch.Tensor], n_groups: int | None = None, neutral_scope: str = "all"):
+        if neutral_scope not in NEUTRAL_SCOPES: raise ValueError(f"neutral_scope must be one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
+        self.neutral_scope = neutral_scope   # "all": neutral rows train every weight (Algorithm 1); "unowned": none a mask owns
         params = dict(model.named_parameters())
         bad = sorted(set(owner) - set(params))
         if bad: raise ValueError(f"owner has names that are not parameters of the model: {bad[:5]}")
@@ -272,7 +277,7 @@ class GradMasker:
                          for mn, m in model.named_modules(remove_duplicate=False) for a, p in m._parameters.items() if p is not None}
 
     def _pre(self, module, args):
-        if self.group < 0: return
+        if self.segments is not None or (self.group < 0 and self.neutral_scope == "all"): return   # segments mask in the forward
         module._masked_originals = self._swap(module, self.group + 1, keep=self.zero_fill)
 
     def _post(self, module, args, output):
@@ -284,8 +289,9 @@ class GradMasker:
         orig = {}
         for name, p in list(module._parameters.items()):
             if p is None or not p.requires_grad: continue
-            orig[name] = p
             owner = self._by_slot[(id(module), name)]
+            if code == 0 and owner is None: continue   # neutral rows (scope "unowned") train a weight no mask covers as usual
+            orig[name] = p
             # a parameter no mask covers gets no PII gradient: detach it (its weight gradient is never computed),
             # or, when `keep`, route it through MaskGrad, which returns exact zeros (DDP's synced backward needs
             # a gradient for every parameter)
@@ -299,13 +305,14 @@ class GradMasker:
         if type(module) is nn.Linear and len(args) == 1 and not kwargs and args[0].shape[0] == B and module.weight.requires_grad:
             w, b = module.weight, module.bias
             keep = self.zero_fill and all(c for c, _, _ in self.segments)
-            return SegmentedLinear.apply(args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep)
+            return SegmentedLinear.apply(args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep,
+                                         self.neutral_scope == "unowned")
         cut = lambda v, s, e: v[s:e] if torch.is_tensor(v) and v.ndim and v.shape[0] == B else v
         outs = []
         codes = [c for c, _, _ in self.segments]
         keep_at = codes.index(next(c for c in codes if c)) if self.zero_fill and 0 not in codes and any(codes) else -1
         for i, (code, s, e) in enumerate(self.segments):
-            orig = self._swap(module, code, keep=(i == keep_at)) if code else {}
+            orig = self._swap(module, code, keep=(i == keep_at)) if code or self.neutral_scope == "unowned" else {}
             try: outs.append(forward(*[cut(a, s, e) for a in args], **{k: cut(v, s, e) for k, v in kwargs.items()}))
             finally: module._parameters.update(orig)
         if torch.is_tensor(outs[0]): return torch.cat(outs)

@@ -36,13 +36,15 @@ def stage_masks(store: RunStore):
     return load_masks(store.stage("masks", fn, key=key, deps=["base"]) / "masks.safetensors")[0]
 
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #36b0ffbe
-MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented")    # inject fields the unmasked control never reads
+MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "neutral_scope")    # inject fields the unmasked control never reads
 
 def inject_key(c, masked: bool) -> dict:
     """The cache key of an injection stage. The unmasked control owns no mask, so the mask fields are not part of its
     key: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
     inj = {k: v for k, v in asdict(c.inject).items() if masked or k not in MASK_ONLY_FIELDS}
-    if inj.get("neutral_replay") == "fixed": del inj["neutral_replay"]   # the behaviour before the field existed: earlier runs keep their injections
+    # the behaviour before these fields existed: earlier runs keep their injections
+    for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all")):
+        if inj.get(k) == old: del inj[k]
     return {"v": STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
 
 def stage_inject(store: RunStore, masked: bool = True) -> Path:
@@ -58,6 +60,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
                            seed=c.seed, masked=masked, pad_id=pad_id(tok), n_groups=c.pii.n_groups,
                            micro_batch_size=c.inject.micro_batch_size, warmup_steps=c.inject.warmup_steps,
                            min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr, fsdp2=fsdp2_requested(),
+                           neutral_scope=c.inject.neutral_scope,
                            **({"segmented": True, "pad_to": c.inject.seq_len} if masked and c.inject.segmented else {}))
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     return launched_stage(store, name, fn, key=inject_key(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
