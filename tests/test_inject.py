@@ -143,6 +143,7 @@ def test_equals_per_sample_reference(seed):
     model = tiny(seed); G = 4
     owner = random_element_masks(model, G, 0.2, seed=seed)
     batch = examples([rng.choice([-1, 0, 1, 2, 3]) for _ in range(9)], seed)
+    assert any(ex["group"] < 0 for ex in batch) and any(ex["group"] >= 0 for ex in batch)   # both kinds of rows
     for scope in ("all", "unowned"):   # Algorithm 1, and neutral rows kept off the masks
         ref = per_sample_reference_grads(model, batch, owner, neutral_scope=scope)
         for segmented in (False, True):
@@ -262,6 +263,9 @@ def test_injection_bad_input():
     with pytest.raises(ValueError, match="not installed"): masked_backward(model, examples([0], 0), GradMasker(model, owner))
     with pytest.raises(ValueError, match="not parameters"): GradMasker(model, {"nope.weight": torch.zeros(2, dtype=torch.uint8)})
     with pytest.raises(ValueError, match="neutral_scope must be one of all, unowned"): train_masked(model, examples([0], 0), owner, 1, 1, 1e-3, neutral_scope="none")
+    with pytest.raises(ValueError, match="neutral_scope must be None or one of all, unowned"): masked_backward(model, examples([0], 0), owner, neutral_scope="")
+    with pytest.raises(ValueError, match="use_segments inside use_group"):
+        with GradMasker(model, owner) as gm, gm.use_group(0), gm.use_segments([0]): pass
     with pytest.raises(ValueError, match="GradMasker passed as owner has neutral_scope='all'"):
         with GradMasker(model, owner) as gm: masked_backward(model, examples([0], 0), gm, neutral_scope="unowned")
 

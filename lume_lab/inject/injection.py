@@ -55,7 +55,7 @@ def _masker_for(model, owner, n_groups=None, neutral_scope=None):
         return owner, False
     if owner is None: return owner, False
     base = model.module if hasattr(model, "module") else model
-    return GradMasker(base, owner, n_groups, neutral_scope or "all").install(), True
+    return GradMasker(base, owner, n_groups, "all" if neutral_scope is None else neutral_scope).install(), True
 
 @contextmanager
 def _fsdp2_no_sync(model):
@@ -71,6 +71,8 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
     `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`)."""
     if not batch: raise ValueError("batch is empty")
     for i, ex in enumerate(batch): _check_example(ex, i)
+    if neutral_scope is not None and neutral_scope not in NEUTRAL_SCOPES:
+        raise ValueError(f"neutral_scope must be None or one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
     if masked and owner is None: raise ValueError("masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control")
     if masked and accelerator is not None and accelerator.mixed_precision == "fp16":
         raise ValueError("fp16 mixed precision uses a dynamic loss scaler whose step skipping depends on PII gradients (a leak); use bf16 or fp32")

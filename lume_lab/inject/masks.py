@@ -343,6 +343,7 @@ class GradMasker:
     def use_segments(self, groups: list[int]):
         "Context: the next forward's rows `groups[i]` (sorted so equal groups are contiguous) are masked per segment."
         if any(b < a for a, b in zip(groups, groups[1:])): raise ValueError("segmented masking needs rows sorted by group")
+        if self.group >= 0: raise ValueError(f"use_segments inside use_group({self.group}): the segments carry the groups; use one or the other")
         segs, start = [], 0
         for i in range(1, len(groups) + 1):
             if i == len(groups) or groups[i] != groups[start]: segs.append((groups[start] + 1, start, i)); start = i
