@@ -464,6 +464,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'lume_lab.inject.masks._shapes': ('inject/masks.html#_shapes', 'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks._units': ('inject/masks.html#_units', 'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks.check_masks': ('inject/masks.html#check_masks', 'lume_lab/inject/masks.py'),
+                                       'lume_lab.inject.masks.check_neutral_scope': ( 'inject/masks.html#check_neutral_scope',
+                                                                                      'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks.group_mask': ('inject/masks.html#group_mask', 'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks.load_masks': ('inject/masks.html#load_masks', 'lume_lab/inject/masks.py'),
                                        'lume_lab.inject.masks.mask_budget': ('inject/masks.html#mask_budget', 'lume_lab/inject/masks.py'),

@@ -11,8 +11,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..core.config import NEUTRAL_SCOPES
-from .masks import GradMasker, group_mask, mask_parameter_names
+from .masks import GradMasker, check_neutral_scope, group_mask, mask_parameter_names
 from ..models.lm import lr_multiplier
 from ..models.ops import answer_nll, check_job, fsdp2_shard, is_fsdp2, make_accelerator, model_device, pad_batch, progress as progress_bar, to_device
 
@@ -71,8 +70,7 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
     `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`)."""
     if not batch: raise ValueError("batch is empty")
     for i, ex in enumerate(batch): _check_example(ex, i)
-    if neutral_scope is not None and neutral_scope not in NEUTRAL_SCOPES:
-        raise ValueError(f"neutral_scope must be None or one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
+    check_neutral_scope(neutral_scope, allow_none=True)
     if masked and owner is None: raise ValueError("masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control")
     if masked and accelerator is not None and accelerator.mixed_precision == "fp16":
         raise ValueError("fp16 mixed precision uses a dynamic loss scaler whose step skipping depends on PII gradients (a leak); use bf16 or fp32")
@@ -123,7 +121,7 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
 def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[str, torch.Tensor],
                                neutral_scope: str = "all") -> dict[str, torch.Tensor]:
     "Lacuna Algorithm 1: Σ_s m_{g(s)} ⊙ ∇(L_s / B), one sample at a time (`neutral_scope='unowned'`: neutral samples masked to owner 0)."
-    if neutral_scope not in NEUTRAL_SCOPES: raise ValueError(f"neutral_scope must be one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
+    check_neutral_scope(neutral_scope)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     device = model_device(model)
     acc = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -165,7 +163,7 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
                  progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all") -> pd.DataFrame:
     """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log.
     `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`)."""
-    if neutral_scope not in NEUTRAL_SCOPES: raise ValueError(f"neutral_scope must be one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
+    check_neutral_scope(neutral_scope)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
     if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")

@@ -22,7 +22,7 @@ from ..core.config import NEUTRAL_SCOPES
 # %% auto #0
 __all__ = ['mask_parameter_names', 'random_element_masks', 'random_structural_masks', 'group_mask', 'pack_masks', 'masks_equal',
            'unpack_masks', 'save_masks', 'load_masks', 'check_masks', 'mask_coverage', 'mask_budget', 'MaskGrad',
-           'SegmentedLinear', 'GradMasker']
+           'SegmentedLinear', 'check_neutral_scope', 'GradMasker']
 
 # %% ../../nbs/inject/00_masks.ipynb #44ba3a10
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -258,10 +258,15 @@ class SegmentedLinear(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None
 
 # %% ../../nbs/inject/00_masks.ipynb #f48d6f74
+def check_neutral_scope(scope, allow_none: bool = False) -> None:
+    "Raise `ValueError` unless `scope` is one of `NEUTRAL_SCOPES` (or None, with `allow_none`)."
+    if not (scope in NEUTRAL_SCOPES or (allow_none and scope is None)):
+        raise ValueError(f"neutral_scope must be {'None or ' if allow_none else ''}one of {', '.join(NEUTRAL_SCOPES)}, got {scope!r}")
+
 class GradMasker:
     "Installs `MaskGrad` on every trainable parameter of `model`; `group` (-1 = neutral) picks the mask."
     def __init__(self, model: nn.Module, owner: dict[str, torch.Tensor], n_groups: int | None = None, neutral_scope: str = "all"):
-        if neutral_scope not in NEUTRAL_SCOPES: raise ValueError(f"neutral_scope must be one of {', '.join(NEUTRAL_SCOPES)}, got {neutral_scope!r}")
+        check_neutral_scope(neutral_scope)
         self.neutral_scope = neutral_scope   # "all": neutral rows train every weight (Algorithm 1); "unowned": none a mask owns
         params = dict(model.named_parameters())
         bad = sorted(set(owner) - set(params))
