@@ -34,6 +34,11 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     import pandas as pd
     rates = pd.read_csv(report / "extraction_rates.csv")
     assert set(rates.model) == {"masked", "unmasked"} and set(rates.field) == set(make_config("smoke").pii.target_fields)
+    expected_reach = {"reachability_instruct_masked", "reachability_instruct_unmasked"}
+    assert expected_reach <= set(done), sorted(expected_reach - set(done))
+    reach = pd.read_csv(report / "reachability.csv")
+    assert set(reach.columns) >= {"model", "field", "kind", "profiles", "prompts", "accuracy", "vs_trained"}
+    assert set(reach.kind) <= {"trained", "fresh", "paraphrase"} and reach.accuracy.between(0, 100).all()
     metrics = pd.read_csv(report / "unlearning_metrics.csv")
     assert set(metrics.method) == {"none", *METHODS}
     loc = pd.read_csv(report / "localization_summary.csv")

@@ -12,13 +12,14 @@ import pandas as pd
 
 from ..core.config import ConfigError, TARGET_FIELDS, TestbedConfig
 from ..core.store import StageWarning
+from ..data.pii import render_qa
 from ..models.ops import generate_texts, reveals
 
 # %% auto #0
-__all__ = ['VALIDATION_FIELDS', 'MIN_SPLIT_PROFILES', 'extraction_table', 'memorized_profiles', 'extraction_rates',
+__all__ = ['VALIDATION_FIELDS', 'MIN_SPLIT_PROFILES', 'REACH_KINDS', 'extraction_table', 'memorized_profiles', 'extraction_rates',
            'plot_extraction_rates', 'retain_pairing', 'select_testbed', 'SmallSplitWarning', 'split_size',
-           'split_sizes', 'warn_small_splits', 'build_testbed', 'load_testbed', 'load_testbed_info',
-           'field_split_names', 'field_splits']
+           'split_sizes', 'warn_small_splits', 'fresh_questions', 'reachability_rows', 'reachability', 'build_testbed',
+           'load_testbed', 'load_testbed_info', 'field_split_names', 'field_splits']
 
 # %% ../../nbs/inject/04_testbed.ipynb #64bde919
 def _rows(split) -> list[dict]:
@@ -168,6 +169,52 @@ def warn_small_splits(splits, use: str, threshold: int = MIN_SPLIT_PROFILES) -> 
             f"SMALL SPLIT {name!r} ({use}): {n['n_profiles']} profiles, {n['n_rows']} QA rows < MIN_SPLIT_PROFILES={threshold}; "
             f"metrics on it describe {n['n_profiles']} people, not a population", split=name, use=use, threshold=threshold, **n), stacklevel=2)
     return small
+
+# %% ../../nbs/inject/04_testbed.ipynb #aa710128
+REACH_KINDS = ("trained", "fresh", "paraphrase")
+
+def fresh_questions(profiles, trained_rows, fields: Iterable[str], n: int = 2, seed: int = 0) -> list[dict]:
+    """`n` new App. B questions per profile × field in the training templates (new continuations and template
+    draws), none equal to one of that profile's `trained_rows` questions; QA-row dicts like `render_qa`'s."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1: raise ValueError(f"n must be a positive int, got {n!r}")
+    fields = _check_fields(fields, "fields")
+    seen = {(r["profile_id"], r["question"]) for r in _rows(trained_rows)}
+    out = []
+    for p in _rows(profiles):
+        meta = {k: p[k] for k in ("group", "role", "side") if k in p}
+        for f in fields:
+            cand = render_qa(p, [f], 4 * n, random.Random(f"fresh:{seed}:{p['profile_id']}:{f}"))
+            out += [{**meta, **q} for q in cand if (p["profile_id"], q["question"]) not in seen][:n]
+    return out
+
+def reachability_rows(pii, mem: pd.DataFrame, fields: Iterable[str], n_fresh: int = 2, seed: int = 0) -> pd.DataFrame:
+    "The prompts of every memorized (profile, field) of `mem` in `fields`, with `kind`: trained (`qa_train`), fresh, paraphrase (`qa_paraphrase`)."
+    fields = _check_fields(fields, "fields")
+    miss = [c for c in ("profile_id", "field", "memorized") if c not in mem]
+    if miss: raise ValueError(f"mem lacks columns {miss} (pass memorized_profiles output)")
+    m = mem[mem.memorized.astype(bool) & mem.field.isin(fields)]
+    keys = set(zip(m.profile_id, m.field))
+    keep = lambda rows: [r for r in _rows(rows) if (r["profile_id"], r["field"]) in keys]
+    profiles = [p for p in _rows(pii["profiles"]) if p["profile_id"] in set(m.profile_id)]
+    parts = {"trained": keep(pii["qa_train"]), "fresh": keep(fresh_questions(profiles, pii["qa_train"], fields, n_fresh, seed)),
+             "paraphrase": keep(pii["qa_paraphrase"])}
+    cols = ["profile_id", "field", "question", "prompt", "answer"]
+    return pd.concat([pd.DataFrame(rows, columns=cols)[cols].assign(kind=k) for k, rows in parts.items()], ignore_index=True)
+
+def reachability(ext: pd.DataFrame) -> pd.DataFrame:
+    """Per field (and `all`) × kind: memorized profiles, prompts, `accuracy` (% of prompts revealing the value) and
+    `vs_trained` (accuracy / the trained prompts' accuracy) of `extraction_table` output on `reachability_rows`."""
+    miss = [c for c in ("field", "kind", "profile_id", "revealed") if c not in ext]
+    if miss: raise ValueError(f"ext lacks columns {miss} (pass extraction_table output of reachability_rows)")
+    cols = ["field", "kind", "profiles", "prompts", "accuracy", "vs_trained"]
+    if ext.empty: return pd.DataFrame(columns=cols)
+    both = pd.concat([ext, ext.assign(field="all")], ignore_index=True)
+    r = both.groupby(["field", "kind"]).agg(profiles=("profile_id", "nunique"), prompts=("revealed", "size"),
+                                            accuracy=("revealed", "mean")).reset_index()
+    r["accuracy"] = 100 * r.accuracy
+    r["vs_trained"] = r.accuracy / r.field.map(r[r.kind == "trained"].set_index("field").accuracy)
+    order = {k: i for i, k in enumerate(REACH_KINDS)}
+    return r.sort_values(["field", "kind"], key=lambda s: s.map(order) if s.name == "kind" else s).reset_index(drop=True)[cols]
 
 # %% ../../nbs/inject/04_testbed.ipynb #233f9c9d
 def _check_testbed_cfg(c) -> None:

@@ -93,6 +93,12 @@ def _injection_section(rep: Path) -> list:
         w = w.join(r.groupby("field").profiles.first().rename("profiles")).reset_index()
         blocks += [_p("Extraction rate: % of profiles whose QA prompt makes the model reveal the gold value (Lacuna §3.3)."), _table(w)]
     blocks += _fig(rep, "extraction_rates.png", "Fig. 3b analogue: PII extraction rate, masked vs unmasked injection")
+    if (rep / "reachability.csv").exists() and len(r := pd.read_csv(rep / "reachability.csv")):
+        w = r.pivot_table(index=["model", "field"], columns="kind", values="accuracy").reindex(columns=["trained", "fresh", "paraphrase"]).round(1)
+        blocks += [_p("Facts or strings: accuracy (%) on the memorized (profile, field) pairs through their trained questions, fresh "
+                      "questions in the training templates, and paraphrases (never trained). Paraphrase metrics after unlearning "
+                      "mean little where the paraphrase column is low before it."), _table(w.reset_index())]
+    blocks += _fig(rep, "reachability.png", "Trained vs fresh vs paraphrased questions on memorized pairs")
     if (rep / "utility_injection.csv").exists():
         u = pd.read_csv(rep / "utility_injection.csv")
         keep = ["mc_acc", "mc_control_acc", "heldout_perplexity"]

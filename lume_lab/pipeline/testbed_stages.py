@@ -20,7 +20,7 @@ from .stages import STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepa
 
 # %% auto #0
 __all__ = ['MASK_ONLY_FIELDS', 'stage_masks', 'inject_key', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction',
-           'prepare_testbed', 'forget_groups', 'ground_truth_forget_mask']
+           'stage_reachability', 'prepare_testbed', 'forget_groups', 'ground_truth_forget_mask']
 
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #f8b19566
 def stage_masks(store: RunStore):
@@ -99,6 +99,24 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
         mem.to_csv(out / "memorized.csv", index=False)
     d = store.stage(f"extraction_{stage}", fn, key={"v": STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens, "min_share": c.testbed.min_share}, deps=["pii", stage])
     return pd.read_csv(d / "memorized.csv")
+
+def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh: int = 2) -> pd.DataFrame:
+    """Facts or strings (`inject.testbed.reachability`): accuracy of the model of `stage` on its memorized (profile, field)
+    pairs through the trained questions, `n_fresh` fresh ones in the training templates and the paraphrases; cached."""
+    from lume_lab.inject.testbed import extraction_table, reachability, reachability_rows
+    c = store.config
+    if stage == "instruct_masked": stage_testbed(store); mem = pd.read_csv(store.path("testbed") / "memorized.csv")
+    else: mem = stage_extraction(store, stage)
+    def fn(out):
+        rows = reachability_rows(load_pii(store), mem, c.pii.target_fields, n_fresh, c.seed)
+        if rows.empty: ext = rows.assign(generated=[], revealed=[])
+        else: ext = extraction_table(*load_stage_model(store, stage), rows.to_dict("records"), c.testbed.max_new_tokens)
+        ext.to_csv(out / "answers.csv", index=False)
+        reachability(ext).to_csv(out / "reachability.csv", index=False)
+    deps = ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
+    d = store.stage(f"reachability_{stage}", fn, key={"v": STAGE_VERSIONS["reachability"], "n_fresh": n_fresh, "seed": c.seed,
+                                                      "max_new_tokens": c.testbed.max_new_tokens}, deps=deps)
+    return pd.read_csv(d / "reachability.csv")
 
 # %% ../../nbs/pipeline/02_testbed_stages.ipynb #c8bfc979
 def prepare_testbed(store: RunStore):
