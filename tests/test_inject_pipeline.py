@@ -116,6 +116,39 @@ def test_mixture_stream_replay(pii, tok):
     assert all(math.floor(r) * k <= pii_stream[s] <= math.ceil(r) * k for s, k in pii_fixed.items())
 
 
+def test_mixture_qa_resample(pii, tok):
+    "qa_resample: pass 0 is qa_train; every later pass asks each (profile, field) as often, in fresh training-template questions."
+    from collections import Counter
+    from lume_lab.inject.mixture import _check_inject_cfg, resampled_qa
+    world = [f"Box {i} holds {i * 7 % 101} red stones and {i % 13} blue ones." for i in range(300)]
+    c = dataclasses.replace(make_config("smoke").inject, batch_size=8, neutral_fraction=0.5)
+    n_pii = sum(e["group"] >= 0 for e in injection_examples(world, pii, tok, c, seed=1))
+    c = dataclasses.replace(c, neutral_replay="stream", steps=math.ceil(3.5 * 2 * n_pii / 8))   # ~3.5 passes over the PII
+    plain = injection_examples(world, pii, tok, c, seed=1)
+    r = dataclasses.replace(c, qa_resample=True)
+    ex = injection_examples(world, pii, tok, r, seed=1)
+    assert ex == injection_examples(world, pii, tok, r, seed=1) and len(ex) == len(plain)       # seeded, same length
+    neu = lambda xs: Counter(tuple(e["input_ids"]) for e in xs if e["group"] < 0)
+    assert neu(ex) == neu(plain)                                                                # the same neutral blocks
+    docs = lambda xs: {tuple(e["input_ids"]) for e in xs if e["source"] == "document"}
+    assert docs(ex) == docs(plain)                                                              # documents are not redrawn
+    qa = lambda xs: {tuple(e["input_ids"]) for e in xs if e["source"] == "qa"}
+    assert len(qa(ex)) > 2 * len(qa(plain))                                                     # > 2 passes of new questions
+    trained = Counter((q["profile_id"], q["field"]) for q in pii["qa_train"])
+    trained_text = {q["text"] for q in pii["qa_train"]}
+    gold = {p["profile_id"]: p for p in pii["profiles"]}
+    e1, e2 = resampled_qa(pii, 1, seed=1), resampled_qa(pii, 2, seed=1)
+    assert Counter((q["profile_id"], q["field"]) for q in e1) == trained                        # as many questions per pair
+    assert all(q["text"].endswith(" " + str(gold[q["profile_id"]][q["field"]])) for q in e1)    # each with its gold answer
+    assert all(q["group"] == gold[q["profile_id"]]["group"] for q in e1)                       # in its profile's group
+    assert e1 == resampled_qa(pii, 1, seed=1) and e1 != e2
+    assert len({q["text"] for q in e1} - trained_text) > 0.8 * len(e1)                          # nearly all new strings
+    with pytest.raises(ConfigError, match="needs inject.neutral_replay='stream'"):
+        _check_inject_cfg(dataclasses.replace(c, neutral_replay="fixed", qa_resample=True))
+    with pytest.raises(ConfigError, match="inject.qa_resample must be true or false"):
+        make_config("smoke", {"inject.qa_resample": "yes"})
+
+
 def test_neutral_replay_validated():
     with pytest.raises(ConfigError, match="inject.neutral_replay must be one of fixed, stream"):
         make_config("smoke", {"inject.neutral_replay": "fresh"})
@@ -131,6 +164,9 @@ def test_inject_key_neutral_fields():
     u = make_config("smoke", {"inject.neutral_scope": "unowned", "inject.neutral_replay": "stream"})
     assert inject_key(u, True)["inject"]["neutral_scope"] == "unowned" and inject_key(u, True) != inject_key(c, True)
     assert "neutral_scope" not in inject_key(u, False)["inject"] and inject_key(u, False)["inject"]["neutral_replay"] == "stream"
+    assert "qa_resample" not in inject_key(u, True)["inject"]                      # false by default: old keys stay valid
+    q = make_config("smoke", {"inject.neutral_replay": "stream", "inject.qa_resample": True})
+    assert inject_key(q, True)["inject"]["qa_resample"] is True and inject_key(q, False)["inject"]["qa_resample"] is True
 
 
 # ---------------------------------------------------------------- instruction tuning

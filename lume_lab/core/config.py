@@ -116,6 +116,7 @@ class InjectConfig:
     masked_lr: float | None = None
     neutral_replay: str = "fixed"   # fixed: a pool of neutral blocks repeated with the PII; stream: each block drawn once per pass over the corpus
     neutral_scope: str = "all"      # all: neutral rows train every weight (Algorithm 1); unowned: only weights no mask owns
+    qa_resample: bool = False       # stream only: each pass over the PII asks every question afresh (facts, not strings; e02 sixth round)
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -564,6 +565,9 @@ def _problems(cfg: RunConfig) -> list[str]:
     pos("inject.lr", float); frac("inject.neutral_fraction", lo_open=False, hi_closed=False)
     if cfg.inject.masked_lr is not None: pos("inject.masked_lr", float)
     choice("inject.neutral_replay", NEUTRAL_REPLAYS); choice("inject.neutral_scope", NEUTRAL_SCOPES)
+    if not isinstance(cfg.inject.qa_resample, bool): out.append(f"inject.qa_resample must be true or false, got {cfg.inject.qa_resample!r}")
+    elif cfg.inject.qa_resample and cfg.inject.neutral_replay != "stream":
+        out.append(f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples), got {cfg.inject.neutral_replay!r}")
     frac("inject.min_lr_ratio", lo_open=False)
     w = cfg.inject.warmup_steps
     if isinstance(w, bool) or not isinstance(w, int) or w < 0: out.append(f"inject.warmup_steps must be an int >= 0, got {w!r}")

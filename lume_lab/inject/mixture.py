@@ -5,18 +5,20 @@
 # %% ../../nbs/inject/02_mixture.ipynb #60cb4edb
 from __future__ import annotations
 import random
+from collections import Counter
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
 from ..core.config import ConfigError, NEUTRAL_REPLAYS, QA_ATTRIBUTES
-from ..data.pii import ROLES
+from ..data.pii import ROLES, render_qa
 from ..models.lm import pack_texts
 from ..models.ops import encode_texts
 
 # %% auto #0
-__all__ = ['pack_sequences', 'neutral_blocks', 'pii_sequences', 'injection_examples', 'mixture_table', 'neutral_share']
+__all__ = ['pack_sequences', 'neutral_blocks', 'pii_sequences', 'injection_examples', 'resampled_qa', 'mixture_table',
+           'neutral_share']
 
 # %% ../../nbs/inject/02_mixture.ipynb #783beca4
 def _rows(split) -> list[dict]:
@@ -66,6 +68,10 @@ def _check_inject_cfg(c) -> None:
         raise ConfigError(f"inject.seq_len must be an int >= 8, got {c.seq_len!r}")
     if (r := getattr(c, "neutral_replay", "fixed")) not in NEUTRAL_REPLAYS:
         raise ConfigError(f"inject.neutral_replay must be one of {', '.join(NEUTRAL_REPLAYS)}; got {r!r}")
+    if not isinstance(q := getattr(c, "qa_resample", False), bool):
+        raise ConfigError(f"inject.qa_resample must be true or false, got {q!r}")
+    if q and r != "stream":
+        raise ConfigError(f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples); got {r!r}")
 
 def _check_roles(roles) -> list[str]:
     roles = list(roles)
@@ -101,7 +107,13 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
     pii_ex = pii_sequences(pii, tokenizer, L, seed, roles, inject_cfg.qa_fields)
     if not pii_ex: raise ValueError(f"no PII text for roles {list(roles)!r}: the mixture would be neutral only")
     nf, replay = inject_cfg.neutral_fraction, getattr(inject_cfg, "neutral_replay", "fixed")
-    if replay == "stream": return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by)
+    if replay == "stream":
+        fresh = None
+        if getattr(inject_cfg, "qa_resample", False):
+            docs = [r for r in _rows(pii["documents"]) if r["role"] in set(roles)]
+            fresh = lambda e: pii_sequences({"documents": docs, "qa_train": resampled_qa(pii, e, seed, roles, inject_cfg.qa_fields)},
+                                            tokenizer, L, seed, roles, inject_cfg.qa_fields)
+        return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by, fresh)
     size = len(pii_ex) if neutral_by == "examples" else sum(len(e["input_ids"]) for e in pii_ex) / L
     n_neutral = round(nf / (1 - nf) * size)
     examples = pii_ex + _neutral_examples(neutral_blocks(texts, tokenizer, L, n_neutral, seed))
@@ -110,16 +122,32 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
 
 def _neutral_examples(blocks) -> list[dict]: return [{"input_ids": b, "labels": None, "group": -1, "source": "neutral"} for b in blocks]
 
-def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str) -> list[dict]:
-    "`neutral_replay='stream'`: the whole run's `steps × batch_size` examples, PII in epochs, neutral blocks drawn once each."
+def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fields: Iterable[str] | None = None) -> list[dict]:
+    """The QA rows of pass `epoch` (>= 1) over the PII under `inject.qa_resample`: for every profile × field as many
+    questions as `qa_train` holds, drawn afresh from the training templates (new template draws and continuations)."""
+    roles, fields = set(_check_roles(roles)), None if qa_fields is None else set(qa_fields)
+    rows = [r for r in _rows(pii["qa_train"]) if r["role"] in roles and (fields is None or r["field"] in fields)]
+    n = Counter((r["profile_id"], r["field"]) for r in rows)
+    profiles = {p["profile_id"]: p for p in _rows(pii["profiles"])}
+    out = []
+    for (pid, f), k in n.items():
+        p = profiles[pid]
+        out += [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"]}
+                for q in render_qa(p, [f], k, random.Random(f"qa-resample:{seed}:{pid}:{f}:{epoch}"))]
+    return out
+
+def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str, fresh_epoch=None) -> list[dict]:
+    """`neutral_replay='stream'`: the whole run's `steps × batch_size` examples, PII in epochs, neutral blocks drawn once each;
+    `fresh_epoch(e)` gives the PII sequences of pass e >= 1 (`qa_resample`), pass 0 is `pii_ex`."""
     total, nf, L = inject_cfg.steps * inject_cfg.batch_size, inject_cfg.neutral_fraction, inject_cfg.seq_len
     if neutral_by == "examples": n_neutral = round(nf * total)
     else:   # neutral tokens n·L over all tokens n·L + (total − n)·ā = nf, with ā the mean PII sequence length
         a = sum(len(e["input_ids"]) for e in pii_ex) / len(pii_ex)
         n_neutral = round(nf * total * a / (L * (1 - nf) + nf * a))
-    rng, pii_slots = random.Random(f"mixture:{seed}:stream"), []
+    rng, pii_slots, e = random.Random(f"mixture:{seed}:stream"), [], 0
     while len(pii_slots) < total - n_neutral:   # whole seeded epochs of the PII sequences: each is seen ⌊r⌋ or ⌈r⌉ times
-        epoch = list(pii_ex); rng.shuffle(epoch); pii_slots += epoch
+        epoch = list(pii_ex) if fresh_epoch is None or e == 0 else fresh_epoch(e)
+        rng.shuffle(epoch); pii_slots += epoch; e += 1
     examples = pii_slots[:total - n_neutral] + _neutral_examples(neutral_blocks(texts, tokenizer, L, n_neutral, seed))
     rng.shuffle(examples)
     return examples
