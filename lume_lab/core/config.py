@@ -370,6 +370,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # pretrains badly in pure bf16; bf16 is for the OLMo presets' checkpoints). Its neutral replay is still Algorithm 1's
     # fixed pool: mini moved to a stream with neutral rows kept off the masks (e02 "Fifth round") after this preset was
     # written; which of the two suits study is unmeasured (`--set inject.neutral_replay=stream --set inject.neutral_scope=unowned`).
+    # Its questions repeat as strings too: on mini that stores strings, not facts, and `inject.qa_resample=true` (stream
+    # only) stores facts at about twice the steps (e02 "Sixth round"); unmeasured at this size.
     "study": {
         "model.hidden_size": 512, "model.num_layers": 8, "model.num_heads": 8, "model.intermediate_size": 2048,
         "model.vocab_size": 8192,
