@@ -145,7 +145,7 @@ def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str, fr
         a = sum(len(e["input_ids"]) for e in pii_ex) / len(pii_ex)
         n_neutral = round(nf * total * a / (L * (1 - nf) + nf * a))
     rng, pii_slots, e = random.Random(f"mixture:{seed}:stream"), [], 0
-    while len(pii_slots) < total - n_neutral:   # whole seeded epochs of the PII sequences: each is seen ⌊r⌋ or ⌈r⌉ times
+    while len(pii_slots) < total - n_neutral:   # whole seeded epochs: each PII sequence seen ⌊r⌋ or ⌈r⌉ times (QA redrawn under qa_resample)
         epoch = list(pii_ex) if fresh_epoch is None or e == 0 else fresh_epoch(e)
         rng.shuffle(epoch); pii_slots += epoch; e += 1
     examples = pii_slots[:total - n_neutral] + _neutral_examples(neutral_blocks(texts, tokenizer, L, n_neutral, seed))

@@ -104,6 +104,7 @@ def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh:
     """Facts or strings (`inject.testbed.reachability`): accuracy of the model of `stage` on its memorized (profile, field)
     pairs through the trained questions, `n_fresh` fresh ones in the training templates and the paraphrases; cached."""
     from lume_lab.inject.testbed import extraction_table, reachability, reachability_rows
+    if isinstance(n_fresh, bool) or not isinstance(n_fresh, int) or n_fresh < 1: raise ValueError(f"n_fresh must be a positive int, got {n_fresh!r}")
     c = store.config
     if stage == "instruct_masked": stage_testbed(store); mem = pd.read_csv(store.path("testbed") / "memorized.csv")
     else: mem = stage_extraction(store, stage)
