@@ -109,9 +109,9 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
     nf, replay = inject_cfg.neutral_fraction, getattr(inject_cfg, "neutral_replay", "fixed")
     if replay == "stream":
         fresh = None
-        if getattr(inject_cfg, "qa_resample", False):
-            docs = [r for r in _rows(pii["documents"]) if r["role"] in set(roles)]
-            fresh = lambda e: pii_sequences({"documents": docs, "qa_train": resampled_qa(pii, e, seed, roles, inject_cfg.qa_fields)},
+        if getattr(inject_cfg, "qa_resample", False):   # plain lists once, not a Dataset read per pass
+            plain = {k: _rows(pii[k]) for k in ("documents", "qa_train", "profiles")}
+            fresh = lambda e: pii_sequences({"documents": plain["documents"], "qa_train": resampled_qa(plain, e, seed, roles, inject_cfg.qa_fields)},
                                             tokenizer, L, seed, roles, inject_cfg.qa_fields)
         return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by, fresh)
     size = len(pii_ex) if neutral_by == "examples" else sum(len(e["input_ids"]) for e in pii_ex) / L

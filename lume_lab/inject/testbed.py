@@ -195,7 +195,8 @@ def reachability_rows(pii, mem: pd.DataFrame, fields: Iterable[str], n_fresh: in
     m = mem[mem.memorized.astype(bool) & mem.field.isin(fields)]
     keys = set(zip(m.profile_id, m.field))
     keep = lambda rows: [r for r in _rows(rows) if (r["profile_id"], r["field"]) in keys]
-    profiles = [p for p in _rows(pii["profiles"]) if p["profile_id"] in set(m.profile_id)]
+    ids = set(m.profile_id)
+    profiles = [p for p in _rows(pii["profiles"]) if p["profile_id"] in ids]
     parts = {"trained": keep(pii["qa_train"]), "fresh": keep(fresh_questions(profiles, pii["qa_train"], fields, n_fresh, seed)),
              "paraphrase": keep(pii["qa_paraphrase"])}
     cols = ["profile_id", "field", "question", "prompt", "answer"]
@@ -213,8 +214,8 @@ def reachability(ext: pd.DataFrame) -> pd.DataFrame:
                                             accuracy=("revealed", "mean")).reset_index()
     r["accuracy"] = 100 * r.accuracy
     r["vs_trained"] = r.accuracy / r.field.map(r[r.kind == "trained"].set_index("field").accuracy)
-    order = {k: i for i, k in enumerate(REACH_KINDS)}
-    return r.sort_values(["field", "kind"], key=lambda s: s.map(order) if s.name == "kind" else s).reset_index(drop=True)[cols]
+    r["rank"] = r.kind.map(REACH_KINDS.index)
+    return r.sort_values(["field", "rank"]).reset_index(drop=True)[cols]
 
 # %% ../../nbs/inject/04_testbed.ipynb #233f9c9d
 def _check_testbed_cfg(c) -> None:
