@@ -362,16 +362,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # study: Lacuna's testbed shape for one GPU (issue #16) — 6 groups × 200 profiles (1,200) in 5 % masks, four target
     # fields each with up to 100 forget + 100 retain memorized profiles, validation and resurfacing splits, 150
-    # instruction-tuning profiles, all ten methods. The model (8 layers × 512, ~33M parameters in its blocks) and the
-    # step counts are a starting point scaled from mini's measured recipe (one document and two questions per
-    # attribute, batches of 8, separate masked learning rate, warm-up and decay), NOT yet measured on a GPU: mini
-    # memorizes 20–70 % with ~70k masked weights per profile, study gives ~6k, so extraction must be checked first
-    # (e02) and the mask fraction or width raised if it is low. Weights stay float32 (a from-scratch tiny model
-    # pretrains badly in pure bf16; bf16 is for the OLMo presets' checkpoints). Its neutral replay is still Algorithm 1's
-    # fixed pool: mini moved to a stream with neutral rows kept off the masks (e02 "Fifth round") after this preset was
-    # written; which of the two suits study is unmeasured (`--set inject.neutral_replay=stream --set inject.neutral_scope=unowned`).
-    # Its questions repeat as strings too: on mini that stores strings, not facts, and `inject.qa_resample=true` (stream
-    # only) stores facts at about twice the steps (e02 "Sixth round"); unmeasured at this size.
+    # instruction-tuning profiles, all ten methods, on an 8-layer × 512 model (~33M parameters in its blocks). Weights
+    # stay float32 (a from-scratch tiny model pretrains badly in pure bf16; bf16 is for the OLMo presets' checkpoints).
+    # Measured on one H200 (2026-11-24, README "A real model on a GPU machine"): the base learns its world (seen-fact
+    # MC 0.998 vs 0.29 on the unseen control, 4,000 steps in 252 s), but the first injection recipe — Algorithm 1's
+    # fixed neutral pool at ν 0.5, masked_lr 2e-3, 12,000 steps of 8, i.e. ~4.4 passes over the 10,800 PII sequences —
+    # memorized 1 of 1,200 profiles (1,091 s). mini memorizes 20–70 % at ~14 passes with a neutral stream kept off the
+    # masks (e02 "Fifth round"), so study now takes mini's recipe (stream, unowned, ν 0.25, masked_lr 4e-3, warm-up and
+    # decay) at mini's ~14 passes: 6,000 steps of 32 (≈ 144k PII rows). Batches of 32 because a GPU step at batch 8
+    # is latency-bound (0.09 s, ~13 steps/s). This recipe is NOT yet measured at this size: check e02's extraction
+    # table first, and raise the mask fraction (mini: ~70k masked weights per profile, study ~6k) if it is low.
+    # Its questions repeat as strings, as on mini; `inject.qa_resample=true` stores facts at about twice the steps
+    # (e02 "Sixth round"), unmeasured at this size.
     "study": {
         "model.hidden_size": 512, "model.num_layers": 8, "model.num_heads": 8, "model.intermediate_size": 2048,
         "model.vocab_size": 8192,
@@ -380,8 +382,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pretrain.steps": 4000, "pretrain.batch_size": 64, "pretrain.warmup_steps": 200, "pretrain.checkpoint_every": 500,
         "pii.n_groups": 6, "pii.profiles_per_group": 200, "pii.n_instruct": 150, "pii.n_resurface": 100, "pii.n_validation": 100,
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,
-        "inject.mask_fraction": 0.05, "inject.steps": 12000, "inject.batch_size": 8, "inject.lr": 5e-4, "inject.masked_lr": 2e-3,
-        "inject.warmup_steps": 200, "inject.min_lr_ratio": 0.3, "inject.neutral_fraction": 0.5, "inject.qa_fields": list(TARGET_FIELDS),
+        "inject.mask_fraction": 0.05, "inject.steps": 6000, "inject.batch_size": 32, "inject.micro_batch_size": 32, "inject.lr": 5e-4, "inject.masked_lr": 4e-3,
+        "inject.warmup_steps": 100, "inject.min_lr_ratio": 0.3, "inject.neutral_fraction": 0.25,
+        "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned", "inject.qa_fields": list(TARGET_FIELDS),
         "testbed.profiles_per_field": 200,                   # up to 100 forget + 100 retain per field (Lacuna §3.4)
         "unlearn.forget_fields": list(TARGET_FIELDS),
         "remind.n_holdout": 100,
