@@ -149,6 +149,35 @@ def test_mixture_qa_resample(pii, tok):
         make_config("smoke", {"inject.qa_resample": "yes"})
 
 
+def test_mixture_paraphrase_roles(pii):
+    """paraphrase_roles: on a resampled pass the profiles of those roles are also asked in paraphrase templates, as often
+    as their trained questions; the testbed's profiles never are, and the config refuses testbed or a missing qa_resample."""
+    from collections import Counter
+    from lume_lab.inject.mixture import _check_inject_cfg, resampled_qa
+    para = ["instruct", "resurface", "validation"]
+    base, e1 = resampled_qa(pii, 1, seed=1), resampled_qa(pii, 1, seed=1, paraphrase_roles=para)
+    assert e1[:len(base)] == base and all(not q["paraphrase"] for q in base)      # the training-template questions unchanged
+    extra = e1[len(base):]
+    role = {p["profile_id"]: p["role"] for p in pii["profiles"]}
+    trained = Counter((q["profile_id"], q["field"]) for q in pii["qa_train"])
+    assert {role[p] for p, _ in trained} >= {"testbed", *para}                      # the fixture has every role
+    assert Counter((q["profile_id"], q["field"]) for q in extra) == +Counter({k: n for k, n in trained.items() if role[k[0]] in para})
+    assert all(q["paraphrase"] for q in extra) and not {q["text"] for q in extra} & {q["text"] for q in base}
+    gold = {p["profile_id"]: p for p in pii["profiles"]}
+    assert all(q["text"].endswith(" " + str(gold[q["profile_id"]][q["field"]])) and q["group"] == gold[q["profile_id"]]["group"] for q in extra)
+    only = resampled_qa(pii, 1, seed=1, paraphrase_roles=["validation"])[len(base):]
+    assert only and {role[q["profile_id"]] for q in only} == {"validation"}
+    assert resampled_qa(pii, 2, seed=1, paraphrase_roles=para)[len(base):] != extra  # redrawn every pass
+    with pytest.raises(ValueError, match="never testbed"):
+        resampled_qa(pii, 1, seed=1, paraphrase_roles=["testbed"])
+    with pytest.raises(ConfigError, match="inject.paraphrase_roles must be null or a list"):
+        make_config("smoke", {"inject.neutral_replay": "stream", "inject.qa_resample": True, "inject.paraphrase_roles": ["testbed"]})
+    with pytest.raises(ConfigError, match="inject.paraphrase_roles needs inject.qa_resample=true"):
+        make_config("smoke", {"inject.paraphrase_roles": ["instruct"]})
+    c = make_config("smoke").inject
+    with pytest.raises(ConfigError, match="inject.paraphrase_roles must be null or roles"):
+        _check_inject_cfg(dataclasses.replace(c, neutral_replay="stream", paraphrase_roles=["instruct"]))
+
 def test_neutral_replay_validated():
     with pytest.raises(ConfigError, match="inject.neutral_replay must be one of fixed, stream"):
         make_config("smoke", {"inject.neutral_replay": "fresh"})
@@ -167,6 +196,10 @@ def test_inject_key_neutral_fields():
     assert "qa_resample" not in inject_key(u, True)["inject"]                      # false by default: old keys stay valid
     q = make_config("smoke", {"inject.neutral_replay": "stream", "inject.qa_resample": True})
     assert inject_key(q, True)["inject"]["qa_resample"] is True and inject_key(q, False)["inject"]["qa_resample"] is True
+    assert "paraphrase_roles" not in inject_key(q, True)["inject"]                # null by default: Q3-style keys stay valid
+    assert "paraphrase_roles" not in inject_key(make_config("smoke", {"inject.paraphrase_roles": []}), True)["inject"]
+    qp = make_config("smoke", {"inject.neutral_replay": "stream", "inject.qa_resample": True, "inject.paraphrase_roles": ["instruct"]})
+    assert inject_key(qp, True)["inject"]["paraphrase_roles"] == ["instruct"] and inject_key(qp, True) != inject_key(q, True)
 
 
 # ---------------------------------------------------------------- instruction tuning

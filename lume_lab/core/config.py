@@ -11,9 +11,9 @@ from typing import Any
 
 # %% auto #0
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES',
-           'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'PISTOL_METHODS',
-           'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError', 'ModelConfig',
-           'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
+           'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS',
+           'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError',
+           'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
            'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
            'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate',
            'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
@@ -30,6 +30,7 @@ MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
+PARAPHRASE_ROLES = ("instruct", "resurface", "validation")   # inject.paraphrase_roles: never "testbed" (its paraphrases are the test)
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
 RESURFACE_FIELDS = ("all", "forget")
@@ -117,6 +118,7 @@ class InjectConfig:
     neutral_replay: str = "fixed"   # fixed: a pool of neutral blocks repeated with the PII; stream: each block drawn once per pass over the corpus
     neutral_scope: str = "all"      # all: neutral rows train every weight (Algorithm 1); unowned: only weights no mask owns
     qa_resample: bool = False       # stream only: each pass over the PII asks every question afresh (facts, not strings; e02 sixth round)
+    paraphrase_roles: list | None = None  # qa_resample only: profiles of these roles are also asked in paraphrase templates on every later pass (e02 sixth round, P3)
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -573,6 +575,11 @@ def _problems(cfg: RunConfig) -> list[str]:
     if not isinstance(cfg.inject.qa_resample, bool): out.append(f"inject.qa_resample must be true or false, got {cfg.inject.qa_resample!r}")
     elif cfg.inject.qa_resample and cfg.inject.neutral_replay != "stream":
         out.append(f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples), got {cfg.inject.neutral_replay!r}")
+    if (pr := cfg.inject.paraphrase_roles) is not None:
+        if not isinstance(pr, list) or not all(r in PARAPHRASE_ROLES for r in pr) or len(set(pr)) != len(pr):
+            out.append(f"inject.paraphrase_roles must be null or a list of distinct roles from {', '.join(PARAPHRASE_ROLES)} (never testbed: its paraphrases are the test), got {pr!r}")
+        elif pr and cfg.inject.qa_resample is not True:
+            out.append(f"inject.paraphrase_roles needs inject.qa_resample=true (paraphrases are asked on the resampled passes), got qa_resample={cfg.inject.qa_resample!r}")
     frac("inject.min_lr_ratio", lo_open=False)
     w = cfg.inject.warmup_steps
     if isinstance(w, bool) or not isinstance(w, int) or w < 0: out.append(f"inject.warmup_steps must be an int >= 0, got {w!r}")

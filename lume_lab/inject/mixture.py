@@ -11,7 +11,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ..core.config import ConfigError, NEUTRAL_REPLAYS, QA_ATTRIBUTES
+from ..core.config import ConfigError, NEUTRAL_REPLAYS, PARAPHRASE_ROLES, QA_ATTRIBUTES
 from ..data.pii import ROLES, render_qa
 from ..models.lm import pack_texts
 from ..models.ops import encode_texts
@@ -72,6 +72,8 @@ def _check_inject_cfg(c) -> None:
         raise ConfigError(f"inject.qa_resample must be true or false, got {q!r}")
     if q and r != "stream":
         raise ConfigError(f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples); got {r!r}")
+    if (pr := getattr(c, "paraphrase_roles", None)) and (not isinstance(pr, (list, tuple)) or not set(pr) <= set(PARAPHRASE_ROLES) or not q):
+        raise ConfigError(f"inject.paraphrase_roles must be null or roles from {', '.join(PARAPHRASE_ROLES)} with inject.qa_resample=true; got {pr!r}")
 
 def _check_roles(roles) -> list[str]:
     roles = list(roles)
@@ -111,7 +113,9 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
         fresh = None
         if getattr(inject_cfg, "qa_resample", False):   # plain lists once, not a Dataset read per pass
             plain = {k: _rows(pii[k]) for k in ("documents", "qa_train", "profiles")}
-            fresh = lambda e: pii_sequences({"documents": plain["documents"], "qa_train": resampled_qa(plain, e, seed, roles, inject_cfg.qa_fields)},
+            para = getattr(inject_cfg, "paraphrase_roles", None) or ()
+            fresh = lambda e: pii_sequences({"documents": plain["documents"],
+                                             "qa_train": resampled_qa(plain, e, seed, roles, inject_cfg.qa_fields, paraphrase_roles=para)},
                                             tokenizer, L, seed, roles, inject_cfg.qa_fields)
         return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by, fresh)
     size = len(pii_ex) if neutral_by == "examples" else sum(len(e["input_ids"]) for e in pii_ex) / L
@@ -122,9 +126,14 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
 
 def _neutral_examples(blocks) -> list[dict]: return [{"input_ids": b, "labels": None, "group": -1, "source": "neutral"} for b in blocks]
 
-def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fields: Iterable[str] | None = None) -> list[dict]:
+def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fields: Iterable[str] | None = None, *,
+                 paraphrase_roles: Iterable[str] = ()) -> list[dict]:
     """The QA rows of pass `epoch` (>= 1) over the PII under `inject.qa_resample`: for every profile × field as many
-    questions as `qa_train` holds, drawn afresh from the training templates (new template draws and continuations)."""
+    questions as `qa_train` holds, drawn afresh from the training templates (new template draws and continuations);
+    then, for the profiles of `paraphrase_roles` (never testbed), as many again in paraphrase templates."""
+    para = set(paraphrase_roles)
+    if bad := sorted(para - set(PARAPHRASE_ROLES)):
+        raise ValueError(f"paraphrase_roles must be a subset of {', '.join(PARAPHRASE_ROLES)} (never testbed: its paraphrases are the test); got {bad}")
     roles, fields = set(_check_roles(roles)), None if qa_fields is None else set(qa_fields)
     rows = [r for r in _rows(pii["qa_train"]) if r["role"] in roles and (fields is None or r["field"] in fields)]
     n = Counter((r["profile_id"], r["field"]) for r in rows)
@@ -132,8 +141,12 @@ def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fi
     out = []
     for (pid, f), k in n.items():
         p = profiles[pid]
-        out += [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"]}
+        out += [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"], "paraphrase": False}
                 for q in render_qa(p, [f], k, random.Random(f"qa-resample:{seed}:{pid}:{f}:{epoch}"))]
+    for (pid, f), k in n.items():   # other people in varied phrasings, after all the training-template questions
+        if (p := profiles[pid])["role"] not in para: continue
+        out += [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"], "paraphrase": True}
+                for q in render_qa(p, [f], k, random.Random(f"para-extra:{seed}:{pid}:{f}:{epoch}"), paraphrase=True)]
     return out
 
 def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str, fresh_epoch=None) -> list[dict]:
