@@ -178,6 +178,7 @@ def test_mixture_paraphrase_roles(pii):
     with pytest.raises(ConfigError, match="inject.paraphrase_roles must be null or roles"):
         _check_inject_cfg(dataclasses.replace(c, neutral_replay="stream", paraphrase_roles=["instruct"]))
 
+
 def test_neutral_replay_validated():
     with pytest.raises(ConfigError, match="inject.neutral_replay must be one of fixed, stream"):
         make_config("smoke", {"inject.neutral_replay": "fresh"})
