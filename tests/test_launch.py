@@ -197,7 +197,7 @@ def test_study_preset_end_to_end_on_cpu_in_bf16(tmp_path):
     assert {v["status"] for v in man["stages"].values()} == {"done"}
     assert sorted(p.name for p in (run / "notebooks").glob("*.ipynb")) == sorted(p.name for p in experiment_notebooks())
     cfg = open_run("study", root=tmp_path).config
-    assert cfg.preset == "study" and cfg.pii.n_groups == 6 and cfg.inject.mask_fraction == 0.05
+    assert cfg.preset == "study" and cfg.pii.n_groups == 6 and cfg.inject.mask_fraction == 0.13
     a = load_file(str(run / "instruct_masked" / "model" / "model.safetensors"))
     b = load_file(str(run / "unlearn_oracle_grad_phone_number" / "model" / "model.safetensors"))
     assert {t.dtype for t in a.values()} == {torch.bfloat16}

@@ -362,7 +362,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "remind.ablation_variants": [1, 5], "remind.ablation_replace_probs": [0.3, 0.6], "resurface.attempts": 4,
         "attribution.counts": [1, "all"], "attribution.signature_max_weights": 20_000,
     },
-    # study: Lacuna's testbed shape for one GPU (issue #16) — 6 groups × 200 profiles (1,200) in 5 % masks, four target
+    # study: Lacuna's testbed shape for one GPU (issue #16) — 6 groups × 200 profiles (1,200), four target
     # fields each with up to 100 forget + 100 retain memorized profiles, validation and resurfacing splits, 150
     # instruction-tuning profiles, all ten methods, on an 8-layer × 512 model (~33M parameters in its blocks). Weights
     # stay float32 (a from-scratch tiny model pretrains badly in pure bf16; bf16 is for the OLMo presets' checkpoints).
@@ -372,8 +372,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # memorized 1 of 1,200 profiles (1,091 s). mini memorizes 20–70 % at ~14 passes with a neutral stream kept off the
     # masks (e02 "Fifth round"), so study now takes mini's recipe (stream, unowned, ν 0.25, masked_lr 4e-3, warm-up and
     # decay) at mini's ~14 passes: 6,000 steps of 32 (≈ 144k PII rows). Batches of 32 because a GPU step at batch 8
-    # is latency-bound (0.09 s, ~13 steps/s). This recipe is NOT yet measured at this size: check e02's extraction
-    # table first, and raise the mask fraction (mini: ~70k masked weights per profile, study ~6k) if it is low.
+    # is latency-bound (0.09 s, ~13 steps/s). Masks are 13 %, not the paper's 5 %: on mini's model with 6 groups
+    # (e02 "Seventh round") 5 % masks memorized nothing and 13 % (78 % owned, mini's share) 5–15 %, and study's 5 %
+    # gave ~6k masked weights per profile against mini's ~70k. This recipe is NOT yet measured at this size: check
+    # e02's extraction table first; more passes (`--set inject.steps=12000`) or fewer profiles are the next probes.
     # Its questions repeat as strings, as on mini; `inject.qa_resample=true` stores facts at about twice the steps
     # (e02 "Sixth round"), unmeasured at this size.
     "study": {
@@ -384,7 +386,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pretrain.steps": 4000, "pretrain.batch_size": 64, "pretrain.warmup_steps": 200, "pretrain.checkpoint_every": 500,
         "pii.n_groups": 6, "pii.profiles_per_group": 200, "pii.n_instruct": 150, "pii.n_resurface": 100, "pii.n_validation": 100,
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,
-        "inject.mask_fraction": 0.05, "inject.steps": 6000, "inject.batch_size": 32, "inject.micro_batch_size": 32, "inject.lr": 5e-4, "inject.masked_lr": 4e-3,
+        "inject.mask_fraction": 0.13, "inject.steps": 6000, "inject.batch_size": 32, "inject.micro_batch_size": 32, "inject.lr": 5e-4, "inject.masked_lr": 4e-3,
         "inject.warmup_steps": 100, "inject.min_lr_ratio": 0.3, "inject.neutral_fraction": 0.25,
         "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned", "inject.qa_fields": list(TARGET_FIELDS),
         "testbed.profiles_per_field": 200,                   # up to 100 forget + 100 retain per field (Lacuna §3.4)
