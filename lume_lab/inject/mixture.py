@@ -138,16 +138,13 @@ def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fi
     rows = [r for r in _rows(pii["qa_train"]) if r["role"] in roles and (fields is None or r["field"] in fields)]
     n = Counter((r["profile_id"], r["field"]) for r in rows)
     profiles = {p["profile_id"]: p for p in _rows(pii["profiles"])}
-    out = []
-    for (pid, f), k in n.items():
+    def ask(pid, f, k, tag, paraphrase):
         p = profiles[pid]
-        out += [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"], "paraphrase": False}
-                for q in render_qa(p, [f], k, random.Random(f"qa-resample:{seed}:{pid}:{f}:{epoch}"))]
-    for (pid, f), k in n.items():   # other people in varied phrasings, after all the training-template questions
-        if (p := profiles[pid])["role"] not in para: continue
-        out += [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"], "paraphrase": True}
-                for q in render_qa(p, [f], k, random.Random(f"para-extra:{seed}:{pid}:{f}:{epoch}"), paraphrase=True)]
-    return out
+        return [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"], "paraphrase": paraphrase}
+                for q in render_qa(p, [f], k, random.Random(f"{tag}:{seed}:{pid}:{f}:{epoch}"), paraphrase=paraphrase)]
+    out = [q for (pid, f), k in n.items() for q in ask(pid, f, k, "qa-resample", False)]
+    # other people in varied phrasings, after all the training-template questions
+    return out + [q for (pid, f), k in n.items() if profiles[pid]["role"] in para for q in ask(pid, f, k, "para-extra", True)]
 
 def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str, fresh_epoch=None) -> list[dict]:
     """`neutral_replay='stream'`: the whole run's `steps × batch_size` examples, PII in epochs, neutral blocks drawn once each;

@@ -43,8 +43,8 @@ def inject_key(c, masked: bool) -> dict:
     key: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
     inj = {k: v for k, v in asdict(c.inject).items() if masked or k not in MASK_ONLY_FIELDS}
     # the behaviour before these fields existed: earlier runs keep their injections
-    if not inj.get("paraphrase_roles"): inj["paraphrase_roles"] = None         # [] asks nothing more than null
-    for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all"), ("qa_resample", False), ("paraphrase_roles", None)):
+    if not inj.get("paraphrase_roles"): inj.pop("paraphrase_roles", None)      # null or []: nothing more is asked
+    for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all"), ("qa_resample", False)):
         if inj.get(k) == old: del inj[k]
     return {"v": STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
 
