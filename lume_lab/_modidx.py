@@ -1011,6 +1011,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                     'lume_lab/pipeline/resurface_stages.py'),
                                                     'lume_lab.pipeline.resurface_stages.attack_rows': ( 'pipeline/resurface_stages.html#attack_rows',
                                                                                                         'lume_lab/pipeline/resurface_stages.py'),
+                                                    'lume_lab.pipeline.resurface_stages.attack_summary': ( 'pipeline/resurface_stages.html#attack_summary',
+                                                                                                           'lume_lab/pipeline/resurface_stages.py'),
                                                     'lume_lab.pipeline.resurface_stages.attempt_rows': ( 'pipeline/resurface_stages.html#attempt_rows',
                                                                                                          'lume_lab/pipeline/resurface_stages.py'),
                                                     'lume_lab.pipeline.resurface_stages.resurface_labels': ( 'pipeline/resurface_stages.html#resurface_labels',

@@ -79,6 +79,13 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
             assert html[r.field].at[r.method, f"leak {r.stage}"] == _fmt(r.rate, 1)
             assert card.at[(r.field, r.method), "leak_profiles"] == r.n_profiles
             checked += 1
+    if (rep / "resurfacing_attack.csv").exists():      # the attack-summary table shows the CSV's values
+        t = next(t for t in read_html_tables(page) if "nll_before" in t.columns).set_index(["field", "method"])
+        for _, r in pd.read_csv(rep / "resurfacing_attack.csv").iterrows():
+            for c in ("nll_before", "val_start", "val_kept"):
+                assert float(t.at[(r.field, r.method), c]) == pytest.approx(round(r[c], 3), abs=1e-9), (r.field, r.method, c)
+            assert int(t.at[(r.field, r.method), "kept_step"]) == r.kept_step
+            checked += 1
     return checked
 
 

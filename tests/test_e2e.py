@@ -31,7 +31,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     for nb in experiment_notebooks(["all"]): assert (run / "notebooks" / nb.name).exists()
     report = run / "report"
     assert "mc_acc" in (report / "utility_base.csv").read_text()
-    import pandas as pd
+    import numpy as np, pandas as pd
     rates = pd.read_csv(report / "extraction_rates.csv")
     assert set(rates.model) == {"masked", "unmasked"} and set(rates.field) == set(make_config("smoke").pii.target_fields)
     expected_reach = {"reachability_instruct_masked", "reachability_instruct_unmasked"}
@@ -54,6 +54,9 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     assert set(res.method) == {"none", "floor", *METHODS} and set(res.stage) == {"before", "after"}
     assert res.rate.between(0, 100).all() and (res.leaked <= res.n_profiles).all()
     assert (report / "resurfacing_leakage.png").exists() and (report / f"resurfacing_jaccard_{field}.png").exists()
+    att = pd.read_csv(report / "resurfacing_attack.csv")     # what the attack did: losses on its own data, per attacked model
+    assert set(att.method) == {"none", "floor", *METHODS} and np.isfinite(att.nll_before).all() and (att.nll_before > 0).all()
+    assert (att.kept_step <= att.steps).all() and (att.val_kept <= att.val_start + 1e-12).all() and (report / "resurfacing_attack.png").exists()
     # e09: attribution scores against the masks, the mask-signature check, localized_graddiff beside its neighbours
     assert {f"attribution_{field}", "mask_signature", f"attribution_localization_{field}", f"unlearn_localized_graddiff_{field}",
             f"evaluate_localized_graddiff_{field}", f"resurface_localized_graddiff_{field}"} <= set(done)

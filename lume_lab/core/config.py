@@ -175,6 +175,7 @@ class ResurfaceConfig:
     attempts: int = 200            # distinct App. B prompts per forget profile
     attack_fields: str = "all"     # "all": every target field's QA of the resurface profiles; "forget": the forget field's only
     lr: float | None = None        # attack fine-tuning learning rate (None: instruct.lr, the spec's default)
+    epochs: int | None = None      # attack fine-tuning epochs (None: instruct.epochs, the spec's "instruction tuning setup")
     paraphrases: bool = True       # attempts mix training- and paraphrase-template questions
     extraction_prompts: bool = True   # attempts open with the profile's extraction prompts (its trained questions), then fresh draws
     temperature: float | None = None   # None: greedy decoding (default); else sampling at this temperature
@@ -616,6 +617,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     for n in ("attempts", "samples"): pos(f"resurface.{n}")
     choice("resurface.attack_fields", RESURFACE_FIELDS)
     if cfg.resurface.lr is not None: pos("resurface.lr", float)
+    if cfg.resurface.epochs is not None: pos("resurface.epochs")
     if cfg.resurface.temperature is not None: pos("resurface.temperature", float)
     frac("resurface.top_p")
     if not isinstance(cfg.resurface.paraphrases, bool): out.append(f"resurface.paraphrases must be true or false, got {cfg.resurface.paraphrases!r}")

@@ -262,10 +262,12 @@ def greedy_generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1: raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts): raise ValueError("prompts must be a list of strings")
-    pad, eos, dev, out = pad_id(tokenizer), eos_id(tokenizer), model_device(model), []
+    pad, eos, dev, out = pad_id(tokenizer), eos_id(tokenizer), model_device(model), [None] * len(prompts)
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] or [start_id(tokenizer)] for p in prompts]
+    order = sorted(range(len(enc)), key=lambda i: len(enc[i]))   # batches of similar length: little padding
     for s in progress(range(0, len(enc), batch_size), desc="generate"):
-        b = pad_batch(enc[s:s + batch_size], pad, side="left")
+        idx = order[s:s + batch_size]
+        b = pad_batch([enc[i] for i in idx], pad, side="left")
         with eval_mode(model):
             g = model.generate(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev), do_sample=False, num_beams=1,
                                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
@@ -275,7 +277,7 @@ def greedy_generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 
             n = row.index(eos) if eos in row else len(row)
             r = {"ids": row[:n], "text": tokenizer.decode(row[:n], skip_special_tokens=True)}
             if return_logits: r["logits"] = torch.stack([l[i].float().cpu() for l in g.logits[:min(n + 1, len(row))]])
-            out.append(r)
+            out[idx[i]] = r
     return out
 
 def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 32, batch_size: int = 16) -> list[str]:

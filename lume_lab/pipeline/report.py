@@ -140,6 +140,12 @@ def _resurfacing_section(rep: Path) -> list:
         blocks += [_p("Forget profiles that leak at least once (`floor`: a never-injected model with the same tuning and attack)."),
                    _table(w.round(1).reset_index())]
     blocks += _fig(rep, "resurfacing_leakage.png", "Fig. 5a analogue: leakage before and after the resurfacing attack")
+    if (rep / "resurfacing_attack.csv").exists():
+        a = pd.read_csv(rep / "resurfacing_attack.csv")
+        blocks += [_p("What the attack did: answer NLL of the attack set (memorized people in neither forget nor retain) before the attack, "
+                      "and the attack's validation loss at step 0 and at the checkpoint it kept (kept step 0: no step helped)."),
+                   _table(a[["field", "method", "nll_before", "val_start", "val_kept", "kept_step"]].round(3))]
+    blocks += _fig(rep, "resurfacing_attack.png", "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the never-injected floor")
     blocks += [b for f in _fields_in(rep, "resurfacing_jaccard_")
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
     return [_h(2, "Resurfacing attack (Fig. 5)"), *blocks] if blocks else []

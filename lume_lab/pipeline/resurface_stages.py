@@ -20,7 +20,7 @@ from ..unlearn.registry import get_spec
 
 # %% auto #0
 __all__ = ['REFERENCE_MODELS', 'stage_instruct_floor', 'attack_rows', 'attempt_rows', 'stage_resurface', 'resurface_labels',
-           'resurface_results']
+           'resurface_results', 'attack_summary']
 
 # %% ../../nbs/pipeline/06_resurface_stages.ipynb #464b64bb
 def stage_instruct_floor(store: RunStore) -> Path:
@@ -86,7 +86,8 @@ def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.Dat
     elif label not in REFERENCE_MODELS: stage_unlearn(store, label, field)
     load, rewrap = _loader(store, label, field)
     tok = load_stage_model(store, "instruct_masked")[1]
-    icfg = replace(c.instruct, lr=c.resurface.lr if c.resurface.lr is not None else c.instruct.lr)
+    r = c.resurface
+    icfg = replace(c.instruct, lr=c.instruct.lr if r.lr is None else r.lr, epochs=c.instruct.epochs if r.epochs is None else r.epochs)
     def fn(out):
         model = load().eval()
         kw = dict(max_new_tokens=c.testbed.max_new_tokens, sampling=sampling_config(c.resurface), seed=c.seed)
@@ -96,7 +97,8 @@ def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.Dat
         before.to_csv(out / "before.csv", index=False); after.to_csv(out / "after.csv", index=False)
         log.to_csv(out / "attack_log.csv", index=False); counts.to_csv(out / "attempts.csv", index=False)
     src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", unlearn_name(label, field)])
-    key = {"v": STAGE_VERSIONS["resurface"], "resurface": asdict(c.resurface), "instruct": asdict(icfg), "label": label,
+    # the attack's effective recipe is `icfg`; `epochs` is left out of the resurface part so runs made before it existed stay cached
+    key = {"v": STAGE_VERSIONS["resurface"], "resurface": {k: v for k, v in asdict(r).items() if k != "epochs"}, "instruct": asdict(icfg), "label": label,
            "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
     d = launched_stage(store, f"resurface_{label}_{field}", fn, key=key, deps=["testbed", "pii"] + src)   # the attack's fine-tune: DDP with --num-processes
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("before", "after")}
@@ -111,3 +113,18 @@ def resurface_results(store: RunStore, field: str) -> pd.DataFrame:
     res = {lab: stage_resurface(store, lab, field) for lab in resurface_labels(store.config)}
     return pd.concat([leakage_table({lab: r[when] for lab, r in res.items()}).rename(columns={"label": "method"}).assign(stage=when, field=field)
                       for when in ("before", "after")], ignore_index=True)
+
+# %% ../../nbs/pipeline/06_resurface_stages.ipynb #d86effa7
+def attack_summary(store: RunStore, field: str) -> pd.DataFrame:
+    "Per attacked label of `field`: attack-set size, its answer NLL before the attack, and the attack's validation loss at step 0 and kept."
+    from lume_lab.models.ops import qa_nll
+    rows, tok, out = attack_rows(store, field), load_stage_model(store, "instruct_masked")[1], []
+    for lab in resurface_labels(store.config):
+        stage_resurface(store, lab, field)                                   # cached: the attack and its log
+        log = pd.read_csv(store.path(f"resurface_{lab}_{field}") / "attack_log.csv")
+        load, rewrap = _loader(store, lab, field)
+        kept = log[log.is_best.astype(bool)].iloc[-1]
+        out.append(dict(field=field, method=lab, attack_rows=len(rows), attack_profiles=len({r["profile_id"] for r in rows}),
+                        nll_before=qa_nll(rewrap(load().eval()), tok, rows), val_start=float(log.val_loss.iloc[0]),
+                        val_kept=float(kept.val_loss), kept_step=int(kept.step), steps=int(log.step.iloc[-1])))
+    return pd.DataFrame(out)
