@@ -85,6 +85,10 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
             for c in ("nll_before", "val_start", "val_kept"):
                 assert float(t.at[(r.field, r.method), c]) == pytest.approx(round(r[c], 3), abs=1e-9), (r.field, r.method, c)
             assert int(t.at[(r.field, r.method), "kept_step"]) == r.kept_step
+            if (r.field, r.method) in card.index:             # and the scorecard's held-out PII column (the floor has no row)
+                assert _same(card.at[(r.field, r.method), "heldout_pii_nll"], r.nll_before)
+                assert html[r.field].at[r.method, "held-out PII NLL"] == _fmt(r.nll_before, 2)
+            else: assert r.method == "floor"
             checked += 1
     return checked
 

@@ -15,14 +15,17 @@ from ..core.store import atomic_write_text
 from .scorecard import report_dir, run_config, run_manifest, scorecard   # `report.scorecard` is the same function
 
 # %% auto #0
-__all__ = ['COLUMN_LABELS', 'LUME_COLUMNS', 'SCORECARD_NOTE', 'CSS', 'format_scorecard', 'reproduce_command', 'stage_family',
-           'stage_times', 'report_blocks', 'render_html', 'render_markdown', 'read_html_tables', 'write_report']
+__all__ = ['COLUMN_LABELS', 'DIGITS', 'LUME_COLUMNS', 'SCORECARD_NOTE', 'CSS', 'format_scorecard', 'reproduce_command',
+           'stage_family', 'stage_times', 'report_blocks', 'render_html', 'render_markdown', 'read_html_tables',
+           'write_report']
 
 # %% ../../nbs/pipeline/08_report.ipynb #78763394
 COLUMN_LABELS = {"forget_em": "forget EM", "forget_es": "forget ES", "forget_prob": "forget Prob", "forget_para_em": "forget EM para",
                  "retain_em": "retain EM", "retain_es": "retain ES", "retain_prob": "retain Prob", "retain_para_em": "retain EM para",
                  "utility_delta": "utility Δ", "auc_forget": "AUC m^F", "auc_unified": "AUC m^F∪m^R",
-                 "remind_auc_lr": "REMIND LR", "remind_auc_rf": "REMIND RF", "leak_before": "leak before", "leak_after": "leak after"}
+                 "remind_auc_lr": "REMIND LR", "remind_auc_rf": "REMIND RF", "leak_before": "leak before", "leak_after": "leak after",
+                 "heldout_pii_nll": "held-out PII NLL"}
+DIGITS = {"auc_forget": 3, "auc_unified": 3, "heldout_pii_nll": 2}     # display digits; every other column 1
 
 def _num(v, digits: int) -> str: return "" if pd.isna(v) else f"{v:.{digits}f}"
 
@@ -45,8 +48,8 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
             if a in r: out[f"{label} (profiles / rows)"] = _n(r, a, b)
         for c, label in COLUMN_LABELS.items():
             if c not in r: continue
-            out[label] = _value(r, c, 3 if c.startswith("auc") else 1)
-            if f"{c}_paper" in r: out[f"{label} (paper)"] = _num(r[f"{c}_paper"], 3 if c.startswith("auc") else 1)
+            out[label] = _value(r, c, DIGITS.get(c, 1))
+            if f"{c}_paper" in r: out[f"{label} (paper)"] = _num(r[f"{c}_paper"], DIGITS.get(c, 1))
             if c == "utility_delta" and "utility_n" in r: out["n utility (MC questions)"] = _n(r, "utility_n")
             if c == "remind_auc_rf" and "remind_n_per_class" in r: out["n REMIND (per class)"] = _n(r, "remind_n_per_class")
             if c == "leak_after" and "leak_profiles" in r: out["n leak (profiles)"] = _n(r, "leak_profiles")
@@ -312,7 +315,8 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
 SCORECARD_NOTE = ("One row per method (`none`: before unlearning) and forget field. Output metrics in % (utility Δ: points of "
                   "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "
                   "REMIND multi-class AUC % (original inputs, fair protocol); leakage: % of forget profiles revealed before / after "
-                  "the resurfacing attack. '(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
+                  "the resurfacing attack; held-out PII NLL: answer NLL of memorized people in neither forget nor retain "
+                  "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. '(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
                   "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
                   "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005).")
 

@@ -141,13 +141,18 @@ def read_remind(run_dir) -> pd.DataFrame | None:
     return pd.concat(parts, ignore_index=True).set_index(["field", "method"]) if parts else None
 
 def read_resurfacing(run_dir) -> pd.DataFrame | None:
-    "e06's leakage (% of forget profiles that leak) before and after the resurfacing attack, and how many profiles."
+    """e06's leakage (% of forget profiles that leak) before and after the resurfacing attack, and how many profiles;
+    with `resurfacing_attack.csv`, also `heldout_pii_nll`: the answer NLL of memorized people in neither forget nor retain
+    (the attack set) before the attack, which shows what a method erased beyond its forget set."""
     p = report_dir(run_dir) / "resurfacing.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
     w = t.pivot_table(index=["field", "method"], columns="stage", values="rate", aggfunc="first", sort=False)
     w = w.rename(columns=lambda c: f"leak_{c}")[[f"leak_{c}" for c in ("before", "after") if c in set(t.stage)]]
-    return w.assign(leak_profiles=t.groupby(["field", "method"]).n_profiles.first())
+    w = w.assign(leak_profiles=t.groupby(["field", "method"]).n_profiles.first())
+    a = report_dir(run_dir) / "resurfacing_attack.csv"
+    if a.exists(): w = w.join(pd.read_csv(a).set_index(["field", "method"]).nll_before.rename("heldout_pii_nll"))
+    return w
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #72b92c09
 def run_scorecard(run_dir) -> pd.DataFrame:
@@ -192,7 +197,7 @@ def direction_mismatch(card: pd.DataFrame, checks: dict = DIRECTION_CHECKS) -> p
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #7954038b
 N_COLUMNS = ("forget_profiles", "forget_rows", "retain_profiles", "retain_rows", "utility_n", "remind_n_per_class", "leak_profiles")
-METRIC_COLUMNS = (*OUTPUT_COLUMNS, "auc_forget", "auc_unified", "remind_auc_lr", "remind_auc_rf", "leak_before", "leak_after")
+METRIC_COLUMNS = (*OUTPUT_COLUMNS, "auc_forget", "auc_unified", "remind_auc_lr", "remind_auc_rf", "leak_before", "leak_after", "heldout_pii_nll")
 
 def _check_same_config(run_dirs: list[Path]) -> None:
     first = run_config(run_dirs[0])
