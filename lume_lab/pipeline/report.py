@@ -316,7 +316,8 @@ SCORECARD_NOTE = ("One row per method (`none`: before unlearning) and forget fie
                   "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "
                   "REMIND multi-class AUC % (original inputs, fair protocol); leakage: % of forget profiles revealed before / after "
                   "the resurfacing attack; held-out PII NLL: answer NLL of memorized people in neither forget nor retain "
-                  "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. '(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
+                  "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. "
+                  "'(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
                   "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
                   "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005).")
 
