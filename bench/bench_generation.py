@@ -18,7 +18,7 @@ from transformers import Olmo2Config, Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.core.config import make_config
-from lume_lab.models.ops import greedy_generate, pad_batch
+from lume_lab.models.ops import greedy_generate
 
 hf_logging.set_verbosity_error()
 
@@ -30,19 +30,10 @@ class _IdTok:
     def decode(self, ids, skip_special_tokens=True): return " ".join(map(str, ids))
 
 
-@torch.no_grad()
 def prompt_order(model, tok, prompts, max_new_tokens, batch_size):
-    "The generator before sorting: batches in the prompts' order, left-padded to each batch's longest prompt."
-    out, dev = [], next(model.parameters()).device
-    enc = [tok(p)["input_ids"] for p in prompts]
-    for s in range(0, len(enc), batch_size):
-        b = pad_batch(enc[s:s + batch_size], tok.pad_token_id, side="left")
-        g = model.generate(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev), do_sample=False, num_beams=1,
-                           max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        for row in g[:, b["input_ids"].shape[1]:].tolist():
-            n = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
-            out.append(tok.decode(row[:n]))
-    return out
+    "The generator before sorting: the same batches in the prompts' order (one `greedy_generate` call per batch, so each pads to its own longest prompt)."
+    return [g["text"] for s in range(0, len(prompts), batch_size)
+            for g in greedy_generate(model, tok, prompts[s:s + batch_size], max_new_tokens, batch_size)]
 
 
 def main():
