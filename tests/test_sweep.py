@@ -158,7 +158,7 @@ def test_shipped_sweeps_are_what_they_say():
     assert {0.01, 0.02, 0.05} <= {p.config.inject.mask_fraction for p in mask.points} and mask.collect == ["report/extraction_rates.csv"]
     lr = S.load_sweep(REPO / "sweeps" / "npo_lr.yaml")
     assert lr.swept == ["unlearn.hparams.npo.lr", "seed"] and {tuple(p.config.unlearn.methods) for p in lr.points} == {("npo",)}
-    assert sorted({p.config.unlearn.hparams["npo"]["lr"] for p in lr.points}) == [1e-3, 3e-3, 1e-2]     # numbers, not YAML 1.1 strings
+    assert sorted({p.config.unlearn.hparams["npo"]["lr"] for p in lr.points}) == [1e-4, 3e-4, 1e-3]     # numbers, not YAML 1.1 strings
 
 
 @pytest.mark.parametrize("change,msg", [

@@ -147,6 +147,8 @@ class UnlearnConfig:
     methods: list | None = None
     forget_fields: list = field(default_factory=lambda: ["email_address"])
     hparams: dict = field(default_factory=dict)
+    tune_max_ppl_ratio: float | None = 1.5   # t00: a grid point may raise neutral perplexity at most ×this (None: no guard)
+    tune_match_steps: bool = True            # t00: each point trains the steps its epochs give on the first forget field's split
 
 @dataclass
 class LocalizationConfig:
@@ -257,7 +259,7 @@ class LumeExpConfig:
     epochs: int = 3                 # unlearning epochs (LUME: 10); evaluation after each
     lr: float = 3e-4                # unlearning learning rate of every method (LUME: 1e-5 on 7B); `hparams` overrides
     batch_size: int = 8             # LUME: 32, on 10x more documents
-    hparams: dict = field(default_factory=lambda: {"uld": {"lr": 3e-3}})   # method -> {hyperparameter: value}; ULD's LoRA assistant learns at its mini rate
+    hparams: dict = field(default_factory=lambda: {"uld": {"lr": 3e-3}})   # method -> {hyperparameter: value}; ULD's LoRA assistant learns at 3e-3 here
     docs_per_task: int | None = 3   # documents per task and split the experiment uses (None: all of `lume.n_per_task`)
     n_nonmembers: int = 10          # unseen documents per task: the MIA non-members
     reg_max_new_tokens: int = 64    # completion length, and the tokens of the true rest it is compared with
@@ -343,6 +345,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",
         "inject.qa_fields": list(TARGET_FIELDS), "testbed.profiles_per_field": 48,   # up to 24 forget + 24 retain (issue #13's target)
         "unlearn.forget_fields": ["phone_number", "email_address"],
+        # App. G.2 tunes on held-out profiles of the two fields the model memorizes most (license, email at 1B); on mini
+        # those are phone and license: with license / email the validation split held 0 + 1 profiles (nothing to tune on)
+        "testbed.validation_fields": ["phone_number", "drivers_license"],
         "resurface.attempts": 40,      # 200 (the default, Lacuna's) × 12 models does not fit mini's budget; e06 states it
         "remind.n_holdout": 12,        # as many holdout profiles as forget ones: balancing cuts every class to the smallest
         "localization.composite_max_weights": 200_000,
@@ -602,6 +607,10 @@ def _problems(cfg: RunConfig) -> list[str]:
     hp = cfg.unlearn.hparams
     if not (isinstance(hp, dict) and all(isinstance(m, str) and isinstance(v, dict) and all(isinstance(k, str) for k in v) for m, v in hp.items())):
         out.append(f"unlearn.hparams must be a dict method -> {{hyperparameter: value}}, got {hp!r}")
+    r = cfg.unlearn.tune_max_ppl_ratio
+    if r is not None and not (isinstance(r, (int, float)) and not isinstance(r, bool) and r >= 1):
+        out.append(f"unlearn.tune_max_ppl_ratio must be None (no utility guard) or a number >= 1, got {r!r}")
+    if not isinstance(cfg.unlearn.tune_match_steps, bool): out.append(f"unlearn.tune_match_steps must be true or false, got {cfg.unlearn.tune_match_steps!r}")
     pos("localization.composite_max_weights")
     if not isinstance(cfg.localization.n_folds, int) or cfg.localization.n_folds < 2: out.append(f"localization.n_folds must be an int >= 2, got {cfg.localization.n_folds!r}")
     for n in ("neighbors", "variants", "n_holdout", "rf_trees"): pos(f"remind.{n}")

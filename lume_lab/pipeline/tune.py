@@ -4,7 +4,7 @@
 
 # %% ../../nbs/pipeline/04_tune.ipynb #bdc49329
 from __future__ import annotations
-import copy, itertools, math, time, warnings
+import copy, itertools, math, random, time, warnings
 from typing import Callable
 
 import pandas as pd
@@ -12,14 +12,17 @@ import pandas as pd
 from ..models.ops import progress as ops_progress
 from ..core.store import RunStore
 from ..metrics.memorization import memorization_scores
+from ..metrics.utility import perplexity
+from ..data.world import corpus_texts, load_world
 from ..unlearn.registry import get_spec
 from .config import method_hparams
-from .stages import STAGE_VERSIONS, load_stage_model
+from .stages import STAGE_VERSIONS, load_stage_model, stage_world
 from .testbed_stages import stage_testbed
-from .unlearn_stages import ensure_inputs, method_inputs
+from .unlearn_stages import ensure_inputs, method_inputs, stage_forget_fields
 
 # %% auto #0
-__all__ = ['tuning_score', 'grid_points', 'grid_search', 'select_best', 'stage_tune']
+__all__ = ['TUNE_UTILITY_TEXTS', 'tuning_score', 'grid_points', 'matched_steps', 'grid_search', 'select_best',
+           'tune_utility_texts', 'stage_tune']
 
 # %% ../../nbs/pipeline/04_tune.ipynb #35e24b5e
 def tuning_score(forget_before: float, forget_after: float, retain_before: float, retain_after: float) -> dict:
@@ -49,13 +52,27 @@ def _score(before: dict, after: dict) -> dict:
     if before["forget"] > 0 and before["retain"] > 0: return tuning_score(before["forget"], after["forget"], before["retain"], after["retain"])
     return {"forgetting": math.nan, "retention": math.nan, "score": math.nan}
 
+def matched_steps(hp: dict, reference_rows: int | None) -> int | None:
+    "`epochs × ⌈reference_rows / batch_size⌉` for resolved hyperparameters `hp` that count epochs; None when `hp` sets `max_steps`, has no epochs, or no reference is given."
+    if reference_rows is None or hp.get("max_steps") is not None or "epochs" not in hp or "batch_size" not in hp: return None
+    if isinstance(reference_rows, bool) or not isinstance(reference_rows, int) or reference_rows < 1:
+        raise ValueError(f"reference_rows must be a positive int (rows of the split the epochs are counted on), got {reference_rows!r}")
+    return int(hp["epochs"]) * math.ceil(reference_rows / int(hp["batch_size"]))
+
 def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict], retain: list[dict], grid: dict,
                 base: dict | None = None, seed: int = 0, method_kwargs: dict | None = None, batch_size: int = 16,
-                progress: bool = True, em_fn: Callable | None = None, require_memorized: bool = True) -> pd.DataFrame:
-    "One row per grid point: hyperparameters, validation EM before/after, forgetting, retention, score, seconds."
+                progress: bool = True, em_fn: Callable | None = None, require_memorized: bool = True,
+                utility_fn: Callable | None = None, max_ppl_ratio: float | None = None,
+                reference_rows: int | None = None) -> pd.DataFrame:
+    """One row per grid point: hyperparameters, validation EM before/after, forgetting, retention, score, seconds.
+    `utility_fn(model)` → a perplexity (lower is better) measured before and after: columns `ppl_before`, `ppl_after`,
+    `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each point
+    trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
-    for pt in points: spec.resolve({**(base or {}), **pt})     # so do unknown keys and bad values
+    if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool) or not isinstance(max_ppl_ratio, (int, float)) or max_ppl_ratio < 1):
+        raise ValueError(f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} (utility_fn {'given' if utility_fn else 'None'})")
+    steps = [matched_steps(spec.resolve({**(base or {}), **pt}), reference_rows) for pt in points]   # unknown keys and bad values fail here
     if not forget or not retain: raise ValueError(f"the validation forget ({len(forget)}) and retain ({len(retain)}) splits must both be non-empty")
     em = em_fn or (lambda m, rows: _em(m, tokenizer, rows, batch_size))
     model = make_model()
@@ -63,42 +80,73 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     if require_memorized: tuning_score(before["forget"], 0.0, before["retain"], 0.0)  # fails now if a split is not memorized
     elif not (before["forget"] > 0 and before["retain"] > 0):
         warnings.warn(f"tune {method}: the validation split is not memorized (EM before: {before}); scores are NaN")
+    ppl_before = None if utility_fn is None else float(utility_fn(model))
     rows = []
     for i, pt in enumerate(ops_progress(points, f"tune {method}", disable=not progress)):
         model = model if i == 0 else make_model()
         t0 = time.perf_counter()
-        unl, log = spec.run(model, tokenizer, forget, retain, copy.deepcopy({**(base or {}), **pt}), seed=seed, **(method_kwargs or {}))
+        hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
+        unl, log = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
         after = {"forget": em(unl, forget), "retain": em(unl, retain)}
+        util = {}
+        if utility_fn is not None:
+            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before
+            util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
+                    "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
         rows.append({"method": method, "point": i, **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
+                     **({} if reference_rows is None else {"steps": steps[i]}),
                      "em_forget_before": before["forget"], "em_forget_after": after["forget"],
                      "em_retain_before": before["retain"], "em_retain_after": after["retain"], **_score(before, after),
-                     "seconds": time.perf_counter() - t0})
+                     **util, "seconds": time.perf_counter() - t0})
         del unl
     return pd.DataFrame(rows)
 
 def select_best(results: pd.DataFrame, grid: dict) -> dict:
-    "The hyperparameters of the highest-scoring row of `grid_search` output (first one on ties; the first point when none is scored)."
+    """The hyperparameters of the highest-scoring *eligible* row of `grid_search` output (first one on ties); when no
+    scored row is eligible (every point broke the utility guard), the one with the smallest `ppl_ratio`; when no row is
+    scored (an unmemorized split), the first point."""
     if results.empty: raise ValueError("no grid results to select from")
     scores = results["score"].astype(float)
-    best = int(scores.idxmax()) if scores.notna().any() else results.index[0]
+    ok = results["eligible"].astype(bool) if "eligible" in results else pd.Series(True, index=results.index)
+    if (scores.notna() & ok).any(): best = int(scores.where(ok).idxmax())
+    elif scores.notna().any() and "ppl_ratio" in results:
+        best = int(results.loc[scores.notna(), "ppl_ratio"].astype(float).idxmin())
+        warnings.warn(f"no grid point kept perplexity within the guard (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); "
+                      "taking the least damaging point")
+    else: best = results.index[0]
     return grid_points(grid)[int(results.loc[best, "point"])]
 
 # %% ../../nbs/pipeline/04_tune.ipynb #0520391e
+TUNE_UTILITY_TEXTS = 200   # neutral corpus texts whose perplexity guards a grid point
+
+def tune_utility_texts(store: RunStore, n: int = TUNE_UTILITY_TEXTS) -> list[str]:
+    "A seeded sample of `n` texts of the run's neutral corpus (pretraining text, not the held-out utility set the evaluation reports)."
+    stage_world(store)
+    texts = corpus_texts(load_world(store.path("world")))
+    return random.Random(f"tune-utility:{store.config.seed}").sample(texts, min(n, len(texts)))
+
 def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.DataFrame:
-    "Grid search of `method` on the validation split (license forget / email retain; App. G.2), cached; `grid` defaults to `spec.grid`."
+    """Grid search of `method` on the validation split (`testbed.validation_fields`; App. G.2), cached; `grid` defaults
+    to `spec.grid`. The utility guard (`unlearn.tune_max_ppl_ratio`) and matched steps (`unlearn.tune_match_steps`:
+    epochs counted on the first usable forget field's split) are the run config's."""
     c, spec = store.config, get_spec(method)                          # unknown method fails before any compute
     grid = grid if grid is not None else spec.grid
     grid_points(grid)                                                  # a malformed grid fails before any compute
     fixed = {k: v for k, v in method_hparams(c, method).items() if k not in grid}   # the grid's keys are searched
     tb = stage_testbed(store)
-    deps = ["testbed", "instruct_masked"] + ensure_inputs(store, method)
+    ref = len(tb[f"forget_{stage_forget_fields(store)[0]}"]) if c.unlearn.tune_match_steps else None
+    ratio = c.unlearn.tune_max_ppl_ratio
+    deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *ensure_inputs(store, method)]))
     def fn(out):
         tok = load_stage_model(store, "instruct_masked")[1]
+        texts = tune_utility_texts(store)
         res = grid_search(method, lambda: load_stage_model(store, "instruct_masked")[0], tok, tb["validation_forget"].to_list(),
                           tb["validation_retain"].to_list(), grid, base=fixed, seed=c.seed, method_kwargs=method_inputs(store, method),
-                          require_memorized=c.testbed.require_memorized)
+                          require_memorized=c.testbed.require_memorized, utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"],
+                          max_ppl_ratio=ratio, reference_rows=ref)
         res.to_csv(out / "grid.csv", index=False)
     key = {"v": STAGE_VERSIONS["unlearn"], "method": method, "grid": grid, "base": fixed, "seed": c.seed,
-           "require_memorized": c.testbed.require_memorized}
+           "require_memorized": c.testbed.require_memorized, "max_ppl_ratio": ratio, "reference_rows": ref,
+           "utility_texts": TUNE_UTILITY_TEXTS}
     d = store.stage(f"tune_{method}", fn, key=key, deps=deps)
     return pd.read_csv(d / "grid.csv")

@@ -26,8 +26,8 @@ def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_m
 SPEC = register_method(MethodSpec(
     "oracle_grad", _oracle_grad, DEFAULT_HPARAMS, inputs=("ground_truth_mask",), needs_retain=True, has_control=False,
     summary="GradDiff confined to the ground-truth forget mask",
-    grid={"lr": [3e-4, 1e-3, 3e-3], "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 1e-3, "epochs": 5, "gamma": 1.0, "max_grad_norm": None},
+    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]},
+    presets={"mini": {"lr": 1e-4, "epochs": 5, "gamma": 5.0, "max_grad_norm": None},
              "olmo2-1b": {"gamma": 5.0, "alpha": 1.0, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING},
              "olmo3-7b": {"gamma": 1.0, "alpha": 0.5, "lr": 5e-5, "epochs": 200, **PAPER_TRAINING}}))
 

@@ -39,8 +39,8 @@ def _simnpo(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/06_simnpo.ipynb #1f4de8dd
 SPEC = register_method(MethodSpec(
     "simnpo", _simnpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, summary="reference-free, length-normalised NPO",
-    grid={"lr": [3e-4, 1e-3, 3e-3], "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-3, "epochs": 5, "alpha": 0.01, "max_grad_norm": None},
+    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
+    presets={"mini": {"lr": 3e-4, "epochs": 5, "alpha": 0.01, "max_grad_norm": None},
              "olmo2-1b": {"gamma": 3.0, "alpha": 0.01, "beta": 10.0, "delta": 1.5, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING},
              "olmo3-7b": {"gamma": 3.0, "alpha": 0.5, "beta": 10.0, "delta": 1.5, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING}}))
 
