@@ -54,9 +54,9 @@ def _score(before: dict, after: dict) -> dict:
 
 def matched_steps(hp: dict, reference_rows: int | None) -> int | None:
     "`epochs × ⌈reference_rows / batch_size⌉` for resolved hyperparameters `hp` that count epochs; None when `hp` sets `max_steps`, has no epochs, or no reference is given."
-    if reference_rows is None or hp.get("max_steps") is not None or "epochs" not in hp or "batch_size" not in hp: return None
-    if isinstance(reference_rows, bool) or not isinstance(reference_rows, int) or reference_rows < 1:
+    if reference_rows is not None and (isinstance(reference_rows, bool) or not isinstance(reference_rows, int) or reference_rows < 1):
         raise ValueError(f"reference_rows must be a positive int (rows of the split the epochs are counted on), got {reference_rows!r}")
+    if reference_rows is None or hp.get("max_steps") is not None or "epochs" not in hp or "batch_size" not in hp: return None
     return int(hp["epochs"]) * math.ceil(reference_rows / int(hp["batch_size"]))
 
 def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict], retain: list[dict], grid: dict,
