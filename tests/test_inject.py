@@ -1,5 +1,5 @@
 "Masks and masked injection: mask properties, the leak invariants, equality with Algorithm 1, and a 2-process run."
-import copy, os, random, socket, subprocess, sys
+import copy, os, random, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,7 @@ from transformers.utils import logging as hf_logging
 from lume_lab.inject.masks import (GradMasker, check_masks, group_mask, load_masks, mask_coverage, mask_parameter_names,
                                    masks_equal, pack_masks, random_element_masks, random_structural_masks, save_masks,
                                    unpack_masks, _units)
+from lume_lab.pipeline.launch import torchrun_argv
 from lume_lab.inject.injection import (masked_backward, masked_step, per_sample_reference_grads, plan_microbatches,
                                        train_masked, batch_order)
 
@@ -275,11 +276,8 @@ def test_distributed_matches_single_process(tmp_path):
     "2 CPU processes (gloo, 127.0.0.1; DDP via accelerate, and FSDP2) give the gradient and weights of one process with the same global batch."
     dist_dir, single_dir = tmp_path / "dist", tmp_path / "single"
     dist_dir.mkdir(); single_dir.mkdir()
-    with socket.socket() as sock:   # a free port on 127.0.0.1 (8 agents share this machine)
-        sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                           "--master_port", str(port), str(ROOT / "tests" / "inject_dist_worker.py"), str(dist_dir)],
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*torchrun_argv(2), str(ROOT / "tests" / "inject_dist_worker.py"), str(dist_dir)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (dist_dir / "world_size.txt").read_text() == "2"

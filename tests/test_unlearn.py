@@ -177,12 +177,11 @@ json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forge
 
 def test_accelerate_two_cpu_processes(tmp_path):
     "The loop under accelerate with 2 CPU processes (gloo): ranks end bitwise identical, the forget NLL rises, and one process with the same global batch trains the same weights."
-    import json, socket, subprocess, sys
+    import json, subprocess, sys
+    from lume_lab.pipeline.launch import torchrun_argv
     script = tmp_path / "run.py"; script.write_text(_MP_SCRIPT)
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                        f"--master_port={port}", str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*torchrun_argv(2), str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     w0, w1 = (torch.load(tmp_path / f"w{i}.pt", weights_only=True) for i in (0, 1))
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
@@ -225,14 +224,13 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
     """`--fsdp2` ($LUME_LAB_FSDP2=1): GradDiff, NPO (a sharded reference model) and OracleGrad (masks applied to the
     gradient shards: FSDP2 never fires tensor hooks) in 2 sharded processes train what one process trains, and
     OracleGrad leaves every weight outside its mask bitwise unchanged."""
-    import json, socket, subprocess, sys
+    import json, subprocess, sys
+    from lume_lab.pipeline.launch import torchrun_argv
     import numpy as np, pandas as pd
     script = tmp_path / "run.py"; script.write_text(_FSDP2_SCRIPT)
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1", "LUME_LAB_FSDP2": "1"}
     two, one = tmp_path / "two", tmp_path / "one"; two.mkdir(); one.mkdir()
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                        f"--master_port={port}", str(script), str(two)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*torchrun_argv(2), str(script), str(two)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sharded: FSDP" in r.stdout                    # the model was sharded, not replicated
     r1 = subprocess.run([sys.executable, str(script), str(one)], env=env, capture_output=True, text=True, timeout=300)

@@ -13,8 +13,8 @@ from ..core.store import RunStore, StageError, process_rank
 from ..models.ops import ENV_FSDP2, fsdp2_requested
 
 # %% auto #0
-__all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'check_launch', 'launch_settings', 'set_launch_env', 'launch_command',
-           'launch_env', 'launched_stage']
+__all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'check_launch', 'launch_settings', 'set_launch_env', 'torchrun_argv',
+           'launch_command', 'launch_env', 'launched_stage']
 
 # %% ../../nbs/pipeline/11_launch.ipynb #c1e90b22
 LAUNCHERS = ("torchrun", "accelerate")
@@ -47,14 +47,20 @@ def set_launch_env(num_processes: int, launcher: str, fsdp2: bool = False) -> No
 def _free_port() -> int:
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
+def torchrun_argv(num_processes: int, port: int | None = None) -> list[str]:
+    """`torchrun` for `num_processes` processes on this machine. Without `port` it runs `--standalone`: the rendezvous
+    store binds port 0 and every rank connects to it, so the port is the kernel's choice at bind time. A port picked
+    earlier and passed as `--master_port` can be taken by another process in between (CI saw EADDRINUSE)."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(num_processes)]
+    return head + (["--master_addr", "127.0.0.1", "--master_port", str(port)] if port else ["--standalone"])
+
 def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes: int, launcher: str,
                    port: int | None = None, fsdp2: bool = False) -> list[str]:
     "The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher` (`--fsdp2`: injection and unlearning sharded)."
     n, launcher = check_launch(num_processes, launcher, fsdp2)
     entry = ["-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_id, "--runs-root", str(runs_root), *(["--fsdp2"] if fsdp2 else [])]
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-                "--master_port", str(port or _free_port()), *entry]
+        return [*torchrun_argv(n, port), *entry]
     # accelerate launch sets the ranks' ACCELERATE_MIXED_PRECISION from its own flag ("no" by default): pass ours on
     mp = os.environ.get("ACCELERATE_MIXED_PRECISION")
     return [sys.executable, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if n > 1 else []), "--num_processes", str(n),
