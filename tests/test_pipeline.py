@@ -214,7 +214,10 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     import pandas as pd
     from lume_lab.core.store import open_run
     from lume_lab.pipeline.tune import grid_points, stage_tune
-    grids = {"grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]}, "grad_diff": {"lr": [3e-3], "max_steps": [2], "alpha": [1.0, 3.0]}}
+    from lume_lab.pipeline.testbed_stages import stage_testbed
+    from lume_lab.pipeline.config import method_hparams
+    from lume_lab.pipeline.unlearn_stages import stage_forget_fields
+    grids = {"grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]}, "grad_diff": {"lr": [3e-3], "epochs": [1], "alpha": [1.0, 3.0]}}
     params = {"run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids), "grids": grids}
     nb = experiment_notebooks(["t00"])[0]
     run_notebook(nb, tmp_path / "tune" / "notebooks" / nb.name, params, root=tmp_path)
@@ -223,9 +226,15 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     grid = pd.read_csv(report / "tuning_grid.csv")
     assert grid.groupby("method").size().to_dict() == {"grad_ascent": 2, "grad_diff": 2}
     assert grid.groupby("method").point.apply(list).to_dict() == {"grad_ascent": [0, 1], "grad_diff": [0, 1]}
+    assert {"ppl_before", "ppl_after", "ppl_ratio", "eligible", "steps"} <= set(grid.columns)       # the guard and the steps ran
+    assert (grid.ppl_ratio > 0).all() and grid.eligible.dtype == bool
     best = json.loads((report / "tuning_best.json").read_text())
     assert set(best) == set(grids) and all(best[m] in grid_points(grids[m]) for m in grids)
     store = open_run("tune", root=str(tmp_path))                                      # the config the notebook wrote
+    rows = len(stage_testbed(store)[f"forget_{stage_forget_fields(store)[0]}"])
+    assert grid.loc[grid.method == "grad_ascent", "steps"].tolist() == [2, 2]                          # the grid's own max_steps
+    batch = method_hparams(store.config, "grad_diff")["batch_size"]
+    assert grid.loc[grid.method == "grad_diff", "steps"].tolist() == [-(-rows // batch)] * 2           # 1 epoch over the first forget split
     before = store.manifest["stages"]["tune_grad_ascent"]["finished"]
     stage_tune(store, "grad_ascent", grids["grad_ascent"])                              # cache hit
     assert open_run("tune", root=str(tmp_path)).manifest["stages"]["tune_grad_ascent"]["finished"] == before

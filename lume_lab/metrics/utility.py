@@ -94,7 +94,8 @@ def perplexity(model, tokenizer, texts: list[str], batch_size: int = 16, max_len
     res = continuation_logprobs(model, pairs, batch_size, pad_id(tokenizer), L)
     lp, n = sum(s for s, _ in res), sum(k for _, k in res)
     nll = -lp / n
-    return dict(perplexity=math.exp(nll), nll=nll, n_tokens=n, n_texts=len(texts))
+    ppl = math.inf if nll > 709.0 else math.exp(nll)          # exp overflows a float above ~709.78 (a diverged model)
+    return dict(perplexity=ppl, nll=nll, n_tokens=n, n_texts=len(texts))
 
 # %% ../../nbs/metrics/05_utility.ipynb #d69bc84d
 def _split_rows(world, name: str) -> list[dict] | None:

@@ -70,7 +70,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
-    if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool) or not isinstance(max_ppl_ratio, (int, float)) or max_ppl_ratio < 1):
+    if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool) or not isinstance(max_ppl_ratio, (int, float)) or not max_ppl_ratio >= 1):   # `not >=`: NaN fails too
         raise ValueError(f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} (utility_fn {'given' if utility_fn else 'None'})")
     steps = [matched_steps(spec.resolve({**(base or {}), **pt}), reference_rows) for pt in points]   # unknown keys and bad values fail here
     if not forget or not retain: raise ValueError(f"the validation forget ({len(forget)}) and retain ({len(retain)}) splits must both be non-empty")
@@ -90,11 +90,11 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
         after = {"forget": em(unl, forget), "retain": em(unl, retain)}
         util = {}
         if utility_fn is not None:
-            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before
+            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf   # a diverged model: never eligible
             util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
                     "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
         rows.append({"method": method, "point": i, **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
-                     **({} if reference_rows is None else {"steps": steps[i]}),
+                     **({} if reference_rows is None else {"steps": hp.get("max_steps")}),   # matched, or the point's own
                      "em_forget_before": before["forget"], "em_forget_after": after["forget"],
                      "em_retain_before": before["retain"], "em_retain_after": after["retain"], **_score(before, after),
                      **util, "seconds": time.perf_counter() - t0})
@@ -110,7 +110,7 @@ def select_best(results: pd.DataFrame, grid: dict) -> dict:
     ok = results["eligible"].astype(bool) if "eligible" in results else pd.Series(True, index=results.index)
     if (scores.notna() & ok).any(): best = int(scores.where(ok).idxmax())
     elif scores.notna().any() and "ppl_ratio" in results:
-        best = int(results.loc[scores.notna(), "ppl_ratio"].astype(float).idxmin())
+        best = int(results.loc[scores.notna(), "ppl_ratio"].astype(float).fillna(math.inf).idxmin())   # NaN: a diverged model
         warnings.warn(f"no grid point kept perplexity within the guard (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); "
                       "taking the least damaging point")
     else: best = results.index[0]
