@@ -18,7 +18,7 @@ from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 
 # %% auto #0
-__all__ = ['BASE_HPARAMS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'on_epoch_end',
+__all__ = ['BASE_HPARAMS', 'LR_GRID', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'on_epoch_end',
            'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
 
 # %% ../../nbs/unlearn/00_base.ipynb #760ca44f
@@ -54,6 +54,7 @@ def frozen_copy(model):
 # %% ../../nbs/unlearn/00_base.ipynb #8e27f0f9
 BASE_HPARAMS = {"lr": 1e-3, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant",
                 "warmup_steps": 0, "warmup_ratio": 0.0, "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None}
+LR_GRID = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]   # the learning rates every gradient method's t00 grid searches (`pipeline.tune`)
 
 # %% ../../nbs/unlearn/00_base.ipynb #bdd3fa22
 def warmup_length(total: int, warmup_steps: int = 0, warmup_ratio: float = 0.0) -> int:

@@ -8,7 +8,7 @@ import random
 import torch
 import torch.nn.functional as F
 from ..models.ops import check_qa, n_answer_tokens, sequence_logprob
-from .base import BASE_HPARAMS, add_retain_nll, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -54,7 +54,7 @@ def _dpo(model, tokenizer, forget, retain, hp, *, seed=0):
 SPEC = register_method(MethodSpec(
     "dpo", _dpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, needs_reference=True,
     summary="prefer 'I don't know' over the forget answer (DPO)",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "beta": [0.1, 0.5], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "beta": [0.1, 0.5], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-4, "epochs": 5, "beta": 0.1, "max_grad_norm": None}}))
 
 def dpo(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from ..models.ops import batch_nll
-from .base import BASE_HPARAMS, retain_nll_or_nan, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, retain_nll_or_nan, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -30,7 +30,7 @@ def _grad_ascent(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/01_grad_ascent.ipynb #96406111
 SPEC = register_method(MethodSpec(
     "grad_ascent", _grad_ascent, DEFAULT_HPARAMS, summary="gradient ascent on the forget answers",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [2, 5], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [2, 5], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-5, "epochs": 2, "max_grad_norm": None}}))
 
 def grad_ascent(model, tokenizer, forget, retain=None, hparams: dict | None = None, seed: int = 0):

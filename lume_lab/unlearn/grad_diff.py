@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from ..models.ops import batch_nll
-from .base import BASE_HPARAMS, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -32,7 +32,7 @@ def _grad_diff(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/02_grad_diff.ipynb #6269941d
 SPEC = register_method(MethodSpec(
     "grad_diff", _grad_diff, DEFAULT_HPARAMS, needs_retain=True, summary="ascent on forget, descent on retain",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-5, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "max_grad_norm": None}}))
 
 def grad_diff(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):

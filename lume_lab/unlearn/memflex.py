@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from ..models.ops import batch_nll, check_qa, collate_qa, eval_mode, sequence_logprob, to_device
-from .base import BASE_HPARAMS, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -102,7 +102,7 @@ def _memflex(model, tokenizer, forget, retain, hp, *, seed=0):
 SPEC = register_method(MethodSpec(
     "memflex", _memflex, DEFAULT_HPARAMS, check=_check_memflex, needs_retain=True,
     summary="GradDiff in the tensors where forget and retain gradients disagree",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-5, "epochs": 5, "grad_threshold": 3e-5, "max_grad_norm": None},
              "olmo2-1b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 3e-4, "grad_threshold": 6e-4, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING},
              "olmo3-7b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 1e-4, "grad_threshold": 1e-5, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING}}))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ..models.ops import n_answer_tokens, sequence_logprob
-from .base import BASE_HPARAMS, add_retain_nll, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -36,7 +36,7 @@ def _npo(model, tokenizer, forget, retain, hp, *, seed=0):
 SPEC = register_method(MethodSpec(
     "npo", _npo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, needs_reference=True,
     summary="negative preference optimization against the original model",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "alpha": [0.0, 1.0], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.0, 1.0], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-4, "epochs": 5, "alpha": 1.0, "max_grad_norm": None}}))
 
 def npo(model, tokenizer, forget, retain=None, hparams: dict | None = None, seed: int = 0):

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/unlearn/07_oracle_grad.ipynb #42ce9821
 from __future__ import annotations
-from .base import BASE_HPARAMS, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from .grad_diff import grad_diff_step
 from .registry import MethodSpec, register_method
 
@@ -26,7 +26,7 @@ def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_m
 SPEC = register_method(MethodSpec(
     "oracle_grad", _oracle_grad, DEFAULT_HPARAMS, inputs=("ground_truth_mask",), needs_retain=True, has_control=False,
     summary="GradDiff confined to the ground-truth forget mask",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]},
     presets={"mini": {"lr": 1e-4, "epochs": 5, "gamma": 5.0, "max_grad_norm": None},
              "olmo2-1b": {"gamma": 5.0, "alpha": 1.0, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING},
              "olmo3-7b": {"gamma": 1.0, "alpha": 0.5, "lr": 5e-5, "epochs": 200, **PAPER_TRAINING}}))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ..models.ops import n_answer_tokens, sequence_logprob
-from .base import BASE_HPARAMS, add_retain_nll, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -39,7 +39,7 @@ def _simnpo(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/06_simnpo.ipynb #1f4de8dd
 SPEC = register_method(MethodSpec(
     "simnpo", _simnpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, summary="reference-free, length-normalised NPO",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-4, "epochs": 5, "alpha": 0.01, "max_grad_norm": None},
              "olmo2-1b": {"gamma": 3.0, "alpha": 0.01, "beta": 10.0, "delta": 1.5, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING},
              "olmo3-7b": {"gamma": 3.0, "alpha": 0.5, "beta": 10.0, "delta": 1.5, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING}}))

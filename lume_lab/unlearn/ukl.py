@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ..models.ops import answer_logits, answer_nll, batch_nll, lm_inputs
-from .base import BASE_HPARAMS, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -44,7 +44,7 @@ def _ukl(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/03_ukl.ipynb #de5bc308
 SPEC = register_method(MethodSpec(
     "ukl", _ukl, DEFAULT_HPARAMS, needs_retain=True, needs_reference=True, summary="ascent on forget, KL to the original on retain",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-5, "epochs": 5, "alpha": 1.0, "max_grad_norm": None}}))
 
 def ukl(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):

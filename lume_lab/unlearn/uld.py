@@ -8,7 +8,7 @@ import copy, json, math
 from pathlib import Path
 import torch
 from ..models.ops import batch_nll, check_qa, lm_inputs, token_mean_nll, answer_logits
-from .base import BASE_HPARAMS, unlearn_loop
+from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
@@ -178,7 +178,7 @@ def _check_uld_model(hp: dict, n_layers: int) -> list[str]:
 SPEC = register_method(MethodSpec(
     "uld", _uld, DEFAULT_HPARAMS, check=_check_uld, check_model=_check_uld_model, needs_retain=True, changes_weights=False, has_control=False,
     save=_save_uld, load=_load_uld_result, summary="subtract a small assistant's logits; the model's weights never change",
-    grid={"lr": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3], "epochs": [5], "max_grad_norm": [None]},
+    grid={"lr": LR_GRID, "epochs": [5], "max_grad_norm": [None]},
     presets={"mini": {"lr": 1e-3, "epochs": 5, "max_grad_norm": None}}))
 
 def uld(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
