@@ -4,7 +4,7 @@
 
 # %% ../../nbs/pipeline/11_launch.ipynb #11033792
 from __future__ import annotations
-import os, socket, subprocess, sys
+import os, subprocess, sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -44,9 +44,6 @@ def set_launch_env(num_processes: int, launcher: str, fsdp2: bool = False) -> No
     os.environ[ENV_PROCESSES], os.environ[ENV_LAUNCHER], os.environ[ENV_FSDP2] = str(n), l, "1" if fsdp2 else "0"
 
 # %% ../../nbs/pipeline/11_launch.ipynb #25e5717c
-def _free_port() -> int:
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
 def torchrun_argv(num_processes: int, port: int | None = None) -> list[str]:
     """`torchrun` for `num_processes` processes on this machine. Without `port` it runs `--standalone`: the rendezvous
     store binds port 0 and every rank connects to it, so the port is the kernel's choice at bind time. A port picked
@@ -63,8 +60,11 @@ def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes
         return [*torchrun_argv(n, port), *entry]
     # accelerate launch sets the ranks' ACCELERATE_MIXED_PRECISION from its own flag ("no" by default): pass ours on
     mp = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    # Without `port`, accelerate takes its default 29500 and, if that is in use, launches torchrun standalone (port 0
+    # bound by the store). 29500 lies below Linux's ephemeral range (32768+), so no outgoing connection takes it in
+    # between; a port we picked ahead from that range could be (the race CI hit with torchrun).
     return [sys.executable, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if n > 1 else []), "--num_processes", str(n),
-            "--main_process_port", str(port or _free_port()), *(["--mixed_precision", mp] if mp else []), *entry]
+            *(["--main_process_port", str(port)] if port else []), *(["--mixed_precision", mp] if mp else []), *entry]
 
 def launch_env(launcher: str) -> dict:
     "The job's environment: ours, minus the launch settings (a rank never launches again), plus CPU gloo where no GPU is."
