@@ -1075,6 +1075,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'lume_lab/pipeline/stages.py'),
                                           'lume_lab.pipeline.stages._write_source': ( 'pipeline/stages.html#_write_source',
                                                                                       'lume_lab/pipeline/stages.py'),
+                                          'lume_lab.pipeline.stages.check_checkpoint': ( 'pipeline/stages.html#check_checkpoint',
+                                                                                         'lume_lab/pipeline/stages.py'),
                                           'lume_lab.pipeline.stages.load_base': ( 'pipeline/stages.html#load_base',
                                                                                   'lume_lab/pipeline/stages.py'),
                                           'lume_lab.pipeline.stages.load_pii': ( 'pipeline/stages.html#load_pii',

@@ -79,11 +79,61 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.uld.n_layers=9"], "uld.n_layers must be None or an int in 1..4"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.memflex.pattern=\"mlp.(\""], "memflex.pattern is not a valid regular expression"),
     (["run", "--preset", "smoke", "--set", "inject.seq_len=4"], "inject.seq_len must be an int >= 8"),
+    (["run", "--preset", "smoke", "--set", "inject.lr=NaN"], "inject.lr must be a positive finite float, got nan"),
+    (["run", "--preset", "smoke", "--set", "seed=3"], "seed is not a --set field; use --seed"),
+    (["run", "--preset", "smoke", "--set", "preset=study"], "preset is not a --set field; use --preset"),
+    (["run", "--preset", "smoke", "--workers", "2"], "--workers applies only with --seeds"),
+    (["run", "--preset", "smoke", "--seeds", "0,1", "--workers", "0"], "--workers must be an int >= 1"),
+    (["run", "--preset", "smoke", "--seeds", "0,,1"], "--seeds has an empty entry"),
 ])
 def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
     assert main(args + ["--runs-root", str(tmp_path)]) == 2
     assert msg in capsys.readouterr().err
     assert not any(tmp_path.iterdir())   # nothing was computed or written
+
+
+def _config_only_checkpoint(d: Path, layers: int) -> Path:
+    "A directory holding only an OLMo-2 `config.json` with `layers` layers: all that `check_checkpoint` reads."
+    from transformers import Olmo2Config
+    Olmo2Config(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=256, vocab_size=1024,
+                pad_token_id=1, bos_token_id=0, eos_token_id=0).save_pretrained(d)
+    return d
+
+
+def test_checkpoint_is_resolved_before_compute(tmp_path, monkeypatch, capsys):
+    "A local checkpoint whose layer count differs from model.num_layers is refused with the value to set, before anything is written; a matching one resolves."
+    from lume_lab.pipeline.stages import check_checkpoint
+    ckpt = _config_only_checkpoint(tmp_path / "ckpt", 3)
+    assert check_checkpoint(make_config("smoke", {"model.name_or_path": str(ckpt), "model.num_layers": 3})).num_hidden_layers == 3
+    assert check_checkpoint(make_config("smoke")) is None                      # the tiny model: nothing to resolve
+    runs = tmp_path / "runs"; runs.mkdir()
+    assert main(["run", "--preset", "smoke", "--set", f"model.name_or_path={ckpt}", "--runs-root", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "model.num_layers is 4 but" in err and "has 3 layers; set model.num_layers=3" in err
+    assert not any(runs.iterdir())
+    empty = tmp_path / "empty"; empty.mkdir()                                  # a directory that is no checkpoint
+    assert main(["run", "--preset", "smoke", "--set", f"model.name_or_path={empty}", "--runs-root", str(runs)]) == 2
+    assert "does not load as a Hugging Face checkpoint" in capsys.readouterr().err
+    assert not any(runs.iterdir())
+
+
+def test_cli_unreachable_hub_id_fails_before_compute(tmp_path):
+    "A hub id that is neither reachable nor cached (offline here) exits 2 with one message; no stage is written (not even a pointer marked done)."
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}                               # no retries against an unreachable hub
+    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "run", "--preset", "smoke", "--set", "model.name_or_path=nope-org/nope-model",
+                        "--runs-root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "model.name_or_path 'nope-org/nope-model'" in r.stderr and "does not load as a Hugging Face checkpoint" in r.stderr
+    assert "Traceback" not in r.stderr and not any(tmp_path.iterdir())
+
+
+def test_cli_stage_whose_inputs_are_not_done_is_an_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    _resolve_only(monkeypatch)
+    assert main(["run", "--preset", "smoke", "--run-id", "r", "--runs-root", str(tmp_path)]) == 0
+    assert main(["stage", "inject_unmasked", "--run-id", "r", "--runs-root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lume-lab: error:") and "needs 'world' first" in err
+    assert not (tmp_path / "r" / "inject_unmasked").exists()
 
 
 def test_cli_rejects_unknown_method_hyperparameter_naming_allowed_keys(tmp_path, capsys):

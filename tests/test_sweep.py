@@ -167,7 +167,7 @@ def test_shipped_sweeps_are_what_they_say():
     ({"grid": {}}, "grid is empty"),
     ({"grid": None}, "grid is empty"),
     ({"grid": {"pretrain.lr": []}}, "grid['pretrain.lr'] must be a non-empty list"),
-    ({"grid": {"pretrain.lr": [0.003, -1]}}, "point(s) pretrain.lr=-1,seed=0, pretrain.lr=-1,seed=1: pretrain.lr must be a positive float"),
+    ({"grid": {"pretrain.lr": [0.003, -1]}}, "point(s) pretrain.lr=-1,seed=0, pretrain.lr=-1,seed=1: pretrain.lr must be a positive finite float"),
     ({"executor": {"kind": "local", "workers": 2, "partition": "gpu"}}, "unknown local executor option(s) 'partition'; allowed: workers, threads"),
     ({"executor": {"kind": "slurm", "partiton": "gpu", "timeout_min": 60}}, "unknown slurm executor option(s) 'partiton'; allowed: workers"),
     ({"executor": {"kind": "slurm", "partition": "gpu"}}, "executor.timeout_min is required for slurm"),
@@ -199,8 +199,10 @@ def test_spec_edited_under_the_same_name_is_refused(tmp_path, capsys):
 def test_seeds_flag_parsing_and_wiring(tmp_path, monkeypatch, capsys):
     "`--seeds 0,1,2` is a seeds-only sweep of the run's preset and --set values in runs/<run-id>/seed=N/; bad lists exit 2."
     assert S.parse_seeds("0,1,2") == [0, 1, 2] and S.parse_seeds("7") == [7] and S.parse_seeds("2, 0") == [2, 0]
-    for bad in ("", "a", "0,,x", "1,1", "-1", "1.5"):
+    for bad in ("a", "1,1", "-1", "1.5"):
         with pytest.raises(ConfigError, match="--seeds expects"): S.parse_seeds(bad)
+    for bad in ("", "0,,x", "0,"):
+        with pytest.raises(ConfigError, match="--seeds has an empty entry"): S.parse_seeds(bad)
     import lume_lab.pipeline.cli as cli
     calls = []
     monkeypatch.setattr(cli, "run_seeds", lambda spec, run_fn, root=None: calls.append((spec, run_fn, root)) or pd.DataFrame({"status": ["done"]}))

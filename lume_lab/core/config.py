@@ -4,7 +4,7 @@
 
 # %% ../../nbs/core/00_config.ipynb #9957b4df
 from __future__ import annotations
-import copy, dataclasses, hashlib, json, re
+import copy, dataclasses, hashlib, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any
@@ -516,8 +516,8 @@ def _problems(cfg: RunConfig) -> list[str]:
     out = []
     def pos(name, kind=int):
         v = cfg[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int) or v <= 0:
-            out.append(f"{name} must be a positive {kind.__name__}, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int) or not 0 < v < math.inf:   # NaN fails too
+            out.append(f"{name} must be a positive {'finite float' if kind is float else 'int'}, got {v!r}")
     def frac(name, lo_open=True, hi_closed=True):
         v = cfg[name]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 if lo_open else v >= 0) and (v <= 1 if hi_closed else v < 1)
@@ -603,7 +603,10 @@ def _problems(cfg: RunConfig) -> list[str]:
     subset("unlearn.forget_fields", TARGET_FIELDS)
     ms = cfg.unlearn.methods   # names and hyperparameter values are checked against the method registry by pipeline.config
     if ms is not None and not (isinstance(ms, (list, tuple)) and ms and all(isinstance(m, str) and m for m in ms) and len(set(ms)) == len(ms)):
-        out.append(f"unlearn.methods must be None (every built-in method) or a non-empty list of distinct method names, got {ms!r}")
+        from lume_lab.unlearn.registry import method_names   # here, not at import: the registry imports this module
+        out.append(f"unlearn.methods must be None (every built-in method) or a non-empty JSON list of distinct method names from "
+                   f"{', '.join(method_names())} (e.g. --set 'unlearn.methods=[\"npo\",\"simnpo\"]'), got {ms!r}"
+                   + (" (a string, not a list: a --set value that is not valid JSON stays a string)" if isinstance(ms, str) else ""))
     hp = cfg.unlearn.hparams
     if not (isinstance(hp, dict) and all(isinstance(m, str) and isinstance(v, dict) and all(isinstance(k, str) for k in v) for m, v in hp.items())):
         out.append(f"unlearn.hparams must be a dict method -> {{hyperparameter: value}}, got {hp!r}")

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.config import PRESETS, ConfigError, make_config, config_hash
-from ..core.store import RunStore, open_run, reuse_sources, run_status, runs_root
+from ..core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
 from ..unlearn.registry import BUILTIN_METHODS
 from .config import resolve_config
+from .stages import check_checkpoint
 from .runner import experiment_notebooks, run_notebook, NotebookRunError
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
 from .sweep import describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep, seeds_spec
@@ -26,6 +27,8 @@ def parse_overrides(items: list[str] | None) -> dict:
     for it in items or []:
         if "=" not in it: raise ConfigError(f"--set expects field=value (e.g. pii.n_groups=4), got {it!r}")
         k, v = it.split("=", 1)
+        if k.strip() in ("seed", "preset"):   # the flags set these: an override would be dropped or mislabel the run
+            raise ConfigError(f"{k.strip()} is not a --set field; use --{k.strip()} (or --seeds 0,1,2 for several seeds)")
         try: out[k.strip()] = json.loads(v)
         except json.JSONDecodeError: out[k.strip()] = v
     return out
@@ -40,6 +43,7 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
     `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
     cfg = resolve_config(make_config(preset, overrides, seed))
     check_launch(num_processes, launcher, fsdp2)
+    check_checkpoint(cfg)                                   # a hub id or directory that does not load fails here, not in e00
     run_id = run_id or preset
     nbs = experiment_notebooks(only)
     reuse_sources(reuse or [], runs_root(root))             # a missing source is refused before anything is written
@@ -101,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1")
     r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS, help="accelerate on GPUs, torchrun on CPU (default torchrun)")
     r.add_argument("--fsdp2", action="store_true", help="with --num-processes >= 2: shard the model over the processes in the injection and unlearning stages (FSDP2) instead of replicating it (DDP)")
-    r.add_argument("--workers", type=int, default=1, help="with --seeds: how many seeds run at once (submitit local executor)")
+    r.add_argument("--workers", type=int, default=None, help="with --seeds: how many seeds run at once (submitit local executor)")
     r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="adopt finished stages with identical inputs from these runs (run ids, run directories, or folders of runs such as runs/)")
     w = sub.add_parser("sweep", help="run a sweep spec (YAML): override grid × seeds, one run per point in runs/<sweep>/<point>/")
@@ -134,6 +138,8 @@ def presets_table():
 def main(argv: list[str] | None = None) -> int:
     "`lume-lab` console script."
     a = _parser().parse_args(argv)
+    if getattr(a, "workers", None) is not None and a.workers < 1:
+        print(f"lume-lab: error: --workers must be an int >= 1 (how many run at once), got {a.workers}", file=sys.stderr); return 2
     try:
         if a.cmd == "presets": print(presets_table().to_string(index=False))
         elif a.cmd == "status": print(run_status(a.run_id, a.runs_root).to_string(index=False))
@@ -144,15 +150,17 @@ def main(argv: list[str] | None = None) -> int:
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
+        elif a.workers is not None and a.seeds is None:
+            raise ConfigError(f"--workers applies only with --seeds (how many seeds run at once); got --workers {a.workers} for one run")
         elif a.seeds is not None:
             if (a.num_processes, a.launcher, a.fsdp2) != (1, "torchrun", False):   # never silently one process
                 raise ConfigError("--seeds runs every seed as a one-process run; --num-processes, --launcher and --fsdp2 apply to "
                                   "one run: start `lume-lab run --seed N` per seed with them")
-            spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, a.workers, a.reuse)
+            spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, 1 if a.workers is None else a.workers, a.reuse)
             return int((run_seeds(spec, run_pipeline, a.runs_root).status == "failed").any())
         else: run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
                            num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse, fsdp2=a.fsdp2)
-    except (ConfigError, NotebookRunError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, NotebookRunError, StageError, FileNotFoundError, ValueError) as e:   # StageError: a stage whose inputs are not done
         print(f"lume-lab: error: {e}", file=sys.stderr); return 2
     return 0
 

@@ -20,8 +20,8 @@ from ..models.lm import build_model, load_model, pretrain, save_model
 from ..models.ops import default_device
 
 # %% auto #0
-__all__ = ['STAGE_VERSIONS', 'stage_world', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base', 'load_stage_model',
-           'load_pii', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
+__all__ = ['STAGE_VERSIONS', 'stage_world', 'check_checkpoint', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base',
+           'load_stage_model', 'load_pii', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
 
 # %% ../../nbs/pipeline/01_stages.ipynb #2a57b2e7
 STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1,
@@ -38,7 +38,24 @@ def stage_world(store: RunStore):
     return load_world(d)
 
 # %% ../../nbs/pipeline/01_stages.ipynb #c59e25ea
+def check_checkpoint(cfg: RunConfig):
+    """Resolve `model.name_or_path` (a local directory or a hub id) to its config before any compute, so that a run on a
+    checkpoint that cannot load fails at once with one message instead of after the world is built. Reads only
+    `config.json` (downloaded, or from the cache). Returns the checkpoint's HF config, or None for the tiny model."""
+    if not _uses_hf_checkpoint(cfg): return None
+    from transformers import AutoConfig
+    p = cfg.model.name_or_path
+    try: hf = AutoConfig.from_pretrained(p, revision=cfg.model.revision)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.name_or_path {p!r} (revision {cfg.model.revision!r}) does not load as a Hugging Face checkpoint: "
+                          f"{str(e).splitlines()[0]} Give a local checkpoint directory, or a hub id that exists and is reachable or cached.") from None
+    n = getattr(hf, "num_hidden_layers", None)
+    if n is not None and n != cfg.model.num_layers:   # the run config checks layer indices against model.num_layers
+        raise ConfigError(f"model.num_layers is {cfg.model.num_layers} but {p} has {n} layers; set model.num_layers={n}")
+    return hf
+
 def _write_source(out: Path, cfg: RunConfig):
+    check_checkpoint(cfg)   # a pointer stage is done only when the checkpoint resolves
     (out / "source.json").write_text(json.dumps({"name_or_path": cfg.model.name_or_path, "revision": cfg.model.revision}))
 
 def stage_tokenizer(store: RunStore):

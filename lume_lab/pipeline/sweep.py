@@ -42,8 +42,10 @@ def read_spec(spec: str | Path | dict) -> dict:
     if isinstance(spec, dict): return dict(spec)
     p = Path(spec)
     if not p.exists(): raise FileNotFoundError(f"no sweep spec {p}")
+    if not p.is_file(): raise ConfigError(f"sweep spec {p} is not a file; give a YAML file such as sweeps/mask_coverage.yaml")
     try: d = yaml.load(p.read_text(), Loader=_SpecLoader)
     except yaml.YAMLError as e: raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    if d is None: raise ConfigError(f"sweep spec {p} is empty; expected a mapping with keys {', '.join(SPEC_KEYS)}")
     if not isinstance(d, dict): raise ConfigError(f"{p}: a sweep spec is a mapping with keys {', '.join(SPEC_KEYS)}; got {type(d).__name__}")
     return d
 
@@ -464,7 +466,8 @@ def aggregate_sweep(sweep: Sweep) -> pd.DataFrame:
 # %% ../../nbs/pipeline/08_sweep.ipynb #e7b28571
 def parse_seeds(text: str) -> list[int]:
     "`'0,1,2'` → `[0, 1, 2]`: distinct non-negative ints, comma-separated."
-    try: seeds = [int(s) for s in text.split(",") if s.strip()]
+    if any(not s.strip() for s in text.split(",")): raise ConfigError(f"--seeds has an empty entry in {text!r}; give e.g. 0,1,2")
+    try: seeds = [int(s) for s in text.split(",")]
     except ValueError: raise ConfigError(f"--seeds expects comma-separated non-negative ints such as 0,1,2; got {text!r}") from None
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds expects distinct non-negative ints such as 0,1,2; got {text!r}")
