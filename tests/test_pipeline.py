@@ -85,6 +85,7 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     (["run", "--preset", "smoke", "--workers", "2"], "--workers applies only with --seeds"),
     (["run", "--preset", "smoke", "--seeds", "0,1", "--workers", "0"], "--workers must be an int >= 1"),
     (["run", "--preset", "smoke", "--seeds", "0,,1"], "--seeds has an empty entry"),
+    (["run", "--preset", "smoke", "--only"], "--only needs at least one experiment"),
 ])
 def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
     assert main(args + ["--runs-root", str(tmp_path)]) == 2

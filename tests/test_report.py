@@ -129,3 +129,15 @@ def test_partial_smoke_run_gives_valid_page(tmp_path):
     assert pd.read_csv(run / "report" / "scorecard.csv").empty
     assert "lume-lab run --preset smoke --seed 0 --run-id part --set pretrain.checkpoint_every=8 --set pretrain.steps=24" in page
     assert [l[3:] for l in (run / "report" / "report.md").read_text().splitlines() if l.startswith("## ")] == _h2(page)
+
+
+def test_page_of_a_run_without_outputs_says_so(tmp_path):
+    "e99 on a run that has no experiment outputs yet writes a page that says so, not one that looks finished."
+    from lume_lab.pipeline.report import EMPTY_NOTE, write_report
+    run = tmp_path / "empty"; run.mkdir()
+    for name in ("config.json", "manifest.json"): shutil.copy(MINI / name, run / name)
+    page = write_report([run]).read_text()
+    assert _h2(page)[0] == "No results yet" and EMPTY_NOTE.split(":")[0] in page
+    assert "Scorecard" not in page and pd.read_csv(run / "report" / "scorecard.csv").empty
+    full = write_report([_copy_run(tmp_path / "full")], tmp_path / "full_page").read_text()
+    assert "No results yet" not in full

@@ -51,6 +51,7 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
     store = open_run(run_id, cfg, root)                     # creates the run, or refuses a different config
     store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}
+    print(f"experiments: {', '.join(nb.stem for nb in nbs)}", flush=True)   # what --only's prefixes selected
     t0 = time.perf_counter()
     for nb in nbs:
         t = time.perf_counter()
@@ -140,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     if getattr(a, "workers", None) is not None and a.workers < 1:
         print(f"lume-lab: error: --workers must be an int >= 1 (how many run at once), got {a.workers}", file=sys.stderr); return 2
+    if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
+        print("lume-lab: error: --only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain", file=sys.stderr); return 2
     try:
         if a.cmd == "presets": print(presets_table().to_string(index=False))
-        elif a.cmd == "status": print(run_status(a.run_id, a.runs_root).to_string(index=False))
+        elif a.cmd == "status":
+            st = run_status(a.run_id, a.runs_root)
+            print(st.to_string(index=False) if len(st) else f"run {a.run_id!r}: no stages yet")
         elif a.cmd == "stage":
             if a.fsdp2: os.environ[ENV_FSDP2] = "1"             # read by the injection and unlearning code of this rank
             print(run_stage_entry(a.name, a.run_id, a.runs_root))

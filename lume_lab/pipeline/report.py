@@ -15,9 +15,9 @@ from ..core.store import atomic_write_text
 from .scorecard import report_dir, run_config, run_manifest, scorecard   # `report.scorecard` is the same function
 
 # %% auto #0
-__all__ = ['COLUMN_LABELS', 'DIGITS', 'LUME_COLUMNS', 'SCORECARD_NOTE', 'CSS', 'format_scorecard', 'reproduce_command',
-           'stage_family', 'stage_times', 'report_blocks', 'render_html', 'render_markdown', 'read_html_tables',
-           'write_report']
+__all__ = ['COLUMN_LABELS', 'DIGITS', 'LUME_COLUMNS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'format_scorecard',
+           'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html', 'render_markdown',
+           'read_html_tables', 'write_report']
 
 # %% ../../nbs/pipeline/08_report.ipynb #78763394
 COLUMN_LABELS = {"forget_em": "forget EM", "forget_es": "forget ES", "forget_prob": "forget Prob", "forget_para_em": "forget EM para",
@@ -307,10 +307,14 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
     if len(card):
         blocks += [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
         for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
-    for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section, _resurfacing_section,
-                    _pistol_section, _lume_section, _attribution_section):
-        blocks += section(rep)
-    return blocks + _run_section(run_dirs)
+    sections = [b for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section,
+                                  _resurfacing_section, _pistol_section, _lume_section, _attribution_section) for b in section(rep)]
+    if not len(card) and not sections:   # e99 alone on a fresh run: say so, rather than a page that looks finished
+        blocks += [_h(2, "No results yet"), _p(EMPTY_NOTE)]
+    return blocks + sections + _run_section(run_dirs)
+
+EMPTY_NOTE = ("This run has no experiment outputs yet: no table or figure under report/. Run the experiments first "
+              "(`lume-lab run --run-id <id>` runs the main chain, e99 last); this page lists only the run's config and stages.")
 
 SCORECARD_NOTE = ("One row per method (`none`: before unlearning) and forget field. Output metrics in % (utility Δ: points of "
                   "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "
