@@ -145,7 +145,7 @@ def test_bad_inputs_fail_with_clear_errors(toy):
     pre, inj, own = fake_state_dicts()
     with pytest.raises(ValueError, match="max_weights must be an int >= 10"): mask_signature(pre, inj, own, [0], [1], max_weights=5)
     with pytest.raises(ConfigError, match="attribution.counts must be a non-empty list"): make_config("smoke", {"attribution.counts": [0]})
-    with pytest.raises(ConfigError, match="attribution.contrast_lambda must be a number >= 0"): make_config("smoke", {"attribution.contrast_lambda": -1})
+    with pytest.raises(ConfigError, match="attribution.contrast_lambda must be a finite number >= 0"): make_config("smoke", {"attribution.contrast_lambda": -1})
     with pytest.raises(ConfigError, match="attribution.signature_folds must be an int >= 2"): make_config("smoke", {"attribution.signature_folds": 1})
 
 

@@ -101,7 +101,7 @@ def _config_only_checkpoint(d: Path, layers: int) -> Path:
     return d
 
 
-def test_checkpoint_is_resolved_before_compute(tmp_path, monkeypatch, capsys):
+def test_checkpoint_is_resolved_before_compute(tmp_path, capsys):
     "A local checkpoint whose layer count differs from model.num_layers is refused with the value to set, before anything is written; a matching one resolves."
     from lume_lab.pipeline.stages import check_checkpoint
     ckpt = _config_only_checkpoint(tmp_path / "ckpt", 3)
@@ -114,8 +114,25 @@ def test_checkpoint_is_resolved_before_compute(tmp_path, monkeypatch, capsys):
     assert not any(runs.iterdir())
     empty = tmp_path / "empty"; empty.mkdir()                                  # a directory that is no checkpoint
     assert main(["run", "--preset", "smoke", "--set", f"model.name_or_path={empty}", "--runs-root", str(runs)]) == 2
-    assert "does not load as a Hugging Face checkpoint" in capsys.readouterr().err
+    assert "is a directory without config.json" in capsys.readouterr().err
     assert not any(runs.iterdir())
+    from lume_lab.pipeline.sweep import load_sweep                            # a sweep refuses it up front too
+    with pytest.raises(ConfigError, match="has 3 layers; set model.num_layers=3"):
+        load_sweep({"name": "ck", "preset": "smoke", "grid": {"model.name_or_path": [str(ckpt)]}}, runs)
+    assert not any(runs.iterdir())
+
+
+def test_checkpoint_check_is_skipped_once_base_is_done(tmp_path, monkeypatch):
+    "A resumed or report-only run whose base stage is done does not resolve its checkpoint again (no hub needed)."
+    _resolve_only(monkeypatch)
+    import lume_lab.pipeline.stages as stages
+    calls = []
+    monkeypatch.setattr(stages, "check_checkpoint", lambda cfg: calls.append(cfg))
+    args = ["run", "--preset", "smoke", "--run-id", "r", "--runs-root", str(tmp_path)]
+    assert main(args) == 0 and len(calls) == 1
+    man = tmp_path / "r" / "manifest.json"
+    m = json.loads(man.read_text()); m.setdefault("stages", {})["base"] = {"status": "done"}; man.write_text(json.dumps(m))
+    assert main(args) == 0 and len(calls) == 1
 
 
 def test_cli_unreachable_hub_id_fails_before_compute(tmp_path):

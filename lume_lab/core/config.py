@@ -12,11 +12,11 @@ from typing import Any
 # %% auto #0
 __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES',
            'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS',
-           'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'PISTOL_PRESETS', 'ConfigError',
-           'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
-           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field', 'set_fields', 'validate',
-           'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
+           'BUILTIN_METHODS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS',
+           'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
+           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
+           'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field',
+           'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -194,6 +194,7 @@ class AttributionConfig:
     signature_folds: int = 3       # stratified folds of its out-of-fold predictions
 
 # %% ../../nbs/core/00_config.ipynb #5f1e2a02
+BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit", "uld")   # registry names of the ten (unlearn.registry re-exports them)
 PISTOL_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo")   # PISTOL's five baselines (§4), registry names
 PISTOL_STUDIES = ("degree", "density")                                 # Table 2 (Dataset 1, AB vs AC), Table 3 (Dataset 2)
 
@@ -603,10 +604,9 @@ def _problems(cfg: RunConfig) -> list[str]:
     subset("unlearn.forget_fields", TARGET_FIELDS)
     ms = cfg.unlearn.methods   # names and hyperparameter values are checked against the method registry by pipeline.config
     if ms is not None and not (isinstance(ms, (list, tuple)) and ms and all(isinstance(m, str) and m for m in ms) and len(set(ms)) == len(ms)):
-        from lume_lab.unlearn.registry import method_names   # here, not at import: the registry imports this module
-        out.append(f"unlearn.methods must be None (every built-in method) or a non-empty JSON list of distinct method names from "
-                   f"{', '.join(method_names())} (e.g. --set 'unlearn.methods=[\"npo\",\"simnpo\"]'), got {ms!r}"
-                   + (" (a string, not a list: a --set value that is not valid JSON stays a string)" if isinstance(ms, str) else ""))
+        out.append(f"unlearn.methods must be None (every built-in method) or a non-empty list of distinct method names (built in: "
+                   f"{', '.join(BUILTIN_METHODS)}; on the command line a JSON list, e.g. --set 'unlearn.methods=[\"npo\",\"simnpo\"]'), got {ms!r}"
+                   + (" (a string, not a list)" if isinstance(ms, str) else ""))
     hp = cfg.unlearn.hparams
     if not (isinstance(hp, dict) and all(isinstance(m, str) and isinstance(v, dict) and all(isinstance(k, str) for k in v) for m, v in hp.items())):
         out.append(f"unlearn.hparams must be a dict method -> {{hyperparameter: value}}, got {hp!r}")
@@ -638,7 +638,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     if not (isinstance(ac, (list, tuple)) and ac and all(c == "all" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in ac)):
         out.append(f"attribution.counts must be a non-empty list of ints >= 1 or \"all\", got {ac!r}")
     lam = cfg.attribution.contrast_lambda
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or lam < 0: out.append(f"attribution.contrast_lambda must be a number >= 0, got {lam!r}")
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam < math.inf: out.append(f"attribution.contrast_lambda must be a finite number >= 0, got {lam!r}")
     pos("attribution.signature_max_weights")
     if not isinstance(cfg.attribution.signature_folds, int) or isinstance(cfg.attribution.signature_folds, bool) or cfg.attribution.signature_folds < 2:
         out.append(f"attribution.signature_folds must be an int >= 2, got {cfg.attribution.signature_folds!r}")

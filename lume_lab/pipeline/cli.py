@@ -12,7 +12,6 @@ from ..core.config import PRESETS, ConfigError, make_config, config_hash
 from ..core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
 from ..unlearn.registry import BUILTIN_METHODS
 from .config import resolve_config
-from .stages import check_checkpoint
 from .runner import experiment_notebooks, run_notebook, NotebookRunError
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
 from .sweep import describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep, seeds_spec
@@ -34,6 +33,11 @@ def parse_overrides(items: list[str] | None) -> dict:
     return out
 
 # %% ../../nbs/pipeline/09_cli.ipynb #793296bf
+def _base_done(run_dir: Path) -> bool:
+    "Whether the run's base stage is done (then its checkpoint resolved once; a report-only or resumed run needs no hub)."
+    m = run_dir / "manifest.json"
+    return m.exists() and json.loads(m.read_text()).get("stages", {}).get("base", {}).get("status") == "done"
+
 def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
                  only: list[str] | None = None, root: str | None = None, progress: bool = True,
                  num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None, fsdp2: bool = False) -> Path:
@@ -43,10 +47,12 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
     `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
     cfg = resolve_config(make_config(preset, overrides, seed))
     check_launch(num_processes, launcher, fsdp2)
-    check_checkpoint(cfg)                                   # a hub id or directory that does not load fails here, not in e00
     run_id = run_id or preset
     nbs = experiment_notebooks(only)
     reuse_sources(reuse or [], runs_root(root))             # a missing source is refused before anything is written
+    if not _base_done(runs_root(root) / run_id):            # a checkpoint that does not load fails here, not in e00
+        from lume_lab.pipeline.stages import check_checkpoint   # (here: `lume-lab presets` and `status` need no transformers)
+        check_checkpoint(cfg)
     set_launch_env(num_processes, launcher, fsdp2)          # inherited by the papermill kernels
     store = open_run(run_id, cfg, root)                     # creates the run, or refuses a different config
     store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)

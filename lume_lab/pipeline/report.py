@@ -313,8 +313,9 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
         blocks += [_h(2, "No results yet"), _p(EMPTY_NOTE)]
     return blocks + sections + _run_section(run_dirs)
 
-EMPTY_NOTE = ("This run has no experiment outputs yet: no table or figure under report/. Run the experiments first "
-              "(`lume-lab run --run-id <id>` runs the main chain, e99 last); this page lists only the run's config and stages.")
+EMPTY_NOTE = ("This run has no experiment outputs yet: no table or figure under report/. Run its experiments first (the "
+              "command under 'The run' below, without --only, runs the main chain with e99 last); this page lists only the run's "
+              "config and stages.")
 
 SCORECARD_NOTE = ("One row per method (`none`: before unlearning) and forget field. Output metrics in % (utility Δ: points of "
                   "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "

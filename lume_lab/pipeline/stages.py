@@ -45,10 +45,14 @@ def check_checkpoint(cfg: RunConfig):
     if not _uses_hf_checkpoint(cfg): return None
     from transformers import AutoConfig
     p = cfg.model.name_or_path
+    where = f"model.name_or_path {p!r}" + (f" (revision {cfg.model.revision!r})" if cfg.model.revision else "")
+    if Path(p).expanduser().is_dir() and not (Path(p).expanduser() / "config.json").exists():
+        raise ConfigError(f"{where} is a directory without config.json: not a Hugging Face checkpoint (save one with save_pretrained)")
     try: hf = AutoConfig.from_pretrained(p, revision=cfg.model.revision)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model.name_or_path {p!r} (revision {cfg.model.revision!r}) does not load as a Hugging Face checkpoint: "
-                          f"{str(e).splitlines()[0]} Give a local checkpoint directory, or a hub id that exists and is reachable or cached.") from None
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{where} does not load as a Hugging Face checkpoint: {why} Give a local checkpoint directory, "
+                          f"or a hub id that exists and is reachable or cached (offline with a cache: HF_HUB_OFFLINE=1).") from None
     n = getattr(hf, "num_hidden_layers", None)
     if n is not None and n != cfg.model.num_layers:   # the run config checks layer indices against model.num_layers
         raise ConfigError(f"model.num_layers is {cfg.model.num_layers} but {p} has {n} layers; set model.num_layers={n}")

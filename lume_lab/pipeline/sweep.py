@@ -197,6 +197,10 @@ def _point_configs(preset: str, base: dict, raw: list[dict], problems: list) -> 
         over, name = {k: v for k, v in p.items() if k != "seed"}, point_name(p)
         try: out.append(Point(name, over, p["seed"], resolve_config(make_config(preset, {**base, **over}, p["seed"]))))
         except ConfigError as e: seen.setdefault(str(e).removeprefix("invalid config:\n  - "), []).append(name)
+    from lume_lab.pipeline.stages import check_checkpoint   # as `lume-lab run`: a checkpoint that does not load is refused up front
+    for ck in {(q.config.model.name_or_path, q.config.model.revision, q.config.model.num_layers): q for q in out if q.config.model.name_or_path}.values():
+        try: check_checkpoint(ck.config)
+        except ConfigError as e: seen.setdefault(str(e), []).append(ck.name)
     problems += [f"point(s) {', '.join(ns[:3])}{' and %d more' % (len(ns) - 3) if len(ns) > 3 else ''}: {msg}" for msg, ns in seen.items()]
     dup = sorted({n for n in (point_name(p) for p in raw) if [point_name(q) for q in raw].count(n) > 1})
     if dup: problems.append(f"duplicate point name(s) {', '.join(dup)}: two points would share one run directory")

@@ -11,6 +11,8 @@ from typing import Callable
 
 import pandas as pd
 
+from ..core.config import BUILTIN_METHODS as _CORE_BUILTIN_METHODS
+
 # %% auto #0
 __all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems', 'save_weights', 'load_weights',
            'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
@@ -112,7 +114,7 @@ class MethodSpec:
         return self.fn(model, tokenizer, forget, retain, hp, seed=seed, **inputs)
 
 # %% ../../nbs/unlearn/00_registry.ipynb #8262c3e2
-BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit", "uld")
+BUILTIN_METHODS = _CORE_BUILTIN_METHODS   # the ten names live in core.config, so config validation can list them
 RESERVED_NAMES = ("none",)   # "none" names the model before unlearning in the pipeline's evaluation tables
 _REGISTRY: dict[str, MethodSpec] = {}
 
