@@ -248,3 +248,13 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
         outside = ~mask[k] if k in mask else torch.ones_like(w, dtype=torch.bool)
         assert torch.equal(w[outside], init[k][outside]), k
     assert any(not torch.equal(og[k], init[k]) for k in mask)
+
+
+@pytest.mark.parametrize("key,value", [("alphaedit.kl_factor", float("inf")), ("alphaedit.v_lr", float("inf")), ("memflex.grad_threshold", float("inf")),
+                                       ("memflex.retain_factor", float("nan")), ("memflex.forget_factor", float("-inf")), ("uld.retain_weight", float("nan"))])
+def test_method_hyperparameters_must_be_finite(key, value):
+    "A method's own hyperparameters refuse NaN and ±inf (a JSON --set value of NaN or Infinity parses to these) before any compute."
+    from lume_lab.core.config import ConfigError, make_config
+    from lume_lab.pipeline.config import resolve_config
+    with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
+        resolve_config(make_config("smoke", {f"unlearn.hparams.{key}": value}))

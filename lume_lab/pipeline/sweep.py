@@ -225,6 +225,7 @@ def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers:
     _check_spec(s, problems)
     try: executor = executor_spec(s.get("executor"), str(s.get("name")), workers)
     except ConfigError as e: problems.append(str(e)); executor = None
+    if s.get("only") == []: problems.append("only: [] would run the main chain; leave `only` out for that, or name experiments")
     try: experiments = [p.stem for p in experiment_notebooks(s.get("only"))]
     except ValueError as e: problems.append(f"only: {e}"); experiments = []
     empty = lambda k: {} if k == "grid" else []                        # `grid:` with nothing after it is an empty grid, not no grid

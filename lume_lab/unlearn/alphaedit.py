@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from ..models.ops import answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device, encode_texts, pad_batch, pad_id, to_device
 from .dpo import with_idk_answers
-from .registry import MethodSpec, register_method
+from .registry import MethodSpec, finite_number, register_method
 
 # %% auto #0
 __all__ = ['DEFAULT_HPARAMS', 'MOM2_SOURCES', 'EDIT_SITES', 'OBJECTIVES', 'SPEC', 'down_proj', 'block', 'key_positions',
@@ -197,11 +197,11 @@ def _check_alphaedit(hp: dict) -> list[str]:
         probs.append(f"alphaedit.layers must be None or distinct layer indices >= 0, got {layers!r}")
     elif vl is not None and not _is_int(vl, max(layers) if layers else 0):
         probs.append(f"alphaedit.v_loss_layer must be None or an int >= {max(layers) if layers else 0} (the last edited layer), got {vl!r}")
-    pos = lambda v, integer=False: (isinstance(v, int) if integer else isinstance(v, (int, float))) and not isinstance(v, bool) and v > 0
+    pos = lambda v, integer=False: finite_number(v, strict=True, integer=integer)
     for k_, integer in (("v_steps", True), ("mom2_max_length", True), ("v_lr", False), ("clamp_norm_factor", False), ("l2", False), ("nullspace_threshold", False)):
         if not pos(hp[k_], integer): probs.append(f"alphaedit.{k_} must be a positive {'int' if integer else 'number'}, got {hp[k_]!r}")
     for k_ in ("v_weight_decay", "kl_factor", "retain_weight"):
-        if not (isinstance(hp[k_], (int, float)) and hp[k_] >= 0): probs.append(f"alphaedit.{k_} must be a number >= 0, got {hp[k_]!r}")
+        if not finite_number(hp[k_]): probs.append(f"alphaedit.{k_} must be a number >= 0, got {hp[k_]!r}")
     if not isinstance(hp["mom2_data"], (list, tuple)) or not hp["mom2_data"] or set(hp["mom2_data"]) - set(MOM2_SOURCES):
         probs.append(f"alphaedit.mom2_data must be a non-empty subset of {MOM2_SOURCES}, got {hp['mom2_data']!r}")
     if not isinstance(hp["nullspace_relative"], bool):

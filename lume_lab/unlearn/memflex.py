@@ -4,13 +4,13 @@
 
 # %% ../../nbs/unlearn/08_memflex.ipynb #18c44556
 from __future__ import annotations
-import re
+import math, re
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from ..models.ops import batch_nll, check_qa, collate_qa, eval_mode, sequence_logprob, to_device
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
-from .registry import MethodSpec, register_method
+from .registry import MethodSpec, finite_number, register_method
 
 # %% auto #0
 __all__ = ['CANDIDATE_PATTERN', 'DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss',
@@ -59,13 +59,13 @@ def memflex_loss(forget_nll: torch.Tensor, retain_nll: torch.Tensor, forget_fact
 def _check_memflex(hp: dict) -> list[str]:
     "MemFlex's own rules (the generic ones — lr, epochs, … — are checked by the registry first)."
     probs = []
-    if not (isinstance(hp["forget_factor"], (int, float)) and hp["forget_factor"] < 0):
+    if not (finite_number(hp["forget_factor"], lo=-math.inf) and hp["forget_factor"] < 0):
         probs.append(f"memflex.forget_factor must be a negative number (ascent on the forget set), got {hp['forget_factor']!r}")
-    if not (isinstance(hp["retain_factor"], (int, float)) and hp["retain_factor"] >= 0):
+    if not finite_number(hp["retain_factor"]):
         probs.append(f"memflex.retain_factor must be a number >= 0, got {hp['retain_factor']!r}")
     if not (isinstance(hp["sim_threshold"], (int, float)) and -1 <= hp["sim_threshold"] <= 1):
         probs.append(f"memflex.sim_threshold must be in [-1, 1], got {hp['sim_threshold']!r}")
-    if not (isinstance(hp["grad_threshold"], (int, float)) and hp["grad_threshold"] >= 0):
+    if not finite_number(hp["grad_threshold"]):
         probs.append(f"memflex.grad_threshold must be a number >= 0, got {hp['grad_threshold']!r}")
     if hp["weight_decay"] != 0: probs.append(f"memflex.weight_decay must be 0 (unselected tensors stay unchanged), got {hp['weight_decay']!r}")
     if not isinstance(hp["pattern"], str): probs.append(f"memflex.pattern must be a regular expression (str), got {hp['pattern']!r}")

@@ -14,29 +14,30 @@ import pandas as pd
 from ..core.config import BUILTIN_METHODS as _CORE_BUILTIN_METHODS
 
 # %% auto #0
-__all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems', 'save_weights', 'load_weights',
-           'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
+__all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'finite_number', 'generic_problems', 'save_weights',
+           'load_weights', 'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
 
 # %% ../../nbs/unlearn/00_registry.ipynb #61bdf420
 SCHEDULERS = ("constant", "warmup_constant", "linear", "cosine")
 
-def _num(v, lo=0.0, strict=False, integer=False):
+def finite_number(v, lo=0.0, strict=False, integer=False) -> bool:
+    "Whether `v` is a finite number (an int when `integer`) >= `lo` (> `lo` when `strict`): NaN, inf and booleans fail."
     ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
     return ok_type and not isinstance(v, bool) and (v > lo if strict else v >= lo) and math.isfinite(v)
 
 _CHECKS = {  # key -> (predicate, what is allowed)
-    "lr": (lambda v: _num(v, strict=True), "a positive number"),
-    "epochs": (lambda v: _num(v, strict=True, integer=True), "a positive int"),
-    "max_steps": (lambda v: v is None or _num(v, strict=True, integer=True), "None or a positive int"),
-    "batch_size": (lambda v: _num(v, strict=True, integer=True), "a positive int"),
+    "lr": (lambda v: finite_number(v, strict=True), "a positive number"),
+    "epochs": (lambda v: finite_number(v, strict=True, integer=True), "a positive int"),
+    "max_steps": (lambda v: v is None or finite_number(v, strict=True, integer=True), "None or a positive int"),
+    "batch_size": (lambda v: finite_number(v, strict=True, integer=True), "a positive int"),
     "scheduler": (lambda v: v in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}"),
-    "warmup_steps": (lambda v: _num(v, integer=True), "an int >= 0"),
-    "warmup_ratio": (lambda v: _num(v) and v < 1, "a number in [0, 1)"),
-    "weight_decay": (lambda v: _num(v), "a number >= 0"),
-    "max_grad_norm": (lambda v: v is None or _num(v, strict=True), "None or a positive number"),
-    "max_length": (lambda v: v is None or _num(v, strict=True, integer=True), "None or a positive int"),
-    "gamma": (lambda v: _num(v), "a number >= 0"), "alpha": (lambda v: _num(v), "a number >= 0"),
-    "beta": (lambda v: _num(v, strict=True), "a positive number"), "delta": (lambda v: _num(v), "a number >= 0"),
+    "warmup_steps": (lambda v: finite_number(v, integer=True), "an int >= 0"),
+    "warmup_ratio": (lambda v: finite_number(v) and v < 1, "a number in [0, 1)"),
+    "weight_decay": (lambda v: finite_number(v), "a number >= 0"),
+    "max_grad_norm": (lambda v: v is None or finite_number(v, strict=True), "None or a positive number"),
+    "max_length": (lambda v: v is None or finite_number(v, strict=True, integer=True), "None or a positive int"),
+    "gamma": (lambda v: finite_number(v), "a number >= 0"), "alpha": (lambda v: finite_number(v), "a number >= 0"),
+    "beta": (lambda v: finite_number(v, strict=True), "a positive number"), "delta": (lambda v: finite_number(v), "a number >= 0"),
 }
 
 def generic_problems(method: str, hp: dict) -> list[str]:

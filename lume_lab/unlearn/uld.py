@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from ..models.ops import batch_nll, check_qa, lm_inputs, token_mean_nll, answer_logits
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
-from .registry import MethodSpec, register_method
+from .registry import MethodSpec, finite_number, register_method
 
 # %% auto #0
 __all__ = ['DEFAULT_HPARAMS', 'SPEC', 'relative_top_mask', 'uld_logits', 'build_assistant', 'uniform_kl', 'uld_loss', 'ULDModel',
@@ -74,7 +74,7 @@ def _check_uld(hp: dict) -> list[str]:
     for k in ("lora_r", "lora_alpha"):
         if not (isinstance(hp[k], int) and hp[k] >= 1): probs.append(f"uld.{k} must be a positive int, got {hp[k]!r}")
     if not (isinstance(hp["lora_dropout"], (int, float)) and 0 <= hp["lora_dropout"] < 1): probs.append(f"uld.lora_dropout must be in [0, 1), got {hp['lora_dropout']!r}")
-    if not (isinstance(hp["retain_weight"], (int, float)) and hp["retain_weight"] >= 0): probs.append(f"uld.retain_weight must be a number >= 0, got {hp['retain_weight']!r}")
+    if not finite_number(hp["retain_weight"]): probs.append(f"uld.retain_weight must be a number >= 0, got {hp['retain_weight']!r}")
     if not (isinstance(hp["top_logit_filter"], (int, float)) and 0 <= hp["top_logit_filter"] < 1): probs.append(f"uld.top_logit_filter must be in [0, 1), got {hp['top_logit_filter']!r}")
     return probs
 
