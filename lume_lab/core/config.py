@@ -15,8 +15,9 @@ __all__ = ['TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTY
            'BUILTIN_METHODS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS',
            'PISTOL_PRESETS', 'ConfigError', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
            'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
-           'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field',
-           'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'config_diff']
+           'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'finite_number', 'LumeExpConfig', 'RunConfig',
+           'get_field', 'set_fields', 'validate', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
+           'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -245,6 +246,13 @@ def _pistol_problems(cfg) -> list[str]:
         out.append(f"pistol.lrs must be a non-empty list of distinct positive learning rates, got {lrs!r}")
     return out
 
+
+
+# %% ../../nbs/core/00_config.ipynb #54ab777f
+def finite_number(v, lo=0.0, strict=False, integer=False) -> bool:
+    "Whether `v` is a finite number (an int when `integer`) >= `lo` (> `lo` when `strict`): NaN, inf and booleans fail."
+    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
+    return ok_type and not isinstance(v, bool) and (v > lo if strict else v >= lo) and math.isfinite(v)
 
 
 # %% ../../nbs/core/00_config.ipynb #7656369f
@@ -517,7 +525,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     out = []
     def pos(name, kind=int):
         v = cfg[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int) or not 0 < v < math.inf:   # NaN fails too
+        if not finite_number(v, strict=True, integer=kind is int):
             out.append(f"{name} must be a positive {'finite float' if kind is float else 'int'}, got {v!r}")
     def frac(name, lo_open=True, hi_closed=True):
         v = cfg[name]
@@ -638,7 +646,7 @@ def _problems(cfg: RunConfig) -> list[str]:
     if not (isinstance(ac, (list, tuple)) and ac and all(c == "all" or (isinstance(c, int) and not isinstance(c, bool) and c >= 1) for c in ac)):
         out.append(f"attribution.counts must be a non-empty list of ints >= 1 or \"all\", got {ac!r}")
     lam = cfg.attribution.contrast_lambda
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam < math.inf: out.append(f"attribution.contrast_lambda must be a finite number >= 0, got {lam!r}")
+    if not finite_number(lam): out.append(f"attribution.contrast_lambda must be a finite number >= 0, got {lam!r}")
     pos("attribution.signature_max_weights")
     if not isinstance(cfg.attribution.signature_folds, int) or isinstance(cfg.attribution.signature_folds, bool) or cfg.attribution.signature_folds < 2:
         out.append(f"attribution.signature_folds must be an int >= 2, got {cfg.attribution.signature_folds!r}")

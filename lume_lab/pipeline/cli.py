@@ -145,11 +145,11 @@ def presets_table():
 def main(argv: list[str] | None = None) -> int:
     "`lume-lab` console script."
     a = _parser().parse_args(argv)
-    if getattr(a, "workers", None) is not None and a.workers < 1:
-        print(f"lume-lab: error: --workers must be an int >= 1 (how many run at once), got {a.workers}", file=sys.stderr); return 2
-    if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
-        print("lume-lab: error: --only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain", file=sys.stderr); return 2
     try:
+        if getattr(a, "workers", None) is not None and a.workers < 1:
+            raise ConfigError(f"--workers must be an int >= 1 (how many run at once), got {a.workers}")
+        if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
+            raise ConfigError("--only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain")
         if a.cmd == "presets": print(presets_table().to_string(index=False))
         elif a.cmd == "status":
             st = run_status(a.run_id, a.runs_root)

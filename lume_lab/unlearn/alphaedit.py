@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from ..models.ops import answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device, encode_texts, pad_batch, pad_id, to_device
 from .dpo import with_idk_answers
-from .registry import MethodSpec, finite_number, register_method
+from ..core.config import finite_number
+from .registry import MethodSpec, register_method
 
 # %% auto #0
 __all__ = ['DEFAULT_HPARAMS', 'MOM2_SOURCES', 'EDIT_SITES', 'OBJECTIVES', 'SPEC', 'down_proj', 'block', 'key_positions',

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from ..models.ops import batch_nll, check_qa, collate_qa, eval_mode, sequence_logprob, to_device
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
-from .registry import MethodSpec, finite_number, register_method
+from ..core.config import finite_number
+from .registry import MethodSpec, register_method
 
 # %% auto #0
 __all__ = ['CANDIDATE_PATTERN', 'DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss',

@@ -11,19 +11,14 @@ from typing import Callable
 
 import pandas as pd
 
-from ..core.config import BUILTIN_METHODS as _CORE_BUILTIN_METHODS
+from ..core.config import BUILTIN_METHODS as _CORE_BUILTIN_METHODS, finite_number
 
 # %% auto #0
-__all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'finite_number', 'generic_problems', 'save_weights',
-           'load_weights', 'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
+__all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems', 'save_weights', 'load_weights',
+           'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
 
 # %% ../../nbs/unlearn/00_registry.ipynb #61bdf420
 SCHEDULERS = ("constant", "warmup_constant", "linear", "cosine")
-
-def finite_number(v, lo=0.0, strict=False, integer=False) -> bool:
-    "Whether `v` is a finite number (an int when `integer`) >= `lo` (> `lo` when `strict`): NaN, inf and booleans fail."
-    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-    return ok_type and not isinstance(v, bool) and (v > lo if strict else v >= lo) and math.isfinite(v)
 
 _CHECKS = {  # key -> (predicate, what is allowed)
     "lr": (lambda v: finite_number(v, strict=True), "a positive number"),

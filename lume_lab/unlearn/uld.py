@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from ..models.ops import batch_nll, check_qa, lm_inputs, token_mean_nll, answer_logits
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
-from .registry import MethodSpec, finite_number, register_method
+from ..core.config import finite_number
+from .registry import MethodSpec, register_method
 
 # %% auto #0
 __all__ = ['DEFAULT_HPARAMS', 'SPEC', 'relative_top_mask', 'uld_logits', 'build_assistant', 'uniform_kl', 'uld_loss', 'ULDModel',
