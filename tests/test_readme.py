@@ -1,0 +1,75 @@
+"""README.md is the front door: short, naming only runs `make run` creates, and its worked examples run as written."""
+import re, subprocess, sys, textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    "The text of README's `## title` section."
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.S | re.M)
+    assert m, f"README has no section '## {title}'"
+    return m.group(1)
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_readme_is_a_front_door():
+    assert len(README.splitlines()) <= 300, f"README.md has {len(README.splitlines())} lines (≤ 300)"
+    heads = [l[3:] for l in README.splitlines() if l.startswith("## ")]
+    assert heads[0] == "Quick start", heads          # the first section a newcomer reads is how to start
+    for h in ("The experiments", "Concepts", "Extending", "Read it as a tutorial", "Layout", "Known limits"): assert h in heads, h
+    assert "make run PRESET=smoke" in _section("Quick start") and "runs/smoke/report/index.html" in _section("Quick start")
+
+
+def test_readme_names_only_runs_make_run_creates():
+    "Run directories named in README: `make run` makes runs/<preset>/ (mini by default, smoke with PRESET=smoke)."
+    named = set(re.findall(r"runs/([A-Za-z0-9_.=-]+)/", README))
+    assert named <= {"mini", "smoke"}, sorted(named - {"mini", "smoke"})
+    for m in re.findall(r"--reuse ((?:[A-Za-z0-9_-]+ ?)+)", README):
+        names = {n for n in m.split() if not n.isupper()}          # `--reuse RUN ...`: the placeholder, not a run
+        assert names <= {"mini", "smoke"}, m
+
+
+def test_readme_links_resolve():
+    "Every relative link of README points at a file or folder of the repository."
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if "://" in target: continue
+        assert (ROOT / target).exists(), f"README links {target}, which does not exist"
+
+
+def test_readme_reading_order_lists_every_library_notebook():
+    "The tutorial's reading order names every library notebook (by its NN_topic stem)."
+    order = _section("Read it as a tutorial")
+    missing = [p.relative_to(ROOT / "nbs").as_posix() for p in sorted((ROOT / "nbs").glob("*/[0-9]*.ipynb"))
+               if p.parent.name != "experiments" and p.stem not in order]
+    assert not missing, missing
+
+
+def test_readme_extending_examples_run(tmp_path):
+    "The method and metric examples, exactly as README prints them, in a fresh interpreter."
+    blocks = _python_blocks(_section("Extending"))
+    assert len(blocks) == 2, len(blocks)
+    check = textwrap.dedent("""
+        import math, torch
+        from lume_lab.unlearn.registry import get_spec
+        from lume_lab.core.config import make_config
+        from lume_lab.pipeline.config import resolve_config
+        spec = get_spec("toy_shrink")                                   # registered by the method example
+        cfg = resolve_config(make_config("smoke", {"unlearn.methods": ["toy_shrink"]}))
+        assert cfg.unlearn.hparams == {"toy_shrink": {"amount": 0.5}}, cfg.unlearn.hparams
+        try: spec.resolve({"amount": 2.0}); raise SystemExit("amount=2 was accepted")
+        except ValueError as e: assert "amount" in str(e)
+        w = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+        out, log = spec.fn(model, tok, forget, retain, spec.resolve({"amount": 0.25}))
+        assert torch.equal(out.model.layers[0].mlp.down_proj.weight, w * 0.75)
+        assert math.isfinite(gap) and nll_gap(model, tok, forget, forget) == 0.0    # the metric example's value
+        print("ok")
+    """)
+    script = tmp_path / "readme_examples.py"
+    script.write_text("\n".join(blocks) + check)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]
