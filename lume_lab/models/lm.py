@@ -14,8 +14,8 @@ from ..core.config import DTYPES, ConfigError, ModelConfig, PretrainConfig
 from .ops import default_device, encode_texts, in_test, model_device, special_ids, progress as ops_progress
 
 # %% auto #0
-__all__ = ['tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model', 'load_model', 'pack_texts',
-           'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
+__all__ = ['SCHEDULES', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model', 'load_model',
+           'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #97c2b033
 def tiny_olmo2_config(model_cfg: ModelConfig, tokenizer) -> Olmo2Config:
@@ -125,11 +125,18 @@ def batch_for_step(step: int, batch_size: int, n_blocks: int, seed: int) -> np.n
     return np.concatenate(out)
 
 # %% ../../nbs/models/01_lm.ipynb #5bbabe6e
-def lr_multiplier(step: int, steps: int, warmup_steps: int, min_lr_ratio: float = 0.1) -> float:
-    "Factor on the peak lr at 0-based `step`: linear warmup then cosine decay to `min_lr_ratio`."
+SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")
+
+def lr_multiplier(step: int, steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1, schedule: str = "cosine") -> float:
+    """Factor on the peak lr at 0-based `step` of `steps`: linear warm-up, `(step + 1) / warmup_steps` (the peak at the last
+    warm-up step), then `schedule` from the peak down to `min_lr_ratio` at `steps`. 'constant' is 1 throughout, with no warm-up."""
+    if schedule not in SCHEDULES: raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule == "constant": return 1.0
     if step < warmup_steps: return (step + 1) / warmup_steps
+    if schedule == "warmup_constant": return 1.0
     progress = min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+    return min_lr_ratio + (1 - min_lr_ratio) * decay
 
 # %% ../../nbs/models/01_lm.ipynb #acb4372a
 _CKPT = re.compile(r"^checkpoint-(\d+)$")

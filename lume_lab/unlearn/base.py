@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..models.ops import batch_nll, check_qa, collate_qa, fsdp2_requested, fsdp2_shard, make_accelerator, progress, qa_nll, to_device
+from ..models.lm import SCHEDULES, lr_multiplier
 from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 
@@ -62,14 +63,8 @@ def warmup_length(total: int, warmup_steps: int = 0, warmup_ratio: float = 0.0) 
     return warmup_steps or math.ceil(warmup_ratio * total)
 
 def lr_factor(step: int, total: int, scheduler: str = "constant", warmup_steps: int = 0) -> float:
-    "Multiplier of the base learning rate at `step` for `scheduler` (see `SCHEDULERS`)."
-    if scheduler not in SCHEDULERS: raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
-    if scheduler == "constant": return 1.0
-    if step < warmup_steps: return (step + 1) / (warmup_steps + 1)
-    if scheduler == "warmup_constant": return 1.0
-    progress = (step - warmup_steps) / max(1, total - warmup_steps)
-    if scheduler == "cosine": return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
-    return max(0.0, 1.0 - progress)
+    "Multiplier of the base learning rate at `step`: the project's one schedule (`models.lm.lr_multiplier`), decaying to 0."
+    return lr_multiplier(step, total, warmup_steps, 0.0, scheduler)
 
 # %% ../../nbs/unlearn/00_base.ipynb #b6edc168
 _EPOCH_HOOKS: list[Callable] = []

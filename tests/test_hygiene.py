@@ -1,0 +1,85 @@
+"""No file of the repository names a path of the machine it was written on (issue #38): no work folder, scratch folder
+or home directory. System paths that code uses on purpose (`/tmp`, `/proc`) are fine.
+
+The patterns are assembled from pieces, so this file does not contain what it looks for and is scanned like every
+other file (no exclusion list to keep in sync)."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_S = "/"
+# a path segment starts the string or follows a separator, a quote, a space or a bracket, never a word character: so the
+# notebook name `_scratch.ipynb` and a variable named `scratch` pass, a folder of that name does not (cases below)
+_SEG = r"(?<![\w.~-])"
+MACHINE_PATHS = {
+    "work folder": re.compile(_SEG + _S + "work" + _S),
+    "home directory": re.compile(_SEG + _S + "home" + _S + r"\w"),
+    "root's home": re.compile(_SEG + _S + "root" + _S),
+    "macOS home": re.compile(_SEG + _S + "Users" + _S + r"\w"),
+    "Windows home": re.compile(r"\b[A-Za-z]:[\\/]+" + "Users" + r"[\\/]+\w"),
+    "scratch folder": re.compile(_SEG + "scratch" + _S),
+}
+
+
+def machine_paths(text: str) -> list[tuple[int, str, str]]:
+    "(line number, kind, line) of every line of `text` that names a machine path."
+    return [(i, kind, line.strip()) for i, line in enumerate(text.splitlines(), 1)
+            for kind, pat in MACHINE_PATHS.items() if pat.search(line)]
+
+
+def repo_text_files() -> list[Path]:
+    "Every file git tracks or would add (not ignored) that reads as UTF-8 text."
+    names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    out = []
+    for n in filter(None, names):
+        p = ROOT / n
+        if not p.is_file(): continue                              # deleted in the work tree, or a submodule
+        b = p.read_bytes()
+        if b"\0" in b: continue                                   # binary (a PNG, a safetensors file)
+        try: b.decode("utf-8")
+        except UnicodeDecodeError: continue
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("line", [
+    "see " + _S + "work" + _S + "main" + _S + "README.md",
+    "`" + _S + "work" + _S + "scratch" + _S + "ae" + _S + "probe.py`",
+    "probe: scratch" + _S + "s11" + _S + "probe.py",
+    "cd " + _S + "home" + _S + "alice" + _S + "lume",
+    "open('" + _S + "root" + _S + ".cache')",
+    "cache in " + _S + "Users" + _S + "bob" + _S + "lume",
+    "C:\\" + "Users" + "\\bob\\lume",
+    "\"runs_root\": \"" + _S + "work" + _S + "runs\"",
+])
+def test_a_machine_path_is_found(line):
+    assert machine_paths("ok\n" + line) and machine_paths("ok\n" + line)[0][0] == 2
+
+
+@pytest.mark.parametrize("line", [
+    "tmp = Path(\"/tmp/lume-no-such-root\")",
+    "open(\"/proc/self/status\")",
+    "for f in [\"data/_scratch.ipynb\"]: pass",
+    "scratch = Path(tempfile.mkdtemp()); fn(scratch)",
+    "a from-scratch tiny model",
+    "runs/<id>/report/ and nbs/experiments/",
+    "https://github.com/org/homework/",
+])
+def test_system_paths_and_code_names_pass(line):
+    assert machine_paths(line) == []
+
+
+def test_the_repository_is_scanned():
+    files = {p.relative_to(ROOT).as_posix() for p in repo_text_files()}
+    for f in ("README.md", "Makefile", "pyproject.toml", "tests/test_hygiene.py", "nbs/experiments/e02_inject.ipynb"):
+        assert f in files, f
+
+
+def test_no_file_names_a_machine_path():
+    hits = [f"{p.relative_to(ROOT)}:{i}: {kind}: {line[:160]}" for p in repo_text_files()
+            for i, kind, line in machine_paths(p.read_text(encoding="utf-8"))]
+    assert not hits, "machine paths (name a path inside the repository, or none):\n" + "\n".join(hits)
