@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup run run-companions test check-export nbtest nbtest-fast pytest bench lab docs clean
+.PHONY: setup run run-companions test check-export nbtest nbtest-fast pytest bench lab docs results clean
 
 setup: $(STAMP)
 
@@ -72,6 +72,15 @@ lab: setup
 docs: setup
 	$(TEST_ENV) $(BIN)/python -m lume_lab.pipeline.docs --out _docs --skip $(DOCS_SKIP) --workers $(DOCS_WORKERS) $(DOCS_NBS)
 	@echo "open _docs/index.html"
+
+# `make results RUNS="runs/mini" NAME=mini`: docs/results/<NAME>.md from run directories of one config (seeds), or from one
+# sweep directory: header (command, commit, date, machine, seeds) and tables computed from the runs' CSVs (pipeline.results).
+RUNS ?=
+NAME ?=
+RESULTS_OUT ?= docs/results
+results: setup
+	$(if $(and $(strip $(RUNS)),$(strip $(NAME))),,$(error usage: make results RUNS="runs/mini [runs/...]" NAME=mini [RESULTS_OUT=docs/results]))
+	$(BIN)/python -m lume_lab.pipeline.results $(RUNS) --name $(NAME) --out $(RESULTS_OUT)
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/core/01_store.ipynb #70aa3f1b
 from __future__ import annotations
-import datetime as _dt, json, os, platform, random, shutil, subprocess, tempfile, time, warnings
+import datetime as _dt, json, os, platform, random, shutil, subprocess, sys, tempfile, time, warnings
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -16,8 +16,8 @@ import torch
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash
 
 # %% auto #0
-__all__ = ['seed_everything', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'package_dir', 'git_commit',
-           'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore', 'StageWarning',
+__all__ = ['seed_everything', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info', 'package_dir',
+           'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore', 'StageWarning',
            'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'process_rank', 'open_run', 'run_status',
            'run_warnings']
 
@@ -59,6 +59,16 @@ def package_versions() -> dict[str, str]:
         try: out[p] = metadata.version(p)
         except metadata.PackageNotFoundError: out[p] = None
     return out
+
+def machine_info() -> str:
+    "This machine in one line, for a run's provenance: OS, architecture, CPU model, usable CPUs, the GPU if torch sees one."
+    cpu = platform.processor()
+    try: cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
+    except (OSError, StopIteration): pass
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch = sys.modules.get("torch")      # never imported here just to look
+    gpu = f", {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}" if torch is not None and torch.cuda.is_available() else ""
+    return f"{platform.system()} {platform.machine()}, {cpu + ', ' if cpu else ''}{n} CPUs{gpu}"
 
 def package_dir() -> Path:
     "The directory of the installed `lume_lab` package."
@@ -316,7 +326,9 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], key: Any = 
 def _record_experiment(self: RunStore, name: str, seconds: float) -> None:
     "Record that experiment notebook `name` ran to its end (after re-reading the manifest its stages wrote), e.g. for sweeps."
     if self.manifest_path.exists(): self.reload()
-    self.manifest.setdefault("experiments", {})[name] = {"status": "done", "seconds": round(seconds, 1), "finished": _now()}
+    self.manifest.setdefault("experiments", {})[name] = {"status": "done", "seconds": round(seconds, 1), "finished": _now(),
+                                                          "machine": machine_info()}
+    self.manifest["machine"] = machine_info()           # where the run last ran an experiment
     self._save()
 
 RunStore.stage_hash, RunStore.stage, RunStore.record_experiment = _stage_hash, _run_stage, _record_experiment

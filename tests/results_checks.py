@@ -1,0 +1,220 @@
+"""Checks of a results page (`pipeline.results`): every number in its tables equals its CSV cell after the page's rounding.
+
+The expected values are read here straight from the runs' CSVs and manifests (table2_<field>.csv, localization_summary.csv,
+remind_<field>.csv, resurfacing*.csv, manifest.json stages; a sweep's points.csv and sweep.csv), not through
+`pipeline.scorecard`; several runs are averaged here too (mean, sample std). Which scorecard column a label of the page
+shows is learned from `report.format_scorecard` itself on a probe row, so the check follows the report's labels."""
+import fnmatch, re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lume_lab.pipeline import report as R
+from lume_lab.pipeline.results import read_markdown_tables, results_sources, run_labels, sweep_values
+from lume_lab.pipeline.scorecard import paper_scorecard, run_config, run_manifest
+
+NUM = re.compile(r"-?\d+(?:\.\d+)?")
+HEADER_KEYS = ("Command", "Commit", "Date", "Machine", "Seeds")
+TABLE2_CELLS = {  # scorecard column -> (split, metric) row of table2_<field>.csv (e03's file format)
+    "forget_em": ("forget", "em"), "forget_es": ("forget", "es"), "forget_prob": ("forget", "prob"), "forget_para_em": ("forget_paraphrase", "em"),
+    "retain_em": ("retain", "em"), "retain_es": ("retain", "es"), "retain_prob": ("retain", "prob"), "retain_para_em": ("retain_paraphrase", "em"),
+    "utility_delta": ("utility_delta", "mc_acc")}
+
+
+def _text(page) -> str:
+    return Path(page).read_text() if isinstance(page, Path) or (isinstance(page, str) and "\n" not in page and Path(page).is_file()) else page
+
+
+def assert_shown(shown: str, expected: float, where) -> int:
+    "`shown` (a number as the page prints it) is `expected` rounded to as many decimals as `shown` has; returns its decimals."
+    assert NUM.fullmatch(shown), (where, shown)
+    digits = len(shown.split(".")[1]) if "." in shown else 0
+    assert expected is not None and not pd.isna(expected), (where, f"page shows {shown}, the CSVs hold nothing")
+    assert shown == f"{expected:.{digits}f}" or abs(float(shown) - expected) <= 0.5 * 10 ** -digits * (1 + 1e-9), (where, shown, expected)
+    return digits
+
+
+def source_card(run_dir) -> pd.DataFrame:
+    "The scorecard values of one run read straight from its CSVs: (field, method) × column."
+    rep, rows = Path(run_dir) / "report", {}
+    def put(f, m, c, v): rows.setdefault((f, m), {})[c] = float(v)
+    for p in rep.glob("table2_*.csv"):
+        f, t = p.stem.removeprefix("table2_"), pd.read_csv(p, index_col=[0, 1])
+        for m in [c for c in t.columns if c not in ("n_profiles", "n_rows")]:
+            for c, key in TABLE2_CELLS.items(): put(f, m, c, t.at[key, m] if key in t.index else np.nan)
+            for c, (split, n) in {"forget_profiles": ("forget", "n_profiles"), "forget_rows": ("forget", "n_rows"),
+                                  "retain_profiles": ("retain", "n_profiles"), "retain_rows": ("retain", "n_rows")}.items():
+                put(f, m, c, t.at[(split, "em"), n])
+            put(f, m, "utility_n", t.at[TABLE2_CELLS["utility_delta"], "n_rows"])
+    if (p := rep / "localization_summary.csv").exists():
+        for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, f"auc_{r.labels}", r.auc)
+    for p in rep.glob("remind_*.csv"):
+        if p.stem.startswith(("remind_ablation_", "remind_importances_")): continue
+        t = pd.read_csv(p)
+        for _, r in t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])].iterrows():
+            f = p.stem.removeprefix("remind_")
+            put(f, r.model, r.detector.replace("remind_", "remind_auc_"), r["multi"]); put(f, r.model, "remind_n_per_class", r.n_per_class)
+    if (p := rep / "resurfacing.csv").exists():
+        for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, f"leak_{r.stage}", r.rate); put(r.field, r.method, "leak_profiles", r.n_profiles)
+    if (p := rep / "resurfacing_attack.csv").exists():
+        for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, "heldout_pii_nll", r.nll_before)
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"])
+
+
+def expected_card(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.Series]:
+    "(mean, sample std, number of runs) per (field, method) and column over `run_dirs`, from their CSVs."
+    cards = [source_card(d) for d in run_dirs]
+    g = pd.concat(cards).groupby(level=["field", "method"], sort=False)
+    return g.mean(), g.std(ddof=1), g.size()
+
+
+def label_columns(columns) -> dict[str, list[str]]:
+    "Which scorecard column(s) each label of `format_scorecard` shows: a probe row holds 101, 102, ... and the label shows them back."
+    cols = [c for c in columns if c not in ("field", "method", "direction_mismatch") and not c.endswith("_std")]
+    probe = pd.DataFrame([{"field": "f", "method": "m", "direction_mismatch": "", **{c: 101.0 + i for i, c in enumerate(cols)}}])
+    out = {label: [cols[round(float(x)) - 101] for x in NUM.findall(str(cell))] for label, cell in R.format_scorecard(probe, "f").iloc[0].items()}
+    for c, label in getattr(R, "COLUMN_LABELS", {}).items():    # the report's own label table, where it has one, agrees
+        if label in out: assert out[label] == [c], (label, out[label], c)
+    return out
+
+
+def _scorecard_columns(run_dirs) -> list[str]:
+    mean, _, _ = expected_card(run_dirs)
+    base = ["n_seeds", *mean.columns]
+    return base + [f"{c}_paper" for c in mean.columns]
+
+
+def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
+    "Every number of the page's scorecard tables is its CSV value (mean ± std over runs) or the paper's, rounded as shown."
+    mean, std, n_runs = expected_card(run_dirs)
+    paper, labels = paper_scorecard(), label_columns(_scorecard_columns(run_dirs))
+    methods = ["none", *(run_config(run_dirs[0])["unlearn"]["methods"] or [])]
+    want = [(f, m) for f, m in mean.index if m in methods]
+    by_field = {heads[1]: t for heads, t in tables}
+    assert set(by_field) == {f for f, _ in want}, (sorted(by_field), sorted({f for f, _ in want}))
+    checked = 0
+    for f, t in by_field.items():
+        assert sorted(t.method) == sorted(m for g, m in want if g == f), (f, list(t.method))
+        digits = {}
+        for _, row in t.iterrows():
+            key = (f, row["method"])
+            for label, cell in row.items():
+                if label == "method": continue
+                cols = labels.get(label)
+                assert cols is not None, f"column {label!r} of {f} is not a column format_scorecard writes"
+                if not cols: assert not re.search(r"\d", cell), (key, label, cell); continue
+                parts = cell.split(" / ") if cell else []
+                for i, c in enumerate(cols):
+                    if c == "n_seeds": exp, s = float(n_runs[key]), np.nan
+                    elif c.endswith("_paper"): exp, s = paper[c].get(key, np.nan) if c in paper else np.nan, np.nan
+                    else: exp, s = mean[c].get(key, np.nan) if c in mean else np.nan, std[c].get(key, np.nan) if c in std and len(run_dirs) > 1 else np.nan
+                    if i >= len(parts):                       # not shown: the CSVs hold nothing there
+                        assert pd.isna(exp), (key, label, c, f"blank on the page, {exp} in the CSVs"); continue
+                    tokens = parts[i].split(" ± ")
+                    d = assert_shown(tokens[0], exp, (key, label, c))
+                    assert digits.setdefault((label, i), d) == d, (label, "rounded to different digits in different rows")
+                    if pd.isna(s): assert len(tokens) == 1, (key, label, c, "a std where the CSVs give none")
+                    else: assert len(tokens) == 2, (key, label, c, "no ± std over the runs"); assert_shown(tokens[1], s, (key, label, c, "std"))
+                    checked += len(tokens)
+    return checked
+
+
+def expected_stage_seconds(run_dir) -> pd.Series:
+    "Seconds per stage family of a run, summed straight from manifest.json (a reused stage: its source's seconds)."
+    cfg, out = run_config(run_dir), {}
+    for k, e in run_manifest(run_dir).get("stages", {}).items():
+        s = e.get("source_seconds", e.get("seconds")) if e.get("reused_from") else e.get("seconds")
+        fam = R.stage_family(k, cfg)
+        out[fam] = out.get(fam, 0.0) + (s or 0.0)
+    return pd.Series(out, dtype=float)
+
+
+def check_stage_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
+    "Every cell of the stage-time table is the manifest's seconds, summed per family (and in total), rounded as shown."
+    assert list(t.columns) == ["stage family", *run_labels(run_dirs)], list(t.columns)
+    exp = {l: expected_stage_seconds(d) for l, d in zip(run_labels(run_dirs), run_dirs)}
+    fams = set().union(*(set(s.index) for s in exp.values()))
+    assert set(t["stage family"]) == fams | {"total"}, set(t["stage family"]) ^ (fams | {"total"})
+    checked = 0
+    for _, row in t.iterrows():
+        for l, s in exp.items():
+            v = s.sum() if row["stage family"] == "total" else s.get(row["stage family"], np.nan)
+            if row[l] == "": assert pd.isna(v), (row["stage family"], l); continue
+            assert_shown(row[l], v, (row["stage family"], l)); checked += 1
+    return checked
+
+
+def check_sweep_tables(tables: list, sweep_dir: Path) -> int:
+    "The sweep's tables: swept values, seed, status and seconds as points.csv has them; each value the sweep.csv rows of its point and column."
+    d, (_, s) = Path(sweep_dir), sweep_values(sweep_dir)
+    points = pd.read_csv(d / "points.csv", dtype=str, keep_default_na=False).set_index("point")
+    raw = pd.read_csv(d / "sweep.csv")
+    raw = raw[[fnmatch.fnmatch(str(x), s["source"]) for x in raw.source]]
+    for c, v in s["where"].items(): raw = raw[raw[c].isin(v if isinstance(v, list) else [v])]
+    raw = raw.assign(column=[" · ".join(str(r[c]) for c in s["cats"]) or s["y"] for _, r in raw.iterrows()])
+    value = raw.groupby(["point", "column"])[s["y"]].mean()
+    swept = [c for c in points.columns if c not in ("seed", "status", "seconds", "error")]
+    named = {heads[-1]: t for heads, t in tables}
+    checked, pts = 0, named.pop("Points")
+    assert set(pts.point) == set(points.index)
+    for _, row in pts.iterrows():
+        p = points.loc[row.point]
+        for c in [*swept, "seed", "status"]: assert row[c] == p[c], (row.point, c)
+        if p.seconds: assert_shown(row.seconds, float(p.seconds), (row.point, "seconds")); checked += 1
+        for c in pts.columns[len(swept) + 4:]:
+            v = value.get((row.point, c), np.nan)
+            if row[c] == "": assert pd.isna(v), (row.point, c); continue
+            assert_shown(row[c], v, (row.point, c)); checked += 1
+    if (n := named.pop(f"n ({s['n']})", None)) is not None:
+        agg = raw.groupby("column")[s["n"]].agg(["min", "max"])
+        for _, row in n.iterrows():
+            for c in ("min", "max"): assert_shown(row[c], agg.at[row.column, c], (row.column, c)); checked += 1
+    if (m := named.pop("Mean ± std over seeds", None)) is not None:
+        per = value.unstack("column").join(points[swept])
+        for _, row in m.iterrows():
+            grp = per[(per[swept] == row[swept]).all(axis=1)]
+            for c in m.columns[len(swept) + 1:]:
+                vals = grp[c].dropna()
+                tokens = row[c].split(" ± ")
+                assert_shown(tokens[0], vals.mean(), (tuple(row[swept]), c))
+                if len(vals) > 1: assert_shown(tokens[1], vals.std(ddof=1), (tuple(row[swept]), c, "std"))
+                checked += len(tokens)
+            assert int(row.seeds) == grp[m.columns[len(swept) + 1:]].notna().sum().max()
+    assert not named, f"tables the check does not know: {list(named)}"
+    return checked
+
+
+def assert_header(page: str, run_dirs: list[Path]) -> dict[str, str]:
+    "The header names command, commit, date, machine and seeds, with the runs' commit, creation date and seeds; returns them."
+    head = page.split("\n## ")[0]
+    found = dict(re.findall(r"^- \*\*(\w+)\*\*[:,] ?(.*)$", head, re.M))
+    assert all(k in found for k in HEADER_KEYS), (sorted(found), HEADER_KEYS)
+    for d in run_dirs:
+        m = run_manifest(d)
+        if m.get("git_commit"): assert m["git_commit"] in found["Commit"]
+        if m.get("created"): assert m["created"][:10] in found["Date"]
+    seeds = list(dict.fromkeys(str(run_config(d)["seed"]) for d in run_dirs))
+    assert found["Seeds"].split(", ") == seeds, (found["Seeds"], seeds)
+    assert found["Command"] and found["Machine"]
+    assert "lume-lab" in head or "make" in head                    # a command a reader can run
+    return found
+
+
+def assert_results_match_csvs(page, run_dirs) -> int:
+    """A results page (its text or path) over `run_dirs` (runs of one config, or one sweep directory): the header names command,
+    commit, date, machine and seeds, every table is one this check knows, and every number in it equals its CSV cell after the
+    page's rounding. Returns how many numbers were checked."""
+    text, (kind, dirs) = _text(page), results_sources(run_dirs)
+    tables = read_markdown_tables(text)
+    if kind == "sweep":
+        points = [dirs[0] / p for p in pd.read_csv(dirs[0] / "points.csv", dtype=str).point if (dirs[0] / p / "config.json").exists()]
+        if points: assert_header(text, points)
+        return check_sweep_tables(tables, dirs[0])
+    assert_header(text, dirs)
+    card = [t for t in tables if t[0][0] == "Scorecard"]
+    stages = [t for heads, t in tables if heads == ("Stage times",)]
+    assert len(card) + len(stages) == len(tables), [h for h, _ in tables]
+    checked = check_scorecard_tables(card, dirs) if card else 0
+    if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
+    return checked + sum(check_stage_table(t, dirs) for t in stages)

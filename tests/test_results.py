@@ -1,0 +1,215 @@
+"""Results pages (`pipeline.results`): every number in a page's tables equals its CSV cell after the page's rounding, the header
+names command, commit, date, machine and seeds, runs without a scorecard say so, sweeps get one table over their points, and
+the page is written atomically, by `python -m lume_lab.pipeline.results` and `make results` too."""
+import json, re, shutil, subprocess, sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from lume_lab.pipeline import results as RS
+from lume_lab.pipeline.report import reproduce_command
+from lume_lab.pipeline.sweep import read_spec
+from results_checks import assert_header, assert_results_match_csvs
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+MINI = HERE / "data" / "mini_run"     # the CSVs, config and manifest of `make run`'s mini run (see test_report.py)
+
+
+def _copy_run(dst: Path, seed: int = 0, shift: float = 0.0) -> Path:
+    "The mini run under another name and seed, its table2 values moved by `shift` × a per-cell pattern (so seeds differ)."
+    shutil.copytree(MINI, dst)
+    cfg = json.loads((dst / "config.json").read_text()); cfg["seed"] = seed
+    (dst / "config.json").write_text(json.dumps(cfg))
+    man = json.loads((dst / "manifest.json").read_text()); man.update(seed=seed, run_id=dst.name)
+    (dst / "manifest.json").write_text(json.dumps(man))
+    for p in (dst / "report").glob("table2_*.csv"):
+        t = pd.read_csv(p)
+        methods = [c for c in t.columns if c not in ("split", "metric", "n_profiles", "n_rows")]
+        t[methods] = t[methods] + shift * np.arange(t[methods].size).reshape(t[methods].shape) % 7 / 3
+        t.to_csv(p, index=False)
+    return dst
+
+
+def _tables(page: str) -> dict:
+    return {h: t for h, t in RS.read_markdown_tables(page)}
+
+
+def test_mini_page_numbers_equal_the_csvs(tmp_path):
+    "One real run (2 fields × 11 methods, e03–e06 files): every scorecard and stage-time number is its CSV cell, rounded as shown."
+    run = _copy_run(tmp_path / "mini")
+    path = RS.write_results([run], "mini", tmp_path / "docs" / "results")
+    assert path == tmp_path / "docs" / "results" / "mini.md"
+    page = path.read_text()
+    assert assert_results_match_csvs(page, [run]) > 500          # 22 rows × (9 output + n + paper + AUC + REMIND + leak columns)
+    t = _tables(page)
+    assert list(t) == [("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Stage times",)]   # the config's field order
+    # one cell by hand: phone_number, npo, forget EM is table2's (forget, em) cell at one decimal
+    t2 = pd.read_csv(run / "report" / "table2_phone_number.csv", index_col=[0, 1])
+    assert t[("Scorecard", "phone_number")].set_index("method").at["npo", "forget EM"] == f"{t2.at[('forget', 'em'), 'npo']:.1f}"
+    assert path.read_text() == RS.results_page([run], "mini")      # regenerating gives the same page
+
+
+def test_three_seeds_mean_std_and_n(tmp_path):
+    "Three seeds of one config: each cell is mean ± sample std over the three CSVs, the n columns too, and a seeds column."
+    runs = [_copy_run(tmp_path / f"mini_s{s}", s, shift=s) for s in range(3)]
+    page = RS.results_page(runs, "mini_seeds")
+    assert assert_results_match_csvs(page, runs) > 1000
+    card = _tables(page)[("Scorecard", "email_address")].set_index("method")
+    vals = [pd.read_csv(r / "report" / "table2_email_address.csv", index_col=[0, 1]).at[("retain", "em"), "simnpo"] for r in runs]
+    assert np.std(vals) > 0.1                                      # the seeds differ there
+    assert card.at["simnpo", "retain EM"] == f"{np.mean(vals):.1f} ± {np.std(vals, ddof=1):.1f}"
+    assert card.at["simnpo", "seeds"] == "3" and " ± " in card.at["simnpo", "n forget (profiles / rows)"]
+    st = _tables(page)[("Stage times",)]
+    assert list(st.columns) == ["stage family", "mini_s0", "mini_s1", "mini_s2"]
+    h = assert_header(page, runs)
+    assert h["Seeds"] == "0, 1, 2" and h["Command"].startswith("one per run")
+    for s in range(3): assert f"--seed {s} --run-id mini_s{s}" in page
+    other = _copy_run(tmp_path / "other", 3)                       # another config is refused, naming the field
+    cfg = json.loads((other / "config.json").read_text()); cfg["unlearn"]["forget_fields"] = ["email_address"]
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="unlearn.forget_fields"): RS.results_page([*runs, other], "x")
+
+
+def test_header_names_command_commit_date_machine_seeds(tmp_path):
+    "From the manifest: commit, creation date, software; the machine is the run's host when recorded, else this one, labelled."
+    run = _copy_run(tmp_path / "mini")
+    man = json.loads((run / "manifest.json").read_text())
+    page = RS.results_page([run], "mini")
+    h = assert_header(page, [run])
+    assert h["Command"] == f"`{reproduce_command(run)}`" and h["Command"].startswith("`lume-lab run --preset mini --seed 0 --run-id mini")
+    assert h["Commit"] == f"`{man['git_commit']}`"
+    assert h["Date"].startswith(man["created"][:10]) and man["created"] in h["Date"]
+    assert "not recorded by the run; this page was generated on" in h["Machine"] and f"torch {man['versions']['torch']}" in h["Machine"]
+    man["host"] = {"cpu": "Test CPU 9000", "cores": 2}
+    (run / "manifest.json").write_text(json.dumps(man))
+    h = assert_header(RS.results_page([run], "mini", command="make run"), [run])
+    assert h["Command"] == "`make run`" and h["Machine"].startswith("cpu Test CPU 9000, cores 2;")
+    assert not re.search(r"/(work|home|scratch)/", page)           # no path of this machine in the page
+
+
+def test_checker_catches_a_wrong_number(tmp_path):
+    "The check fails on a page whose cell differs from the CSV by one shown digit, or that drops a row."
+    run = _copy_run(tmp_path / "mini")
+    page = RS.results_page([run], "mini")
+    t2 = pd.read_csv(run / "report" / "table2_email_address.csv", index_col=[0, 1])
+    v = f"{t2.at[('forget', 'em'), 'none']:.1f}"
+    row = next(l for l in page.splitlines() if l.startswith("| none |") and f"| {v} |" in l)
+    bad = page.replace(row, row.replace(f"| {v} |", f"| {float(v) + 0.1:.1f} |", 1))
+    with pytest.raises(AssertionError): assert_results_match_csvs(bad, [run])
+    with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(row + "\n", ""), [run])
+    lines = page.splitlines()
+    stage = next(i for i, l in enumerate(lines) if l.startswith("| base |"))
+    lines[stage] = "| base | 999.9 |"
+    with pytest.raises(AssertionError): assert_results_match_csvs("\n".join(lines), [run])
+
+
+def test_run_without_scorecard_says_so(tmp_path):
+    "A run with no e03–e06 tables: a bold line under the title and in the scorecard section, the stage table still there."
+    run = _copy_run(tmp_path / "early")
+    for p in (run / "report").glob("*.csv"):
+        if p.stem.startswith(("table2_", "localization_", "remind_", "resurfacing")): p.unlink()
+    page = RS.write_results([run], "early", tmp_path / "out").read_text()
+    assert page.splitlines()[2] == RS.NO_SCORECARD_BANNER
+    assert "**No scorecard.** early has no scorecard table yet" in page
+    assert [h for h, _ in RS.read_markdown_tables(page)] == [("Stage times",)]
+    assert_results_match_csvs(page, [run])
+
+
+def _sweep(root: Path, seeds=(0, 1), grid=True) -> Path:
+    "A sweep directory as `lume-lab sweep` leaves it: points (copies of the mini run), sweep.yaml, points.csv, sweep.csv."
+    d, points, rows = root / ("lr" if grid else "mini_seeds"), [], []
+    lrs = [1e-4, 3e-4] if grid else [None]
+    for i, (lr, seed) in enumerate((lr, s) for lr in lrs for s in seeds):
+        name = (f"unlearn.hparams.npo.lr={lr},seed={seed}" if grid else f"seed={seed}")
+        run = _copy_run(d / name, seed, shift=i)
+        points.append({"point": name, **({"unlearn.hparams.npo.lr": json.dumps(lr)} if grid else {}), "seed": seed, "status": "done",
+                       "seconds": 12.25 + i, "error": ""})
+        m = pd.read_csv(run / "report" / "table2_email_address.csv")
+        for _, r in m[m.split.isin(["forget", "retain"])].iterrows():
+            rows += [{"point": name, **({"unlearn.hparams.npo.lr": lr} if grid else {}), "seed": seed, "source": "report/table2_email_address.csv",
+                      "split": r.split, "metric": r.metric, "n_profiles": r.n_profiles + i, "npo": r.npo, "none": r["none"]}]
+    spec = {"name": d.name, "preset": "mini", "seeds": list(seeds), "collect": ["report/table2_*.csv"],
+            **({"grid": {"unlearn.hparams.npo.lr": lrs}, "plot": {"y": "npo", "where": {"metric": "em", "split": ["forget", "retain"]}}} if grid else {})}
+    (d / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    pd.DataFrame(points).to_csv(d / "points.csv", index=False)
+    pd.DataFrame(rows).to_csv(d / "sweep.csv", index=False)
+    return d
+
+
+def test_sweep_page_one_table_over_points(tmp_path):
+    "A grid sweep: one row per point, one column per category of the plotted value, n per column, mean ± std over seeds."
+    d = _sweep(tmp_path)
+    page = RS.write_results(d, "npo_lr", tmp_path / "out").read_text()
+    assert assert_results_match_csvs(page, d) > 10
+    t = _tables(page)
+    assert list(t) == [("Points",), ("Points", "n (n_profiles)"), ("Points", "Mean ± std over seeds")]
+    pts = t[("Points",)]
+    assert list(pts.columns) == ["point", "unlearn.hparams.npo.lr", "seed", "status", "seconds", "forget", "retain"]
+    assert len(pts) == 4 and pts.seconds.tolist() == ["12.2", "13.2", "14.2", "15.2"]    # points.csv's seconds, one decimal
+    assert "`npo` of `report/table2_*.csv` where metric = em; split in forget, retain" in page and "## Spec" in page
+    lines = page.splitlines()                                       # and the check would see a changed value
+    i = next(i for i, l in enumerate(lines) if l.startswith("| unlearn.hparams.npo.lr=0.0001,seed=0 |"))
+    cells = lines[i].split(" | "); cells[5] = f"{float(cells[5]) + 1:.1f}"
+    lines[i] = " | ".join(cells)
+    with pytest.raises(AssertionError): assert_results_match_csvs("\n".join(lines), d)
+
+
+def test_seeds_sweep_is_a_scorecard_over_its_points(tmp_path):
+    "`lume-lab run --seeds` leaves a sweep of seeds only: its page is the scorecard over the finished points, with the --seeds command."
+    d = _sweep(tmp_path, seeds=(0, 1, 2), grid=False)
+    kind, runs = RS.results_sources([d])
+    assert kind == "seeds" and [r.name for r in runs] == ["seed=0", "seed=1", "seed=2"]
+    page = RS.results_page([d], "mini_seeds")
+    assert assert_results_match_csvs(page, [d]) > 1000
+    assert "- **Command**: `lume-lab run --preset mini --seeds 0,1,2 --run-id mini_seeds" in page      # then the --set of its config
+
+
+def test_bad_input_is_refused(tmp_path):
+    "Not a run, a sweep mixed with runs, a bad name: a clear error, and nothing written."
+    run, d = _copy_run(tmp_path / "mini"), _sweep(tmp_path)
+    with pytest.raises(FileNotFoundError, match="neither a run directory"): RS.results_page([tmp_path / "nope"], "x")
+    with pytest.raises(ValueError, match="a sweep gets a page of its own"): RS.results_page([run, d], "x")
+    with pytest.raises(ValueError, match="name must be"): RS.write_results([run], "a/b", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_write_keeps_the_previous_page(tmp_path, monkeypatch):
+    "The page is rendered before anything is written and replaced in one rename: a failure leaves the old page intact."
+    run, out = _copy_run(tmp_path / "mini"), tmp_path / "out"
+    old = RS.write_results([run], "mini", out).read_text()
+    monkeypatch.setattr(RS, "stage_lines", lambda dirs: 1 / 0)
+    with pytest.raises(ZeroDivisionError): RS.write_results([run], "mini", out)
+    assert (out / "mini.md").read_text() == old and [p.name for p in out.iterdir()] == ["mini.md"]
+
+
+def test_module_cli_and_make_target(tmp_path):
+    "`python -m lume_lab.pipeline.results` writes the page and prints its path; bad input exits 2; `make results` calls it."
+    run, out = _copy_run(tmp_path / "mini"), tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.results", str(run), "--name", "mini", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out / "mini.md") and assert_results_match_csvs(out / "mini.md", [run]) > 500
+    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.results", str(tmp_path / "nope"), "--name", "x"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and r.stderr.startswith("results: error: neither a run directory")
+    r = subprocess.run(["make", "-n", "results", f"RUNS={run}", "NAME=mini", f"RESULTS_OUT={out}"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert f"-m lume_lab.pipeline.results {run} --name mini --out {out}" in r.stdout
+    r = subprocess.run(["make", "-n", "results"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0 and "usage: make results" in r.stderr      # refused before anything runs
+
+
+def test_sweep_command_names_the_repository_spec(tmp_path, monkeypatch):
+    "A sweep that ran one of the repository's specs (sweeps/<name>.yaml, floats as the sweep reads them) names it; another spec does not."
+    monkeypatch.chdir(REPO)
+    for name in ("npo_lr", "mask_coverage"):
+        d = tmp_path / name; d.mkdir()
+        spec = read_spec(REPO / "sweeps" / f"{name}.yaml")                                    # as `lume-lab sweep` reads it
+        (d / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))                     # and as run_sweep copies it
+        assert RS.sweep_command(d) == f"lume-lab sweep sweeps/{name}.yaml"
+        (d / "sweep.yaml").write_text(yaml.safe_dump({**spec, "seeds": [7]}, sort_keys=False))
+        assert RS.sweep_command(d).startswith("lume-lab sweep SPEC.yaml")
