@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lume_lab.pipeline.report import COLUMN_LABELS, read_html_tables
-from lume_lab.pipeline.scorecard import OUTPUT_COLUMNS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B
+from lume_lab.pipeline.report import VERDICT, read_html_tables
+from lume_lab.pipeline.scorecard import METRICS, OUTPUT_COLUMNS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B
 
 EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
 
@@ -38,19 +38,41 @@ def scorecard_tables(page: str) -> dict[str, pd.DataFrame]:
     return {f: t.set_index("method") for f, t in zip(fields, tables)}
 
 
+def h2_sections(page: str) -> dict[str, str]:
+    "Each <h2> section of the page: its title -> its HTML up to the next <h2>."
+    parts = re.split(r"<h2>([^<]+)</h2>", page)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def assert_verdict_matches(card: pd.DataFrame, page: str):
+    "The verdict table (first table, in the first h2 section) shows each verdict column as 'ours (paper)' at its display digits."
+    assert re.findall(r"<h2>([^<]+)</h2>", page)[0] == "Verdict"
+    t = read_html_tables(h2_sections(page)["Verdict"])[0].set_index(["field", "method"])
+    checked = 0
+    for (f, m), r in card.iterrows():
+        for c in VERDICT:
+            if c not in card: continue
+            head = next(h for h in t.columns if h.startswith(METRICS[c].label + " "))
+            want = _fmt(r[c], METRICS[c].digits)
+            if f"{c}_paper" in card and not pd.isna(r[f"{c}_paper"]): want += f" ({_fmt(r[f'{c}_paper'], METRICS[c].digits)})"
+            assert t.at[(f, m), head] == want, (f, m, c, t.at[(f, m), head], want)
+            checked += 1
+    return checked
+
+
 def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
     "scorecard.csv and the page's scorecard tables hold exactly the values of the run's CSVs (and the paper's typed table)."
     rep, out = Path(run_dir) / "report", Path(out_dir or Path(run_dir) / "report")
     card = pd.read_csv(out / "scorecard.csv").set_index(["field", "method"])
     page = (out / "index.html").read_text()
     html = scorecard_tables(page)
-    checked = 0
+    checked = assert_verdict_matches(card, page) if len(card) else 0
     for p in sorted(rep.glob("table2_*.csv")):
         field, t = p.stem.removeprefix("table2_"), pd.read_csv(p, index_col=[0, 1])
         for m in [c for c in t.columns if c not in ("n_profiles", "n_rows")]:
             for col, key in OUTPUT_COLUMNS.items():
                 assert _same(card.at[(field, m), col], t.at[key, m]), (field, m, col)
-                assert html[field].at[m, COLUMN_LABELS[col]] == _fmt(t.at[key, m], 1), (field, m, col)
+                assert html[field].at[m, METRICS[col].label] == _fmt(t.at[key, m], 1), (field, m, col)
                 checked += 1
             assert card.at[(field, m), "forget_profiles"] == t.at[("forget", "em"), "n_profiles"]
             assert card.at[(field, m), "retain_rows"] == t.at[("retain", "em"), "n_rows"]

@@ -1,6 +1,8 @@
-"""The smoke run end to end through `lume-lab run` (every experiment notebook, the report page checked against its CSVs), then
-cached. Its own file so that pytest-xdist (`--dist loadfile`) runs it beside the rest of the suite, not after test_pipeline.py."""
-import json
+"""README's quick start (`make run PRESET=smoke`), then the companions on the same run: every experiment notebook end to end
+through `lume-lab run`, the report page checked against its CSVs, then cached. Its own file so that pytest-xdist
+(`--dist loadfile`) runs it beside the rest of the suite, not after test_pipeline.py."""
+import json, re, shlex, subprocess
+from pathlib import Path
 
 from lume_lab.core.config import make_config
 from lume_lab.pipeline.cli import main
@@ -8,13 +10,49 @@ from lume_lab.pipeline.runner import experiment_notebooks
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
 
 
-def test_smoke_run_end_to_end_then_cached(tmp_path):
-    "`lume-lab run --preset smoke --only all` runs every experiment notebook into runs/<id>/; a rerun recomputes nothing."
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quick_start_args() -> tuple[list[str], str]:
+    "The `lume-lab` arguments that README's first command (`make run PRESET=smoke`) runs, and the page README names."
+    quick = re.search(r"^## Quick start\n(.*?)^## ", (ROOT / "README.md").read_text(), re.S | re.M).group(1)
+    make_cmd = next(l.split("#")[0].split() for l in quick.splitlines() if l.startswith("make run PRESET="))
+    page = re.search(r"runs/(\S+?/report/index\.html)", quick).group(1)
+    dry = subprocess.run(["make", "-n", "-o", ".venv/.lume-lab-setup", *make_cmd[1:]], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout       # the recipe make would run, not run
+    line = next(l for l in dry.splitlines() if "lume-lab run" in l)
+    argv = shlex.split(line)
+    return argv[argv.index(next(a for a in argv if a.endswith("lume-lab"))) + 1:], page
+
+
+def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
+    """README's quick start exits 0 and writes the page README names; `--only all` then adds the companions to the same run,
+    and a rerun recomputes nothing."""
     METHODS = BUILTIN_METHODS
-    args = ["run", "--preset", "smoke", "--run-id", "e2e", "--runs-root", str(tmp_path), "--only", "all",
-            "--set", "pretrain.steps=16", "--set", "pretrain.checkpoint_every=8"]
-    assert main(args) == 0
-    run = tmp_path / "e2e"
+    quick, page = quick_start_args()
+    assert quick[:1] == ["run"] and "--preset" in quick and quick[quick.index("--preset") + 1] == "smoke", quick
+    args = [*quick, "--runs-root", str(tmp_path)]
+    # the page between experiments (run_pipeline's on_experiment): right after e03 it shows Table 2, later sections "not yet run"
+    from functools import partial
+    from lume_lab.pipeline import cli
+    from report_checks import assert_report_matches_csvs, h2_sections
+    after_e03 = {}
+    def between(name, store):
+        if name.startswith("e03") and not after_e03:
+            after_e03.update(page=(store.dir / "report" / "index.html").read_text(), checked=assert_report_matches_csvs(store.dir))
+    monkeypatch.setattr(cli, "run_pipeline", partial(cli.run_pipeline, on_experiment=between))
+    assert main(args) == 0                                              # the quick start: the main chain
+    assert "not yet run" not in (tmp_path / page).read_text()             # the page README tells a newcomer to open, complete
+    run = tmp_path / page.split("/")[0]
+    args += ["--only", "all"]
+    assert main(args) == 0                                                 # the companions (e07, e08) on the same run
+    secs = h2_sections(after_e03["page"])
+    assert list(secs)[:2] == ["Verdict", "Scorecard"] and after_e03["checked"] > 0
+    assert "not yet run" not in secs["Unlearning (Fig. 4a)"] and "<img" in secs["Unlearning (Fig. 4a)"]
+    for title, exp in (("Localization precision (Fig. 4b)", "e04_localization"), ("REMIND: residual memorization", "e05_remind"),
+                       ("Resurfacing attack (Fig. 5)", "e06_resurfacing"), ("Attribution against the ground truth (e09)", "e09_attribution")):
+        assert f"{exp}: not yet run" in secs[title], title
+    assert "not yet run" not in (run / "report" / "index.html").read_text()      # e99's final page: nothing left to come
     man = json.loads((run / "manifest.json").read_text())
     assert {"config", "config_hash", "seed", "versions", "git_commit", "stages"} <= set(man)
     assert json.loads((run / "config.json").read_text()) == man["config"]
@@ -108,18 +146,18 @@ def test_smoke_run_end_to_end_then_cached(tmp_path):
     import shutil, subprocess, sys
     from pathlib import Path
     from lume_lab.pipeline.launch import launch_command, launch_env
-    shutil.copytree(run, tmp_path / "e2e2")
+    shutil.copytree(run, tmp_path / "e2e_copy")
     again = [f"resurface_floor_{field}", f"resurface_npo_{field}"]
-    man3 = json.loads((tmp_path / "e2e2" / "manifest.json").read_text())
-    for k in ["instruct_floor", *again]: man3["stages"].pop(k); shutil.rmtree(tmp_path / "e2e2" / k)
-    (tmp_path / "e2e2" / "manifest.json").write_text(json.dumps(man3))
+    man3 = json.loads((tmp_path / "e2e_copy" / "manifest.json").read_text())
+    for k in ["instruct_floor", *again]: man3["stages"].pop(k); shutil.rmtree(tmp_path / "e2e_copy" / k)
+    (tmp_path / "e2e_copy" / "manifest.json").write_text(json.dumps(man3))
     for st in again:
-        job = subprocess.run(launch_command(st, "e2e2", tmp_path, 2, "torchrun"), cwd=Path(__file__).resolve().parents[1],
+        job = subprocess.run(launch_command(st, "e2e_copy", tmp_path, 2, "torchrun"), cwd=Path(__file__).resolve().parents[1],
                              env=launch_env("torchrun"), capture_output=True, text=True, timeout=600)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-        e = json.loads((tmp_path / "e2e2" / "manifest.json").read_text())["stages"][st]
+        e = json.loads((tmp_path / "e2e_copy" / "manifest.json").read_text())["stages"][st]
         assert e["status"] == "done" and e["processes"] == 2 and e["hash"] == done[st]["hash"]
-        one, two = run / st, tmp_path / "e2e2" / st
+        one, two = run / st, tmp_path / "e2e_copy" / st
         assert pd.read_csv(one / "before.csv").equals(pd.read_csv(two / "before.csv"))
         a, b = pd.read_csv(one / "after.csv"), pd.read_csv(two / "after.csv")
         assert a.profile_id.tolist() == b.profile_id.tolist() and list(a.columns) == list(b.columns)

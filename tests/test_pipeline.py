@@ -206,7 +206,8 @@ def test_existing_run_with_other_config_is_refused(tmp_path, monkeypatch, capsys
     with pytest.raises(NotebookRunError, match="ConfigError.*differing fields: seed"):
         run_notebook(nb, tmp_path / "by-hand" / nb.name, {"run_id": "r", "runs_root": str(tmp_path), "seed": 1}, root=tmp_path, progress=False)
     assert {p: (run / p).read_bytes() for p in before} == before
-    assert not any(p.name not in ("config.json", "manifest.json") for p in run.iterdir())   # no stage ran
+    assert not json.loads((run / "manifest.json").read_text()).get("stages")                # no stage ran
+    assert not any(p.name not in ("config.json", "manifest.json", "report") for p in run.iterdir())   # report/: the run's page
 
 
 def test_unknown_papermill_parameter_rejected(tmp_path):
@@ -228,6 +229,18 @@ def test_default_chain_is_e_series_and_tuning_is_opt_in():
     assert names[-1] == "e99_report"          # the report page reads what every other experiment wrote: last
     assert [p.stem for p in experiment_notebooks(["t00"])] == ["t00_tune"]
     with pytest.raises(ValueError, match="unknown experiment.*allowed: .*t00_tune"): experiment_notebooks(["t99"])
+
+
+def test_one_default_preset_and_a_named_by_hand_preset(tmp_path):
+    "The CLI and `make_config` default to `DEFAULT_PRESET`; a notebook opened by hand on a new run gets `BY_HAND_PRESET`."
+    import inspect
+    from lume_lab.core.config import DEFAULT_PRESET, PRESETS
+    from lume_lab.pipeline.cli import _parser, run_pipeline
+    from lume_lab.pipeline.config import BY_HAND_PRESET, open_experiment
+    assert _parser().parse_args(["run"]).preset == DEFAULT_PRESET
+    assert inspect.signature(run_pipeline).parameters["preset"].default == DEFAULT_PRESET
+    assert make_config().preset == DEFAULT_PRESET and {DEFAULT_PRESET, BY_HAND_PRESET} <= set(PRESETS)
+    assert open_experiment("by_hand", tmp_path).config.preset == BY_HAND_PRESET
 
 
 def _side_em(model, rows): return model[rows[0]["side"]]

@@ -12,7 +12,8 @@ import pytest
 
 from lume_lab.pipeline import report as R, scorecard as S
 from lume_lab.pipeline.cli import main
-from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, scorecard_tables
+from report_checks import (assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, assert_verdict_matches,
+                           h2_sections, scorecard_tables)
 
 HERE = Path(__file__).parent
 MINI = HERE / "data" / "mini_run"     # the CSVs, config and manifest (stage warnings dropped) of `make run`'s mini run, REMIND rows only
@@ -43,10 +44,11 @@ def test_mini_page_tables_equal_the_csvs(tmp_path):
     page_path = R.write_report([run])
     assert page_path == run / "report" / "index.html"
     page = page_path.read_text()
-    assert assert_self_contained(page) == len(FIGURES)
+    assert assert_self_contained(page) == len(FIGURES) + 1                # + the verdict figure, drawn by the report
+    assert (run / "report" / "verdict.png").exists()
     assert assert_report_matches_csvs(run) > 300          # 2 fields × 11 methods × 9 output columns, AUCs, REMIND, leakage
     assert_fig3_table_matches(run)
-    assert _h2(page) == ["Scorecard", "Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)",
+    assert _h2(page) == ["Verdict", "Scorecard", "Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)",
                          "Localization precision (Fig. 4b)", "REMIND: residual memorization", "Resurfacing attack (Fig. 5)", "The run"]
     card = pd.read_csv(run / "report" / "scorecard.csv")
     assert list(card.field.unique()) == ["phone_number", "email_address"]                    # the config's forget-field order
@@ -56,7 +58,7 @@ def test_mini_page_tables_equal_the_csvs(tmp_path):
     md = (run / "report" / "report.md").read_text()
     assert [l[3:] for l in md.splitlines() if l.startswith("## ")] == _h2(page)
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
-    assert len(links) == len(FIGURES) and all((run / "report" / l).exists() for l in links)
+    assert len(links) == len(FIGURES) + 1 and all((run / "report" / l).exists() for l in links)
     # run section: seed, commit and stage times from manifest.json, and the reproduce line
     man = json.loads((run / "manifest.json").read_text())
     assert man["git_commit"] in page and "lume-lab run --preset mini --seed 0 --run-id mini" in page
@@ -114,12 +116,31 @@ def test_failed_render_leaves_previous_page(tmp_path, monkeypatch):
     assert not [p for p in (run / "report").iterdir() if p.name.startswith(".")]
 
 
-def test_partial_smoke_run_gives_valid_page(tmp_path):
-    "`lume-lab run --only e00 e01 e02 e99` on smoke: e99 writes a valid offline page with only the data, injection and run sections."
+def test_partial_smoke_run_gives_valid_page(tmp_path, capfd, monkeypatch):
+    """`lume-lab run --only e00 e01 e02 e99` on smoke: e99 writes a valid offline page with only the data, injection and run sections;
+    the terminal shows the plan and one line per experiment, no kernel warning, no papermill bar, the page's path last; the page
+    written after e00 marks the injection section (e02, still to come) "not yet run"."""
+    from functools import partial
+    from lume_lab.pipeline import cli
+    pages = {}
+    def after(name, store): pages.setdefault(name, (store.dir / "report" / "index.html").read_text())
+    monkeypatch.setattr(cli, "run_pipeline", partial(cli.run_pipeline, on_experiment=after))
     args = ["run", "--preset", "smoke", "--run-id", "part", "--runs-root", str(tmp_path),
             "--set", "pretrain.steps=24", "--set", "pretrain.checkpoint_every=8", "--only", "e00", "e01", "e02", "e99"]
     assert main(args) == 0
     run = tmp_path / "part"
+    out, err = capfd.readouterr()
+    assert "IPKernelApp" not in out + err and "Executing" not in out + err and "cell/s" not in out + err
+    assert "chain: e00_base → e01_data → e02_inject → e99_report" in out and "expected time, as measured for preset smoke" in out
+    done = [l.strip() for l in out.splitlines() if l.strip().startswith("✓ ")]
+    assert [l.split()[1] for l in done] == ["e00_base", "e01_data", "e02_inject", "e99_report"]
+    assert all(" · elapsed " in l and "% of the run · ETA " in l for l in done) and done[-1].split(" · ")[2] == "100% of the run"
+    assert any(l.startswith("    · base in ") for l in out.splitlines())          # a store stage, seen finishing in the manifest
+    assert out.rstrip().splitlines()[-1] == f"report page: {run / 'report' / 'index.html'}"
+    assert list(pages) == ["e00_base", "e01_data", "e02_inject", "e99_report"]
+    early = h2_sections(pages["e00_base"])
+    assert "e02_inject: not yet run" in early["Injection and memorization (Fig. 3)"] and "not yet run" not in early["Data and base model"]
+    assert "not yet run" not in pages["e99_report"]
     assert (run / "notebooks" / "e99_report.ipynb").exists()
     page = (run / "report" / "index.html").read_text()
     assert assert_self_contained(page) >= 2                                  # Fig. 3a and 3b at least
@@ -141,3 +162,71 @@ def test_page_of_a_run_without_outputs_says_so(tmp_path):
     assert "Scorecard" not in page and pd.read_csv(run / "report" / "scorecard.csv").empty
     full = write_report([_copy_run(tmp_path / "full")], tmp_path / "full_page").read_text()
     assert "No results yet" not in full
+
+
+def _set_split_sizes(run: Path, forget: int, retain: int):
+    for p in (run / "report").glob("table2_*.csv"):
+        t = pd.read_csv(p, index_col=[0, 1])
+        t.loc[[k for k in t.index if k[0].startswith("forget")], "n_profiles"] = forget
+        t.loc[[k for k in t.index if k[0].startswith("retain")], "n_profiles"] = retain
+        t.to_csv(p)
+
+
+def test_verdict_first_and_small_split_banner(tmp_path):
+    "The first section is the verdict; a split under 10 people gets a banner above it naming field and n; none when all have >= 10."
+    run = _copy_run(tmp_path / "mini")
+    page = R.write_report([run]).read_text()
+    assert _h2(page)[0] == "Verdict"
+    card = pd.read_csv(run / "report" / "scorecard.csv")
+    assert assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(R.VERDICT)
+    small = card.groupby("field", sort=False)[["forget_profiles", "retain_profiles"]].min()
+    assert (small.forget_profiles < 10).any()                       # the mini run's own split sizes: the precondition of the banner
+    banner = re.search(r'<div class="banner"[^>]*>([^<]+)</div>', page)
+    assert banner and page.index(banner.group(0)) < page.index("<h2>Verdict</h2>")
+    for f, r in small.iterrows():
+        said = re.search(rf"{f} \(([^)]*) profiles\)", banner.group(1))
+        assert bool(said) == (r.min() < 10), f
+        for split in ("forget", "retain"):
+            assert (said is not None and f"{split} n = {r[f'{split}_profiles']:.0f}" in said.group(1)) == (r[f"{split}_profiles"] < 10), (f, split)
+    # the verdict table colours one cell per mark: better / same / worse against `none` (AUC: chance); `none`'s own cells are "ref"
+    marks, shown = R.verdict_marks(S.scorecard([run])), re.findall(r'<td class="(better|worse|same|ref)">', h2_sections(page)["Verdict"])
+    for cls, v in (("better", 1), ("same", 0), ("worse", -1)): assert shown.count(cls) == int((marks == v).sum().sum()), cls
+    assert (marks == 1).sum().sum() > 0 and (marks == -1).sum().sum() > 0
+    assert shown.count("ref") == (card.method == "none").sum() * (len(R.VERDICT) - 1)   # every verdict column but AUC (against chance)
+    # every split at 10 or more: no banner (constructed from the same run)
+    _set_split_sizes(run, 10, 12)
+    page = R.write_report([run]).read_text()
+    assert 'class="banner"' not in page and _h2(page)[0] == "Verdict"
+    _set_split_sizes(run, 10, 9)
+    banner = re.search(r'<div class="banner"[^>]*>([^<]+)</div>', R.write_report([run]).read_text()).group(1)
+    assert "(retain n = 9 profiles)" in banner and "forget n =" not in banner
+
+
+def test_sections_still_to_come_say_not_yet_run(tmp_path):
+    "A page written while a run is under way (after e03): later sections, the verdict's later columns say 'not yet run'; the rest shows."
+    run = _copy_run(tmp_path / "mini")
+    for p in (run / "report").iterdir():
+        if p.name.startswith(("localization_", "remind_", "resurfacing")): p.unlink()
+    later = ["e04_localization", "e05_remind", "e06_resurfacing", "e09_attribution", "e99_report"]
+    page = R.write_report([run], pending=later).read_text()
+    secs = h2_sections(page)
+    assert list(secs)[:2] == ["Verdict", "Scorecard"]
+    for title, exp in (("Localization precision (Fig. 4b)", "e04_localization"), ("REMIND: residual memorization", "e05_remind"),
+                       ("Resurfacing attack (Fig. 5)", "e06_resurfacing"), ("Attribution against the ground truth (e09)", "e09_attribution")):
+        assert f"{exp}: not yet run" in secs[title], title
+    for title in ("Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)"):
+        assert "not yet run" not in secs[title] and ("<img" in secs[title] or "<table" in secs[title]), title
+    assert "AUC m^F (e04_localization), REMIND RF (e05_remind), leak after (e06_resurfacing): not yet run" in secs["Verdict"]
+    assert "PISTOL" not in page                                       # e07 is neither done nor to come: no section
+    assert_report_matches_csvs(run)                                   # Table 2 on the page is the CSV's
+    final = R.write_report([run]).read_text()                          # the run's end: nothing pending, no placeholder
+    assert "not yet run" not in final and "Localization precision (Fig. 4b)" not in _h2(final)
+
+
+def test_section_registry_is_the_page_order(tmp_path):
+    "Sections come from the registry, in order; a registration with a bad experiment id is refused by name."
+    run = _copy_run(tmp_path / "mini")
+    titles = [s.title for s in R.SECTIONS]
+    got = [h for h in _h2(R.write_report([run]).read_text()) if h in titles]
+    assert got == [t for t in titles if t in got] and len(got) >= 5
+    with pytest.raises(ValueError, match="experiments must be ids like 'e03'"): R.register_section("x", ("remind",), (), lambda rep: [])

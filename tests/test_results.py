@@ -213,3 +213,13 @@ def test_sweep_command_names_the_repository_spec(tmp_path, monkeypatch):
         assert RS.sweep_command(d) == f"lume-lab sweep sweeps/{name}.yaml"
         (d / "sweep.yaml").write_text(yaml.safe_dump({**spec, "seeds": [7]}, sort_keys=False))
         assert RS.sweep_command(d).startswith("lume-lab sweep SPEC.yaml")
+
+
+def test_lume_lab_results_subcommand(tmp_path, capsys):
+    "`lume-lab results RUN --name N --out DIR` is the same entry: the page, its path printed; a missing run exits 2, nothing written."
+    from lume_lab.pipeline.cli import main
+    run, out = _copy_run(tmp_path / "mini"), tmp_path / "out"
+    assert main(["results", str(run), "--name", "mini", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "mini.md") and assert_results_match_csvs(out / "mini.md", [run]) > 500
+    assert main(["results", str(tmp_path / "nope"), "--name", "x", "--out", str(out)]) == 2
+    assert "neither a run directory" in capsys.readouterr().err and not (out / "x.md").exists()

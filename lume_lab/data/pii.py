@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
-from ..core.config import TARGET_FIELDS, CONTENT_TYPES, QA_ATTRIBUTES, ConfigError
+from ..core.config import TARGET_FIELDS, CONTENT_TYPES, QA_ATTRIBUTES, roles_fit, validate_section
 
 # %% auto #0
 __all__ = ['ATTRIBUTES', 'ROLES', 'REFERENCE_DATE', 'PUBLIC_PREFIX', 'make_profiles', 'render_documents', 'format_prompt',
@@ -455,11 +455,7 @@ def assign_roles(n_groups: int, profiles_per_group: int, n_instruct: int, n_resu
     _check_count("n_groups", n_groups, 2); _check_count("profiles_per_group", profiles_per_group, 1)
     for k, v in (("n_instruct", n_instruct), ("n_resurface", n_resurface), ("n_validation", n_validation)): _check_count(k, v)
     if n_groups % 2: raise ValueError(f"n_groups must be even (half forget, half retain), got {n_groups}")
-    carved, room = n_instruct + n_resurface + n_validation, n_groups * (profiles_per_group - 1)
-    if carved > room:
-        raise ValueError(f"n_instruct + n_resurface + n_validation = {n_instruct} + {n_resurface} + {n_validation} = {carved} "
-                         f"exceeds n_groups × (profiles_per_group - 1) = {n_groups} × {profiles_per_group - 1} = {room} "
-                         "(every group must keep at least one testbed profile)")
+    if p := roles_fit(n_groups, profiles_per_group, n_instruct, n_resurface, n_validation, prefix=""): raise ValueError(p)   # the config's rule
     h = n_groups // 2
     order = [g for pair in zip(range(h), range(h, n_groups)) for g in pair]
     per_group: list[list[str]] = [[] for _ in range(n_groups)]
@@ -474,19 +470,6 @@ def assign_roles(n_groups: int, profiles_per_group: int, n_instruct: int, n_resu
     return out
 
 # %% ../../nbs/data/01_pii.ipynb #73071125
-def _validate_pii(pii_cfg) -> None:
-    for f in ("n_groups", "profiles_per_group", "docs_per_profile", "qa_per_field", "instruct_questions_per_field"):
-        v = getattr(pii_cfg, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ConfigError(f"pii.{f} must be a positive int, got {v!r}")
-    v = getattr(pii_cfg, "instruct_paraphrases_per_field", 0)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0: raise ConfigError(f"pii.instruct_paraphrases_per_field must be a non-negative int, got {v!r}")
-    for name, vals, allowed in (("target_fields", pii_cfg.target_fields, TARGET_FIELDS), ("content_types", pii_cfg.content_types, CONTENT_TYPES)):
-        if not isinstance(vals, (list, tuple)) or not vals: raise ConfigError(f"pii.{name} must be a non-empty list drawn from {', '.join(allowed)}; got {vals!r}")
-        bad = [v for v in vals if v not in allowed]
-        if bad: raise ConfigError(f"pii.{name} has unknown value(s) {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
-    try: assign_roles(pii_cfg.n_groups, pii_cfg.profiles_per_group, pii_cfg.n_instruct, pii_cfg.n_resurface, pii_cfg.n_validation, 0)
-    except ValueError as e: raise ConfigError(f"pii sizes do not fit: {e}".replace("n_", "pii.n_").replace("profiles_per_group", "pii.profiles_per_group")) from None
-
 def _meta(p: dict, r: dict) -> dict: return {"profile_id": p["profile_id"], "group": r["group"], "role": r["role"], "side": r["side"]}
 
 def _qa_rows(p, r, fields, n, rng, paraphrase=False) -> list[dict]:
@@ -496,7 +479,7 @@ def _qa_rows(p, r, fields, n, rng, paraphrase=False) -> list[dict]:
 # %% ../../nbs/data/01_pii.ipynb #ff32ca36
 def pii_records(pii_cfg, seed: int) -> dict[str, list[dict]]:
     "The rows of every PII split as plain lists of dicts (what `build_pii` writes)."
-    _validate_pii(pii_cfg)
+    validate_section(pii_cfg)   # the config's own field checks and cross-field rules (core.config)
     c = pii_cfg
     profiles = make_profiles(c.n_groups * c.profiles_per_group, seed, id_prefix="p")
     roles = assign_roles(c.n_groups, c.profiles_per_group, c.n_instruct, c.n_resurface, c.n_validation, seed)

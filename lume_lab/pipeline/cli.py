@@ -8,16 +8,18 @@ import argparse, json, os, sys, time
 from pathlib import Path
 from typing import Callable
 
-from ..core.config import PRESETS, ConfigError, make_config, config_hash
+from ..core.config import DEFAULT_PRESET, PRESETS, ConfigError, make_config, config_hash
 from ..core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
 from ..unlearn.registry import BUILTIN_METHODS
-from .config import resolve_config
-from .runner import experiment_notebooks, run_notebook, NotebookRunError
+from .config import config_report, resolve_config
+from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration, experiment_notebooks, plan_text,
+                                      run_notebook)
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
+from .results import add_results_arguments, results_main
 from .sweep import describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep, seeds_spec
 
 # %% auto #0
-__all__ = ['parse_overrides', 'run_pipeline', 'stage_entries', 'run_stage_entry', 'presets_table', 'main']
+__all__ = ['REPORT_EXPERIMENT', 'parse_overrides', 'run_pipeline', 'stage_entries', 'run_stage_entry', 'presets_table', 'main']
 
 # %% ../../nbs/pipeline/09_cli.ipynb #353480b8
 def parse_overrides(items: list[str] | None) -> dict:
@@ -38,10 +40,21 @@ def _base_done(run_dir: Path) -> bool:
     m = run_dir / "manifest.json"
     return m.exists() and json.loads(m.read_text()).get("stages", {}).get("base", {}).get("status") == "done"
 
-def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
-                 only: list[str] | None = None, root: str | None = None, progress: bool = True,
-                 num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None, fsdp2: bool = False) -> Path:
-    """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment notebooks.
+REPORT_EXPERIMENT = "e99"   # writes the final page itself; after every other experiment run_pipeline rewrites it
+
+def _rewrite_page(store: RunStore, pending: list[str]) -> Path | None:
+    "The run's page with the experiments still to come marked 'not yet run'; a failure is printed, never raised (the run goes on)."
+    from lume_lab.pipeline.report import write_report
+    try: return write_report([store.dir], pending=[p for p in pending if not p.startswith(REPORT_EXPERIMENT)])
+    except Exception as e: print(f"  (report page not rewritten: {type(e).__name__}: {e})", flush=True)
+
+def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
+                 only: list[str] | None = None, root: str | None = None, progress: bool = False,
+                 num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None, fsdp2: bool = False,
+                 on_experiment: Callable[[str, RunStore], None] | None = None) -> Path:
+    """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment notebooks,
+    printing the plan, one line per experiment and per finished stage, and rewriting the report page after each.
+    `progress`: papermill's per-cell bar. `on_experiment(name, store)` is called after each experiment (and its page).
     `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.launch`); `fsdp2`
     shards the model in the injection and unlearning stages (FSDP2) instead of replicating it.
     `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
@@ -57,16 +70,24 @@ def run_pipeline(preset: str = "mini", run_id: str | None = None, seed: int = 0,
     store = open_run(run_id, cfg, root)                     # creates the run, or refuses a different config
     store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}
-    print(f"experiments: {', '.join(nb.stem for nb in nbs)}", flush=True)   # what --only's prefixes selected
-    t0 = time.perf_counter()
-    for nb in nbs:
+    names = [nb.stem for nb in nbs]
+    print(f"lume-lab run: run {run_id}, preset {preset}, config {config_hash(cfg)} → {store.dir}", flush=True)
+    print(plan_text(preset, names), flush=True)              # the chain (what --only's prefixes selected) and its expected time
+    track = ChainProgress(preset, names)
+    for i, nb in enumerate(nbs):
         t = time.perf_counter()
-        print(f"▶ {nb.stem}  (run {run_id}, preset {preset}, config {config_hash(cfg)})", flush=True)
-        run_notebook(nb, store.dir / "notebooks" / nb.name, params, root=root, progress=progress)
-        print(f"  ✓ {nb.stem} in {time.perf_counter() - t:.1f} s", flush=True)
-        store.record_experiment(nb.stem, time.perf_counter() - t)
-    print(f"done in {time.perf_counter() - t0:.1f} s → {store.dir}")
+        print(f"▶ {nb.stem}  [{i + 1}/{len(nbs)}]", flush=True)
+        watch = StageWatcher(store.dir / "manifest.json", track.t0); watch.start()
+        try: run_notebook(nb, store.dir / "notebooks" / nb.name, params, root=root, progress=progress)
+        finally: watch.stop()
+        seconds = time.perf_counter() - t
+        store.record_experiment(nb.stem, seconds)
+        print("  " + track.finished(nb.stem, seconds), flush=True)
+        if not nb.stem.startswith(REPORT_EXPERIMENT): _rewrite_page(store, names[i + 1:])
+        if on_experiment: on_experiment(nb.stem, store)
     print(run_status(run_id, root).to_string(index=False))
+    print(f"done in {duration(time.monotonic() - track.t0)} → {store.dir}")
+    print(f"report page: {store.dir / 'report' / 'index.html'}", flush=True)   # the last line: what to open
     return store.dir
 
 # %% ../../nbs/pipeline/09_cli.ipynb #9db989aa
@@ -101,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lume-lab", description="lume_lab: ground-truth testbed for LLM unlearning")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the experiment notebooks (papermill) into runs/<run-id>/")
-    r.add_argument("--preset", default="mini", help=f"one of {', '.join(PRESETS)} (default mini)")
+    r.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
     r.add_argument("--run-id", default=None, help="run directory name under runs/ (default: the preset)")
     one = r.add_mutually_exclusive_group()
     one.add_argument("--seed", type=int, default=0)
@@ -127,6 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--run-id", required=True); st.add_argument("--runs-root", default=None)
     st.add_argument("--fsdp2", action="store_true", help="an injection or unlearning stage shards the model over the job's processes (FSDP2)")
     sub.add_parser("presets", help="list the presets and their main sizes")
+    cf = sub.add_parser("config", help="print the resolved config.json of a preset and --set overrides, with where each non-default value came from")
+    cf.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
+    cf.add_argument("--seed", type=int, default=None)
+    cf.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override, repeatable")
+    cf.add_argument("--all", action="store_true", help="list every field with its source, not only the values that differ from the defaults")
+    add_results_arguments(sub.add_parser("results", help="write docs/results/<name>.md from run directories (or a sweep directory)"))
     s = sub.add_parser("status", help="stage table of a run"); s.add_argument("run_id"); s.add_argument("--runs-root", default=None)
     return p
 
@@ -151,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
             raise ConfigError("--only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain")
         if a.cmd == "presets": print(presets_table().to_string(index=False))
+        elif a.cmd == "config": print(config_report(a.preset, parse_overrides(a.set), a.seed, a.all), end="")
+        elif a.cmd == "results": return results_main(a)
         elif a.cmd == "status":
             st = run_status(a.run_id, a.runs_root)
             print(st.to_string(index=False) if len(st) else f"run {a.run_id!r}: no stages yet")

@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy, json
 from pathlib import Path
 
-from ..core.config import ConfigError, RunConfig, config_from_dict, make_config, set_fields, validate
+from ..core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, config_from_dict, dotted_leaves, make_config,
+                                  set_fields, validate)
 from ..core.store import RunStore, open_run, runs_root as _runs_root
 from ..unlearn.registry import BUILTIN_METHODS, get_spec
 
 # %% auto #0
-__all__ = ['run_methods', 'method_hparams', 'resolve_config', 'open_experiment']
+__all__ = ['BY_HAND_PRESET', 'run_methods', 'method_hparams', 'resolve_config', 'open_experiment', 'config_sources',
+           'format_config_sources', 'config_report']
 
 # %% ../../nbs/pipeline/00_config.ipynb #3c490adf
 def run_methods(cfg: RunConfig) -> list[str]:
@@ -45,8 +47,10 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     return _normal(cfg)
 
 # %% ../../nbs/pipeline/00_config.ipynb #cf34cee3
+BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
+
 def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: str | None = None, overrides: dict | None = None,
-                    seed: int | None = None, default_preset: str = "smoke") -> RunStore:
+                    seed: int | None = None, default_preset: str = BY_HAND_PRESET) -> RunStore:
     "The run `run_id` with its config (created from preset/overrides/seed if new); refuses values that differ from an existing run's."
     exists = (_runs_root(runs_root) / run_id / "config.json").exists()
     if exists and preset is None and not overrides and seed is None: return open_run(run_id, root=runs_root)
@@ -55,3 +59,37 @@ def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: st
         want = set_fields(open_run(run_id, root=runs_root).config, overrides)
         if seed is not None: want.seed = seed
     return open_run(run_id, resolve_config(want), runs_root)
+
+# %% ../../nbs/pipeline/00_config.ipynb #b5c0a002
+def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool) -> str:
+    "The layer that set the dotted `key` of a resolved config (see the table above)."
+    if key == "seed": return "--seed" if seed_given else "default"
+    if key == "preset": return f"preset {preset}"
+    if key in set_keys: return "--set"
+    if key in preset_keys: return f"preset {preset}"
+    if key == "unlearn.methods": return "method registry"
+    if key.startswith("unlearn.hparams."):
+        method, hp = key.split(".")[2:4]
+        return f"method spec {method}" + (f", preset {preset}" if hp in get_spec(method).presets.get(preset, {}) else "")
+    return "default"
+
+def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None,
+                   all_fields: bool = False) -> tuple[RunConfig, dict[str, str]]:
+    "The resolved config of `preset` + `overrides` + `seed`, and the source of each value that differs from the defaults (of every value with `all_fields`)."
+    cfg = resolve_config(make_config(preset, overrides, seed))
+    default, keys = dotted_leaves(RunConfig()), (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {})))
+    return cfg, {k: _value_source(k, preset, *keys, seed is not None) for k, v in dotted_leaves(cfg).items()
+                 if all_fields or k not in default or default[k] != v}
+
+# %% ../../nbs/pipeline/00_config.ipynb #b5c0a005
+def format_config_sources(cfg: RunConfig, sources: dict[str, str]) -> str:
+    "The resolved `config.json` of `cfg`, then a `field | value | source` table of `sources` (from `config_sources`)."
+    rows = [("field", "value", "source")] + [(k, json.dumps(cfg[k]), s) for k, s in sources.items()]
+    w = [max(len(r[0]) for r in rows), min(max(len(r[1]) for r in rows), 24)]   # a long list overflows its cell, not every row
+    table = [f"{a:<{w[0]}} | {b:<{w[1]}} | {c}" for a, b, c in rows]
+    table.insert(1, f"{'-' * w[0]}-|-{'-' * w[1]}-|-{'-' * 6}")
+    return json.dumps(cfg.to_dict(), indent=2) + "\n\n" + "\n".join(table) + "\n"
+
+def config_report(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None, all_fields: bool = False) -> str:
+    "What `lume-lab config` prints: the resolved config.json and where each non-default value came from."
+    return format_config_sources(*config_sources(preset, overrides, seed, all_fields))

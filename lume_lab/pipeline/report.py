@@ -4,29 +4,26 @@
 
 # %% ../../nbs/pipeline/08_report.ipynb #59039e93
 from __future__ import annotations
-import base64, html, json, os, shlex
+import base64, html, io, json, os, re, shlex, tempfile
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Callable, NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from ..core.config import config_diff
 from ..core.store import atomic_write_text
-from .scorecard import report_dir, run_config, run_manifest, scorecard   # `report.scorecard` is the same function
+from .scorecard import (METRICS, SAMPLE_SIZES, direction, n_after, report_dir, run_config, run_manifest,
+                                         scorecard)   # `report.scorecard` is the same function
 
 # %% auto #0
-__all__ = ['COLUMN_LABELS', 'DIGITS', 'LUME_COLUMNS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'format_scorecard',
-           'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html', 'render_markdown',
-           'read_html_tables', 'write_report']
+__all__ = ['LUME_COLUMNS', 'SECTIONS', 'VERDICT', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
+           'format_scorecard', 'Section', 'register_section', 'verdict_marks', 'small_splits', 'verdict_table',
+           'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html',
+           'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../nbs/pipeline/08_report.ipynb #78763394
-COLUMN_LABELS = {"forget_em": "forget EM", "forget_es": "forget ES", "forget_prob": "forget Prob", "forget_para_em": "forget EM para",
-                 "retain_em": "retain EM", "retain_es": "retain ES", "retain_prob": "retain Prob", "retain_para_em": "retain EM para",
-                 "utility_delta": "utility Δ", "auc_forget": "AUC m^F", "auc_unified": "AUC m^F∪m^R",
-                 "remind_auc_lr": "REMIND LR", "remind_auc_rf": "REMIND RF", "leak_before": "leak before", "leak_after": "leak after",
-                 "heldout_pii_nll": "held-out PII NLL"}
-DIGITS = {"auc_forget": 3, "auc_unified": 3, "heldout_pii_nll": 2}     # display digits; every other column 1
-
 def _num(v, digits: int) -> str: return "" if pd.isna(v) else f"{v:.{digits}f}"
 
 def _value(row, col: str, digits: int) -> str:
@@ -44,24 +41,23 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
     for _, r in card[card.field == field].iterrows():
         out = {"method": r["method"]}
         if "n_seeds" in r and card.n_seeds.max() > 1: out["seeds"] = f"{r['n_seeds']:.0f}"
-        for label, a, b in (("n forget", "forget_profiles", "forget_rows"), ("n retain", "retain_profiles", "retain_rows")):
-            if a in r: out[f"{label} (profiles / rows)"] = _n(r, a, b)
-        for c, label in COLUMN_LABELS.items():
+        for n, (label, rows_col, first) in SAMPLE_SIZES.items():
+            if first and n in r: out[label] = _n(r, n, rows_col)
+        for c, m in METRICS.items():
             if c not in r: continue
-            out[label] = _value(r, c, DIGITS.get(c, 1))
-            if f"{c}_paper" in r: out[f"{label} (paper)"] = _num(r[f"{c}_paper"], DIGITS.get(c, 1))
-            if c == "utility_delta" and "utility_n" in r: out["n utility (MC questions)"] = _n(r, "utility_n")
-            if c == "remind_auc_rf" and "remind_n_per_class" in r: out["n REMIND (per class)"] = _n(r, "remind_n_per_class")
-            if c == "leak_after" and "leak_profiles" in r: out["n leak (profiles)"] = _n(r, "leak_profiles")
+            out[m.label] = _value(r, c, m.digits)
+            if f"{c}_paper" in r: out[f"{m.label} (paper)"] = _num(r[f"{c}_paper"], m.digits)
+            if (n := n_after(c)) and n in r: out[SAMPLE_SIZES[n][0]] = _n(r, n, SAMPLE_SIZES[n][1])
         out["direction mismatch"] = "✗ " + r["direction_mismatch"] if r.get("direction_mismatch") else ""
         rows.append(out)
     return pd.DataFrame(rows)
 
 # %% ../../nbs/pipeline/08_report.ipynb #88b4d686
 def _h(level: int, text: str) -> tuple: return ("h", level, text)
-def _p(text: str) -> tuple: return ("p", text)
-def _table(df: pd.DataFrame, cls: str = "") -> tuple: return ("table", df, cls)
-def _figure(path: Path, caption: str) -> tuple: return ("figure", Path(path), caption)
+def _p(text: str, cls: str = "") -> tuple: return ("p", text, cls)
+def _banner(text: str) -> tuple: return ("banner", text)
+def _table(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None = None) -> tuple: return ("table", df, cls, cells)
+def _figure(path: Path, caption: str, data: bytes | None = None) -> tuple: return ("figure", Path(path), caption, data)
 def _pre(text: str) -> tuple: return ("pre", text)
 def _details(summary: str, blocks: list) -> tuple: return ("details", summary, blocks)
 
@@ -83,7 +79,7 @@ def _data_section(rep: Path) -> list:
         u = pd.read_csv(rep / "utility_base.csv")
         blocks += [_p("Base model utility (e00): world multiple choice (chance in `chance`) and held-out perplexity."), _table(u.round(4))]
     blocks += _fig(rep, "utility_base.png", "Base model: world multiple-choice accuracy")
-    return [_h(2, "Data and base model"), *blocks] if blocks else []
+    return blocks
 
 # %% ../../nbs/pipeline/08_report.ipynb #582c3e08
 def _injection_section(rep: Path) -> list:
@@ -109,7 +105,7 @@ def _injection_section(rep: Path) -> list:
         blocks += [_p("Utility before and after injection (Fig. 3a analogue)."), _table(w.reset_index())]
     blocks += _fig(rep, "utility_injection.png", "Fig. 3a analogue: utility of base, masked and unmasked models")
     blocks += _fig(rep, "injection_loss.png", "Injection loss, masked vs unmasked")
-    return [_h(2, "Injection and memorization (Fig. 3)"), *blocks] if blocks else []
+    return blocks
 
 # %% ../../nbs/pipeline/08_report.ipynb #09da7167
 def _unlearning_section(rep: Path) -> list:
@@ -117,19 +113,19 @@ def _unlearning_section(rep: Path) -> list:
     blocks = [b for f in _fields_in(rep, "unlearning_") if f != "logs"
               for b in _fig(rep, f"unlearning_{f}.png", f"Fig. 4a analogue, {f}: forget / retain EM and utility per method")]
     blocks += _fig(rep, "unlearning_logs.png", "Forget and retain NLL during unlearning")
-    return [_h(2, "Unlearning (Fig. 4a)"), *blocks] if blocks else []
+    return blocks
 
 def _localization_section(rep: Path) -> list:
     "e04: best localization AUC per method against m^F and m^F ∪ m^R (Fig. 4b), paper values as black ticks."
     blocks = [b for f in _fields_in(rep, "localization_") for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: localization AUC")]
-    return [_h(2, "Localization precision (Fig. 4b)"), *blocks] if blocks else []
+    return blocks
 
 def _remind_section(rep: Path) -> list:
     "e05: REMIND against the baselines, and its K × p ablation."
     fields = [f for f in _fields_in(rep, "remind_") if not f.startswith(("ablation_", "features_"))]
     blocks = [b for f in fields for b in (_fig(rep, f"remind_{f}.png", f"REMIND vs baselines, {f} (multi-class AUC %)")
                                            + _fig(rep, f"remind_ablation_{f}.png", f"REMIND ablation over K and p, {f}"))]
-    return [_h(2, "REMIND: residual memorization"), *blocks] if blocks else []
+    return blocks
 
 # %% ../../nbs/pipeline/08_report.ipynb #37793d86
 def _resurfacing_section(rep: Path) -> list:
@@ -151,7 +147,7 @@ def _resurfacing_section(rep: Path) -> list:
     blocks += _fig(rep, "resurfacing_attack.png", "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the never-injected floor")
     blocks += [b for f in _fields_in(rep, "resurfacing_jaccard_")
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
-    return [_h(2, "Resurfacing attack (Fig. 5)"), *blocks] if blocks else []
+    return blocks
 
 # %% ../../nbs/pipeline/08_report.ipynb #6a7b2c02
 def _attribution_section(rep: Path) -> list:
@@ -175,7 +171,7 @@ def _attribution_section(rep: Path) -> list:
         blocks += [_p("localized_graddiff (GradDiff in the top-|m^F| weights of a forget-only score) beside its neighbours: EM %, "
                       "utility Δ, best non-contrast localization AUC, leakage % before / after the attack."),
                    _table(pd.read_csv(rep / "attribution_methods.csv").round(3))]
-    return [_h(2, "Attribution against the ground truth (e09)"), *blocks] if blocks else []
+    return blocks
 # ### PISTOL (e07)
 #
 # PISTOL Tables 2 and 3 analogues: DS per method for the forget edges AB vs AC and for the three densities, ours
@@ -198,7 +194,7 @@ def _pistol_section(rep: Path) -> list:
         blocks += [_p("Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / semi-dense / dense."),
                    _table(pd.read_csv(rep / "pistol_density_trend.csv").round(2))]
     blocks += _fig(rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's")
-    return [_h(2, "PISTOL: structural unlearning (Tables 2 and 3)"), *blocks] if blocks else []
+    return blocks
 
 # e08's LUME section: the models at their last epoch beside the paper's findings (`lume_summary.csv`, written by
 # `pipeline.lume_stages.lume_summary`), then the Fig. 2/3/4/6 analogues. No `<h3>` here: those belong to the scorecard.
@@ -220,7 +216,132 @@ def _lume_section(rep: Path) -> list:
                       ("lume_fig4_utility.png", "Fig. 4 analogue: utility per epoch"),
                       ("lume_fig6_tasks.png", "Fig. 6 analogue: per task")):
         blocks += _fig(rep, name, cap)
-    return [_h(2, "LUME: unlearning per epoch (Figs. 2–4)"), *blocks] if blocks else []
+    return blocks
+
+# %% ../../nbs/pipeline/08_report.ipynb #d444e2e7
+class Section(NamedTuple):
+    "One section of the page: heading, the experiments whose files it shows, those files (globs under report/), renderer."
+    title: str
+    experiments: tuple[str, ...]
+    files: tuple[str, ...]
+    render: Callable[[Path], list]        # report dir -> blocks under the heading ([] when its files are absent)
+
+SECTIONS: list[Section] = []
+
+def register_section(title: str, experiments: tuple, files: tuple, render: Callable[[Path], list]) -> Section:
+    "Add the section to the page (after the others), or replace the one with the same title in place."
+    bad = [e for e in experiments if not re.fullmatch(r"[a-z][0-9]{2}", str(e))]
+    if bad or not experiments: raise ValueError(f"experiments must be ids like 'e03' (the notebook name's first three characters), got {list(experiments)!r}")
+    if not callable(render): raise ValueError(f"render must be a function of the report dir, got {render!r}")
+    s = Section(title, tuple(experiments), tuple(files), render)
+    i = next((i for i, x in enumerate(SECTIONS) if x.title == title), None)
+    if i is None: SECTIONS.append(s)
+    else: SECTIONS[i] = s
+    return s
+
+register_section("Data and base model", ("e00", "e01"), ("data_sizes.csv", "utility_base.csv", "utility_base.png"), _data_section)
+register_section("Injection and memorization (Fig. 3)", ("e02",), ("extraction_rates.csv", "extraction_rates.png", "reachability.csv",
+                 "reachability.png", "utility_injection.csv", "utility_injection.png", "injection_loss.png"), _injection_section)
+register_section("Unlearning (Fig. 4a)", ("e03",), ("unlearning_*.png",), _unlearning_section)
+register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_*.png",), _localization_section)
+register_section("REMIND: residual memorization", ("e05",), ("remind_*.png",), _remind_section)
+register_section("Resurfacing attack (Fig. 5)", ("e06",), ("resurfacing.csv", "resurfacing_leakage.png", "resurfacing_attack.csv",
+                 "resurfacing_attack.png", "resurfacing_jaccard_*.png"), _resurfacing_section)
+register_section("PISTOL: structural unlearning (Tables 2 and 3)", ("e07",), ("pistol_finetune.csv", "pistol_degree_gap.csv",
+                 "pistol_degree.png", "pistol_density_trend.csv", "pistol_density.png"), _pistol_section)
+register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",), ("lume_summary.csv", "lume_fig*.png"), _lume_section)
+register_section("Attribution against the ground truth (e09)", ("e09",), ("attribution_*.csv", "attribution.png", "mask_signature.csv"),
+                 _attribution_section)
+
+# %% ../../nbs/pipeline/08_report.ipynb #8f4539ab
+VERDICT = ("forget_em", "retain_em", "utility_delta", "auc_forget", "remind_auc_rf", "leak_after")
+ARROWS = {"lower": "↓", "higher": "↑", "closer": "→ before"}
+
+def verdict_marks(card: pd.DataFrame, columns=VERDICT) -> pd.DataFrame:
+    "+1 better / 0 same / −1 worse than each metric's reference (`none` of the same field, or a number); NaN without a value or on `none`."
+    out = pd.DataFrame(index=card.index, dtype=float)
+    for c in [c for c in columns if c in card]:
+        m, x = METRICS[c], card[c].astype(float).to_numpy()
+        ref = (card.field.map(card[card.method == "none"].set_index("field")[c]).astype(float).to_numpy()
+               if m.reference == "none" else np.full(len(card), float(m.reference)))
+        if m.better == "lower": s = direction(ref, x, m.band)
+        elif m.better == "higher": s = direction(x, ref, m.band)
+        else: s = np.where(np.isnan(x - ref), np.nan, np.where(np.abs(x - ref) > m.band, -1.0, 0.0))
+        out[c] = np.where((card.method == "none").to_numpy() & (m.reference == "none"), np.nan, s)
+    return out
+
+# %% ../../nbs/pipeline/08_report.ipynb #5811fdb0
+SMALL_SPLIT = 10
+
+def small_splits(card: pd.DataFrame, threshold: int = SMALL_SPLIT) -> list[tuple[str, str, float]]:
+    "(field, split, profiles) of every forget or retain split resting on fewer than `threshold` people."
+    splits = [n for n, (_, _, first) in SAMPLE_SIZES.items() if first and n in card]
+    return [(f, n.removesuffix("_profiles"), float(v)) for f, g in card.groupby("field", sort=False) for n in splits
+            if pd.notna(v := g[n].min()) and v < threshold]
+
+def _split_banner(card: pd.DataFrame) -> list:
+    small = small_splits(card)
+    if not small: return []
+    by_field = {}
+    for f, s, n in small: by_field.setdefault(f, []).append(f"{s} n = {n:.0f}")
+    names = "; ".join(f"{f} ({', '.join(v)} profiles)" for f, v in by_field.items())
+    return [_banner(f"Small split{'s' if len(small) > 1 else ''} (under {SMALL_SPLIT} people): {names}. One person moves a rate over "
+                    f"n people by 100/n points (over {min(n for *_, n in small):.0f}: {100 / max(min(n for *_, n in small), 1):.0f} points), "
+                    "so read these rows as individual cases, not rates.")]
+
+# %% ../../nbs/pipeline/08_report.ipynb #6c89fa67
+def _verdict_header(c: str) -> str: return f"{METRICS[c].label} {ARROWS[METRICS[c].better]}"
+
+def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "The verdict table as display strings, and the class of every cell (better / same / worse / ref / '')."
+    cols, marks = [c for c in VERDICT if c in card], verdict_marks(card)
+    rows, classes = [], []
+    for i, r in card.iterrows():
+        out, cls = {"field": r["field"], "method": r["method"]}, {"field": "", "method": ""}
+        if "forget_profiles" in r: out["n forget / retain"], cls["n forget / retain"] = f"{_n(r, 'forget_profiles')} / {_n(r, 'retain_profiles')}", ""
+        for c in cols:
+            m, p = METRICS[c], r.get(f"{c}_paper")
+            out[_verdict_header(c)] = _value(r, c, m.digits) + (f" ({_num(p, m.digits)})" if p is not None and pd.notna(p) else "")
+            mark = marks.at[i, c]
+            cls[_verdict_header(c)] = ({1.0: "better", 0.0: "same", -1.0: "worse"}[mark] if pd.notna(mark)
+                                       else "ref" if r["method"] == "none" and m.reference == "none" else "")
+        rows.append(out); classes.append(cls)
+    return pd.DataFrame(rows), pd.DataFrame(classes)
+
+# %% ../../nbs/pipeline/08_report.ipynb #026602e5
+_COLOURS = {1.0: "#1a9850", 0.0: "#8c8c8c", -1.0: "#d73027"}
+
+def verdict_figure(card: pd.DataFrame) -> bytes | None:
+    "The verdict as a dot plot (one panel per verdict metric, one row per method), PNG bytes; None without a value."
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    cols = [c for c in VERDICT if c in card and card[c].notna().any()]
+    if not cols: return None
+    methods, fields, marks = list(dict.fromkeys(card.method)), list(dict.fromkeys(card.field)), verdict_marks(card)
+    fig = Figure(figsize=(2.3 * len(cols) + 1.0, 0.24 * len(methods) + 1.5), layout="constrained")
+    axes = fig.subplots(1, len(cols), sharey=True, squeeze=False)[0]
+    shift = dict(zip(fields, np.linspace(-0.2, 0.2, len(fields)) if len(fields) > 1 else [0.0]))
+    shapes = dict(zip(fields, "osD^vP"))                      # one marker shape per field; colour: the verdict
+    for ax, c in zip(axes, cols):
+        m = METRICS[c]
+        for f in fields:
+            sub = card[card.field == f]
+            y = np.array([methods.index(x) for x in sub.method]) + shift[f]
+            colours = ["black" if meth == "none" else _COLOURS.get(marks.at[i, c], "#bbbbbb") for i, meth in zip(sub.index, sub.method)]
+            ax.scatter(sub[c], y, c=colours, marker=shapes[f], s=30, zorder=3)
+            if f"{c}_paper" in sub: ax.scatter(sub[f"{c}_paper"], y, marker="|", color="black", s=90, linewidths=1.5, zorder=4)
+            if m.reference == "none" and len(fields) == 1 and (sub.method == "none").any():
+                ax.axvline(sub.loc[sub.method == "none", c].iloc[0], color="black", lw=0.8, ls="--", zorder=1)
+        if m.reference != "none": ax.axvline(float(m.reference), color="black", lw=0.8, ls="--", zorder=1)
+        ax.set_title(_verdict_header(c), fontsize=10); ax.grid(axis="x", alpha=0.3); ax.tick_params(labelsize=8)
+    axes[0].set_yticks(range(len(methods)), methods); axes[0].set_ylim(len(methods) - 0.5, -0.5)
+    keys = [Patch(color=_COLOURS[k], label=l) for k, l in ((1.0, "better"), (0.0, "same"), (-1.0, "worse"))] + [Patch(color="black", label="none (before)")]
+    keys += [Line2D([], [], ls="", marker="|", color="black", ms=10, mew=1.5, label="paper")]
+    if len(fields) > 1: keys += [Line2D([], [], ls="", marker=shapes[f], color="#555555", label=f) for f in fields]
+    fig.legend(handles=keys, loc="outside lower center", ncols=len(keys), fontsize=8, frameon=False)
+    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
 
 # %% ../../nbs/pipeline/08_report.ipynb #48ed7881
 def _override_value(v) -> str:
@@ -296,20 +417,47 @@ def _run_section(run_dirs: list[Path]) -> list:
     return blocks
 
 # %% ../../nbs/pipeline/08_report.ipynb #0a25ac0f
-def report_blocks(run_dirs: list[Path], card: pd.DataFrame) -> list:
-    "Every block of the page of `run_dirs` (figures and section tables from the first run), scorecard first."
+def _not_yet(stems: list[str]) -> tuple:
+    return _p(f"{', '.join(stems)}: not yet run. lume-lab run rewrites this page after every experiment; reload it later.", "pending")
+
+def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
+    "Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come."
+    late = [c for c in VERDICT if c not in card and METRICS[c].experiment in waiting]
+    if not len(card): return [_h(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
+    png, (t, cls) = verdict_figure(card), verdict_table(card)
+    bands = "; ".join(f"{_verdict_header(c)}: ± {METRICS[c].band:g}" + ("" if METRICS[c].reference == "none" else f" around {METRICS[c].reference:g}")
+                      for c in VERDICT if c in card)
+    blocks = [_h(2, "Verdict")]
+    if png: blocks.append(_figure(out_dir / "verdict.png", "Verdict: each method against the model before unlearning (none) and the paper", png))
+    blocks += [_table(t, "verdict", cls),
+               _p("Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than the band, red: "
+                  f"worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's value (Lacuna Table 2, "
+                  "OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard below.")]
+    if late: blocks.append(_not_yet([f"{METRICS[c].label} ({waiting[METRICS[c].experiment]})" for c in late]))
+    return blocks
+
+def _scorecard_section(card: pd.DataFrame, waiting: dict) -> list:
+    if not len(card): return [_h(2, "Scorecard"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
+    blocks = [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
+    for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
+    return blocks
+
+def report_blocks(run_dirs: list[Path], card: pd.DataFrame, pending: list[str] = (), out_dir: Path | None = None) -> list:
+    "Every block of the page of `run_dirs` (figures and section tables from the first run): verdict first; `pending`: experiments to come."
     run_dirs = [Path(d) for d in run_dirs]
     rep, cfg = report_dir(run_dirs[0]), run_config(run_dirs[0])
+    waiting = {str(p)[:3]: str(p) for p in pending}
     seeds = ", ".join(str(run_config(d)["seed"]) for d in run_dirs)
     title = f"lume_lab report: {', '.join(d.name for d in run_dirs)}"
     blocks = [_h(1, title), _p(f"Preset {cfg['preset']} · seed{'s' if len(run_dirs) > 1 else ''} {seeds}"
-                               + (f" · figures and section tables from {run_dirs[0].name}" if len(run_dirs) > 1 else ""))]
-    if len(card):
-        blocks += [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
-        for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
-    sections = [b for section in (_data_section, _injection_section, _unlearning_section, _localization_section, _remind_section,
-                                  _resurfacing_section, _pistol_section, _lume_section, _attribution_section) for b in section(rep)]
-    if not len(card) and not sections:   # e99 alone on a fresh run: say so, rather than a page that looks finished
+                               + (f" · figures and section tables from {run_dirs[0].name}" if len(run_dirs) > 1 else "")
+                               + (f" · run under way: {', '.join(waiting.values())} still to come" if waiting else ""))]
+    blocks += _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting) + _scorecard_section(card, waiting)
+    sections, shown = [], False
+    for s in SECTIONS:
+        if body := s.render(rep): sections += [_h(2, s.title), *body]; shown = True
+        elif late := [waiting[e] for e in s.experiments if e in waiting]: sections += [_h(2, s.title), _not_yet(late)]
+    if not len(card) and not shown and not waiting:   # e99 alone on a fresh run: say so, rather than a page that looks finished
         blocks += [_h(2, "No results yet"), _p(EMPTY_NOTE)]
     return blocks + sections + _run_section(run_dirs)
 
@@ -324,22 +472,29 @@ SCORECARD_NOTE = ("One row per method (`none`: before unlearning) and forget fie
                   "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. "
                   "'(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
                   "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
-                  "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005).")
+                  "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005). The table scrolls sideways inside its box.")
 
 # %% ../../nbs/pipeline/08_report.ipynb #63f3de5f
-CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#222}
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
+h2{border-top:1px solid #ddd;padding-top:.6em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:12px}th,td{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}
 th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}.paper{background:#eef3fb;color:#345}
-.mismatch{color:#b00;font-weight:600}.wrap{overflow-x:auto}figure{margin:1em 0}img{max-width:100%}figcaption{font-size:13px;color:#555}
-pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px}details{margin:.4em 0}"""
+.mismatch{color:#b00;font-weight:600}.wrap{overflow-x:auto;max-width:100%}figure{margin:1em 0}img{max-width:100%;height:auto}
+figcaption{font-size:13px;color:#555}pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}details{margin:.4em 0}
+.banner{background:#fff4e0;border:1px solid #e8a33d;border-left:6px solid #d97706;padding:.6em 1em;margin:1em 0;font-size:14px}
+.pending{color:#777;font-style:italic}table.verdict{font-size:13px}table.verdict td:nth-child(2){font-weight:600}
+td.better{background:#d5efcf}td.worse{background:#f7cfc9}td.same{background:#f3f3f3}td.ref{background:#fff;font-weight:600}
+table.scorecard th{white-space:normal;min-width:4em;vertical-align:bottom}
+table.scorecard td:first-child,table.scorecard th:first-child{position:sticky;left:0;background:#fafafa;z-index:1}"""
 
-def _html_table_str(df: pd.DataFrame, cls: str = "") -> str:
-    def td_cls(col, v):
+def _html_table_str(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None = None) -> str:
+    def td_cls(col, v, i=None):
+        if cells is not None and i is not None and col in cells and cells[col].iat[i]: return f' class="{cells[col].iat[i]}"'
         if str(col).endswith("(paper)"): return ' class="paper"'
         return ' class="mismatch"' if col == "direction mismatch" and v else ""
     head = "".join(f"<th{td_cls(c, '')}>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td{td_cls(c, v)}>{html.escape('' if pd.isna(v) else str(v))}</td>" for c, v in zip(df.columns, row)) + "</tr>"
-                   for row in df.itertuples(index=False))
+    body = "".join("<tr>" + "".join(f"<td{td_cls(c, v, i)}>{html.escape('' if pd.isna(v) else str(v))}</td>" for c, v in zip(df.columns, row)) + "</tr>"
+                   for i, row in enumerate(df.itertuples(index=False)))
     return f'<div class="wrap"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 def _data_uri(path: Path) -> str: return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
@@ -350,15 +505,18 @@ def render_html(blocks: list) -> str:
     def one(b) -> str:
         kind = b[0]
         if kind == "h": return f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>"
-        if kind == "p": return f"<p>{html.escape(b[1])}</p>"
-        if kind == "table": return _html_table_str(b[1], b[2])
-        if kind == "figure": return f'<figure><img src="{_data_uri(b[1])}" alt="{html.escape(b[2])}"><figcaption>{html.escape(b[2])}</figcaption></figure>'
+        if kind == "p": return f'<p class="{b[2]}">{html.escape(b[1])}</p>' if b[2] else f"<p>{html.escape(b[1])}</p>"
+        if kind == "banner": return f'<div class="banner" role="alert">{html.escape(b[1])}</div>'
+        if kind == "table": return _html_table_str(b[1], b[2], b[3])
+        if kind == "figure":
+            src = "data:image/png;base64," + base64.b64encode(b[3]).decode("ascii") if b[3] is not None else _data_uri(b[1])
+            return f'<figure><img src="{src}" alt="{html.escape(b[2])}"><figcaption>{html.escape(b[2])}</figcaption></figure>'
         if kind == "pre": return f"<pre>{html.escape(b[1])}</pre>"
         if kind == "details": return f"<details><summary>{html.escape(b[1])}</summary>{''.join(map(one, b[2]))}</details>"
         raise ValueError(f"unknown block {kind!r}")
     title = next((b[2] for b in blocks if b[0] == "h" and b[1] == 1), "lume_lab report")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head>\n<body>\n" + "\n".join(map(one, blocks)) + "\n</body></html>\n")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n" + "\n".join(map(one, blocks)) + "\n</body></html>\n")
 
 # %% ../../nbs/pipeline/08_report.ipynb #e0b5e600
 def _md_table(df: pd.DataFrame) -> str:
@@ -371,7 +529,8 @@ def render_markdown(blocks: list, out_dir: Path) -> str:
     def one(b) -> str:
         kind = b[0]
         if kind == "h": return "#" * b[1] + " " + b[2]
-        if kind == "p": return b[1]
+        if kind == "p": return f"*{b[1]}*" if b[2] == "pending" else b[1]
+        if kind == "banner": return f"> **{b[1]}**"
         if kind == "table": return _md_table(b[1])
         if kind == "figure": return f"![{b[2]}]({Path(os.path.relpath(b[1], out_dir)).as_posix()})\n\n*{b[2]}*"
         if kind == "pre": return "```\n" + b[1] + "\n```"
@@ -399,16 +558,30 @@ def read_html_tables(text: str) -> list[pd.DataFrame]:
     return [pd.DataFrame(t[1:], columns=t[0]) for t in p.tables if t]
 
 # %% ../../nbs/pipeline/08_report.ipynb #4b687823
-def write_report(run_dirs: list[Path], out_dir: Path | None = None) -> Path:
-    "Write `index.html` (self-contained), `report.md` and `scorecard.csv` into `out_dir` (default `<run>/report`); returns the page's path."
+def _atomic_write_bytes(path: Path, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f: f.write(data)
+        os.chmod(tmp, 0o644); os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True); raise
+    return path
+
+def _figures_drawn(blocks: list) -> list[tuple]:
+    return [b for b in blocks if b[0] == "figure" and b[3] is not None] + [x for b in blocks if b[0] == "details" for x in _figures_drawn(b[2])]
+
+def write_report(run_dirs: list[Path], out_dir: Path | None = None, pending: list[str] = ()) -> Path:
+    "Write `index.html` (self-contained), `report.md`, `scorecard.csv` and `verdict.png` into `out_dir` (default `<run>/report`); returns the page's path."
     run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     if out_dir is None:
         if len(run_dirs) != 1: raise ValueError("several runs: pass out_dir (the page of several seeds belongs to none of them)")
         out_dir = report_dir(run_dirs[0])
     out_dir = Path(out_dir)
     card = scorecard(run_dirs)
-    blocks = report_blocks(run_dirs, card)
+    blocks = report_blocks(run_dirs, card, pending, out_dir)
     csv, md, page = card.to_csv(index=False), render_markdown(blocks, out_dir), render_html(blocks)   # all read and rendered first
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for b in _figures_drawn(blocks): _atomic_write_bytes(b[1], b[3])
     atomic_write_text(out_dir / "scorecard.csv", csv)
     atomic_write_text(out_dir / "report.md", md)
     return atomic_write_text(out_dir / "index.html", page)                                           # the page last

@@ -4,19 +4,22 @@
 
 # %% ../../nbs/pipeline/00_runner.ipynb #29d9a8ee
 from __future__ import annotations
+import json, os, threading, time
 from pathlib import Path
 
 import papermill as pm
 from papermill.exceptions import PapermillExecutionError
 from nbclient.exceptions import DeadKernelError
 from papermill.translators import PythonTranslator
+from traitlets.config import Config
 import nbformat
 
 from ..core.store import runs_root, repo_root, package_dir
 
 # %% auto #0
-__all__ = ['COMPANION_EXPERIMENTS', 'NotebookRunError', 'notebook_parameters', 'check_parameters', 'run_notebook',
-           'experiments_dir', 'experiment_notebooks']
+__all__ = ['COMPANION_EXPERIMENTS', 'EXPERIMENT_COSTS', 'NotebookRunError', 'notebook_parameters', 'check_parameters',
+           'kernel_config', 'run_notebook', 'experiments_dir', 'experiment_notebooks', 'experiment_seconds',
+           'expected_seconds', 'duration', 'plan_text', 'ChainProgress', 'StageWatcher']
 
 # %% ../../nbs/pipeline/00_runner.ipynb #dad89228
 class NotebookRunError(RuntimeError):
@@ -37,11 +40,19 @@ def check_parameters(nb_path: str | Path, parameters: dict | None) -> None:
         raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} for {Path(nb_path).name}; "
                          f"allowed: {', '.join(allowed)}")
 
+# %% ../../nbs/pipeline/00_runner.ipynb #5db67616
+def kernel_config() -> Config:
+    "Kernel-manager config for papermill: IPC transport where Unix sockets work (no port, no unencrypted-TCP warning)."
+    from jupyter_core.paths import jupyter_runtime_dir
+    c = Config()
+    if os.name != "nt" and len(jupyter_runtime_dir()) <= 50: c.KernelManager.transport = "ipc"   # socket paths: < 108 bytes
+    return c
+
 # %% ../../nbs/pipeline/00_runner.ipynb #375e26a8
 def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | None = None,
-                 kernel: str = "python3", root: str | Path | None = None, progress: bool = True,
+                 kernel: str = "python3", root: str | Path | None = None, progress: bool = False,
                  cwd: str | Path | None = None) -> Path:
-    "Execute `nb_path` with `parameters` into `out_path` (which must lie under the runs root)."
+    "Execute `nb_path` with `parameters` into `out_path` (which must lie under the runs root); `progress`: papermill's per-cell bar."
     nb_path, out_path = Path(nb_path), Path(out_path).resolve()
     if not nb_path.exists(): raise FileNotFoundError(f"no notebook {nb_path}")
     rr = runs_root(root)
@@ -50,7 +61,7 @@ def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | N
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         pm.execute_notebook(str(nb_path), str(out_path), parameters=parameters or {}, kernel_name=kernel, language="python",
-                            progress_bar=progress, cwd=str(cwd or nb_path.parent))
+                            progress_bar=progress, cwd=str(cwd or nb_path.parent), config=kernel_config())
     except DeadKernelError:
         raise NotebookRunError(f"{nb_path.name}: the kernel died (killed, or out of memory)\n  executed notebook: {out_path}") from None
     except PapermillExecutionError as e:
@@ -80,3 +91,88 @@ def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
     unknown = [n for n in names if not any(p.stem.startswith(n) for p in every)]
     if unknown: raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; allowed: all, {', '.join(p.stem for p in every)}")
     return [p for p in every if any(p.stem.startswith(n) for n in names)]
+
+# %% ../../nbs/pipeline/00_runner.ipynb #2b6927f9
+EXPERIMENT_COSTS = {  # preset -> wall seconds per experiment (eNN) of a fresh `lume-lab run`, and where they were measured
+    "mini": {"commit": "d4f1ab5", "machine": "2 idle CPU cores", "seconds":
+             {"e00": 472, "e01": 10, "e02": 992, "e03": 557, "e04": 175, "e05": 827, "e06": 468, "e09": 116, "e99": 3}},
+    "smoke": {"commit": "a25359c", "machine": "2 CPU cores, shared with other jobs", "seconds":
+              {"e00": 13.0, "e01": 8.0, "e02": 18.0, "e03": 34.1, "e04": 10.7, "e05": 50.1, "e06": 16.9, "e09": 12.0, "e99": 4.0}},
+}
+
+def experiment_seconds(run_dir) -> dict[str, float]:
+    "A run's measured seconds per experiment id (its manifest's `experiments`): the row to put in EXPERIMENT_COSTS."
+    m = Path(run_dir) / "manifest.json"
+    return {k[:3]: v["seconds"] for k, v in (json.loads(m.read_text()).get("experiments", {}) if m.exists() else {}).items()}
+
+def expected_seconds(preset: str, names: list[str]) -> dict[str, float | None]:
+    "Each experiment's measured seconds for `preset` (by its eNN id); None where unmeasured, all None for an unknown preset."
+    costs = EXPERIMENT_COSTS.get(preset, {}).get("seconds", {})
+    return {n: costs.get(n[:3]) for n in names}
+
+def duration(s: float | None) -> str:
+    "`1h02m`, `7m52s`, `13s`; `unknown` for None."
+    if s is None: return "unknown"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+# %% ../../nbs/pipeline/00_runner.ipynb #51ec933f
+def plan_text(preset: str, names: list[str]) -> str:
+    "What a run will do: the chain, and each experiment's expected time from EXPERIMENT_COSTS (or 'unknown')."
+    exp, src = expected_seconds(preset, names), EXPERIMENT_COSTS.get(preset)
+    lines = [f"chain: {' → '.join(names)}"]
+    if src is None:
+        return "\n".join(lines + [f"expected time: unknown (no measured costs for preset {preset!r}; measured: {', '.join(EXPERIMENT_COSTS)})"])
+    lines.append(f"expected time, as measured for preset {preset} at commit {src['commit']} on {src['machine']} "
+                 f"(this machine: {os.cpu_count()} cores; cached stages take less):")
+    lines += [f"  {n:<18} {duration(s):>8}" for n, s in exp.items()]
+    unknown = [n for n, s in exp.items() if s is None]
+    lines.append(f"  {'total':<18} {duration(sum(s for s in exp.values() if s is not None)):>8}" + (f" + unknown ({', '.join(unknown)})" if unknown else ""))
+    return "\n".join(lines)
+
+# %% ../../nbs/pipeline/00_runner.ipynb #ae394c21
+class ChainProgress:
+    "One line per finished experiment of a chain: its time, elapsed, % of the run and ETA (from EXPERIMENT_COSTS)."
+    def __init__(self, preset: str, names: list[str], clock=time.monotonic):
+        self.names, self.exp, self.clock, self.t0, self.done = list(names), expected_seconds(preset, names), clock, clock(), []
+
+    def share(self) -> float:
+        if any(v is None for v in self.exp.values()) or not sum(self.exp.values()): return len(self.done) / len(self.names)
+        return sum(self.exp[n] for n in self.done) / sum(self.exp.values())
+
+    def eta(self, elapsed: float) -> str:
+        rest = [n for n in self.names if n not in self.done]
+        if not rest: return "0s"
+        if any(self.exp[n] is None for n in rest + self.done): return "unknown"
+        pace = min(max(elapsed / max(sum(self.exp[n] for n in self.done), 1e-9), 0.5), 3.0) if self.done else 1.0
+        return duration(pace * sum(self.exp[n] for n in rest))
+
+    def finished(self, name: str, seconds: float) -> str:
+        self.done.append(name)
+        elapsed = self.clock() - self.t0
+        return f"✓ {name} in {duration(seconds)} · elapsed {duration(elapsed)} · {100 * self.share():.0f}% of the run · ETA {self.eta(elapsed)}"
+
+# %% ../../nbs/pipeline/00_runner.ipynb #45be9a16
+class StageWatcher(threading.Thread):
+    "Print one line per store stage that finishes while it runs, from the run's manifest.json (polled every `every` s)."
+    def __init__(self, manifest: Path, t0: float, every: float = 2.0, out=print, clock=time.monotonic):
+        super().__init__(daemon=True)
+        self.manifest, self.t0, self.every, self.out, self.clock, self._halt = Path(manifest), t0, every, out, clock, threading.Event()
+        self.seen = self._done()
+
+    def _done(self) -> set:
+        try: st = json.loads(self.manifest.read_text()).get("stages", {})
+        except (OSError, ValueError): return set()                  # not written yet, or replaced while read: next poll
+        return {(k, v.get("finished"), v.get("seconds")) for k, v in st.items() if v.get("status") == "done"}
+
+    def poll(self) -> None:
+        done = self._done()
+        for k, _, s in sorted(done - self.seen, key=lambda x: str(x[1])):
+            self.out(f"    · {k} in {duration(s)} · elapsed {duration(self.clock() - self.t0)}")
+        self.seen |= done
+
+    def run(self):
+        while not self._halt.wait(self.every): self.poll()
+
+    def stop(self) -> None:
+        self._halt.set(); self.join(); self.poll()

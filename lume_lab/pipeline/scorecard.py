@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -14,10 +15,10 @@ from ..analysis.localization import PAPER_PRECISION_OLMO2_1B
 from ..core.config import config_diff
 
 # %% auto #0
-__all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'OUTPUT_COLUMNS', 'DIRECTION_CHECKS', 'N_COLUMNS', 'METRIC_COLUMNS',
-           'paper_table2', 'paper_scorecard', 'report_dir', 'run_config', 'run_manifest', 'read_output_metrics',
-           'read_localization', 'read_remind', 'read_resurfacing', 'run_scorecard', 'direction', 'direction_mismatch',
-           'scorecard', 'toy_run']
+__all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'METRICS', 'SAMPLE_SIZES', 'BETTER', 'OUTPUT_COLUMNS', 'DIRECTION_CHECKS',
+           'N_COLUMNS', 'METRIC_COLUMNS', 'paper_table2', 'Metric', 'check_metric', 'metrics_table', 'paper_scorecard',
+           'report_dir', 'run_config', 'run_manifest', 'read_output_metrics', 'read_localization', 'read_remind',
+           'read_resurfacing', 'run_scorecard', 'direction', 'direction_mismatch', 'n_after', 'scorecard', 'toy_run']
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -66,8 +67,64 @@ def paper_table2(paper: dict = PAPER_TABLE2_OLMO2_1B, methods: tuple = PAPER_MET
     return pd.DataFrame([{"field": f, "method": m, "split": s, "metric": k, "value": v}
                          for f, rows in paper.items() for (s, k), vals in rows.items() for m, v in zip(methods, vals)])
 
+# %% ../../nbs/pipeline/07_scorecard.ipynb #ec08fd96
+class Metric(NamedTuple):
+    "One scorecard column: how the page shows it, the n it rests on, which way is better, and the paper's key."
+    label: str                  # on the page
+    digits: int                 # display digits
+    n: str | None               # the scorecard column holding its n (a key of SAMPLE_SIZES)
+    better: str                 # "lower", "higher", or "closer" (to the reference)
+    reference: str | float      # "none": the model before unlearning, same field; a number: a fixed level (chance)
+    band: float                 # |difference| <= band counts as "same"
+    paper: tuple | None         # Table 2 (split, metric), ("utility_delta", "mean"), ("precision", labels), or None
+    experiment: str             # the experiment whose files hold it
+
+METRICS = {
+    "forget_em":       Metric("forget EM", 1, "forget_profiles", "lower", "none", 5.0, ("forget", "em"), "e03"),
+    "forget_es":       Metric("forget ES", 1, "forget_profiles", "lower", "none", 5.0, ("forget", "es"), "e03"),
+    "forget_prob":     Metric("forget Prob", 1, "forget_profiles", "lower", "none", 5.0, ("forget", "prob"), "e03"),
+    "forget_para_em":  Metric("forget EM para", 1, "forget_profiles", "lower", "none", 5.0, ("forget_paraphrase", "em"), "e03"),
+    "retain_em":       Metric("retain EM", 1, "retain_profiles", "higher", "none", 5.0, ("retain", "em"), "e03"),
+    "retain_es":       Metric("retain ES", 1, "retain_profiles", "higher", "none", 5.0, ("retain", "es"), "e03"),
+    "retain_prob":     Metric("retain Prob", 1, "retain_profiles", "higher", "none", 5.0, ("retain", "prob"), "e03"),
+    "retain_para_em":  Metric("retain EM para", 1, "retain_profiles", "higher", "none", 5.0, ("retain_paraphrase", "em"), "e03"),
+    "utility_delta":   Metric("utility Δ", 1, "utility_n", "higher", "none", 2.0, ("utility_delta", "mean"), "e03"),
+    "auc_forget":      Metric("AUC m^F", 3, None, "higher", 0.5, 0.005, ("precision", "forget"), "e04"),
+    "auc_unified":     Metric("AUC m^F∪m^R", 3, None, "higher", 0.5, 0.005, ("precision", "unified"), "e04"),
+    "remind_auc_lr":   Metric("REMIND LR", 1, "remind_n_per_class", "lower", "none", 5.0, None, "e05"),
+    "remind_auc_rf":   Metric("REMIND RF", 1, "remind_n_per_class", "lower", "none", 5.0, None, "e05"),
+    "leak_before":     Metric("leak before", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
+    "leak_after":      Metric("leak after", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
+    "heldout_pii_nll": Metric("held-out PII NLL", 2, None, "closer", "none", 0.1, None, "e06"),
+}
+
+SAMPLE_SIZES = {  # n column -> (label on the page, the rows column shown after " / ", shown before the metrics)
+    "forget_profiles": ("n forget (profiles / rows)", "forget_rows", True),
+    "retain_profiles": ("n retain (profiles / rows)", "retain_rows", True),
+    "utility_n": ("n utility (MC questions)", None, False),
+    "remind_n_per_class": ("n REMIND (per class)", None, False),
+    "leak_profiles": ("n leak (profiles)", None, False),
+}
+
+# %% ../../nbs/pipeline/07_scorecard.ipynb #86e29f7d
+BETTER = ("lower", "higher", "closer")
+
+def check_metric(column: str, m: Metric) -> Metric:
+    "`m` if every field of it is one the scorecard can use; else a ValueError naming the field and what it allows."
+    if m.better not in BETTER: raise ValueError(f"{column}: better must be one of {', '.join(BETTER)}, got {m.better!r}")
+    if m.n is not None and m.n not in SAMPLE_SIZES: raise ValueError(f"{column}: n must be None or one of {', '.join(SAMPLE_SIZES)}, got {m.n!r}")
+    if not (m.reference == "none" or isinstance(m.reference, (int, float))):
+        raise ValueError(f"{column}: reference must be 'none' (the model before unlearning) or a number, got {m.reference!r}")
+    if not (isinstance(m.digits, int) and m.digits >= 0 and m.band >= 0):
+        raise ValueError(f"{column}: digits must be an int >= 0 and band a number >= 0, got {m.digits!r}, {m.band!r}")
+    return m
+
+def metrics_table() -> pd.DataFrame:
+    "`METRICS` as a table, one row per scorecard column."
+    return pd.DataFrame([{"column": c, **{k: check_metric(c, m)._asdict()[k] for k in Metric._fields}} for c, m in METRICS.items()])
+
 # %% ../../nbs/pipeline/07_scorecard.ipynb #38c0f4ad
-OUTPUT_COLUMNS = {  # scorecard column -> (split, metric) row of table2_<field>.csv
+OUTPUT_COLUMNS = {  # scorecard column -> (split, metric) row of e03's table2_<field>.csv (the reader's map)
     "forget_em": ("forget", "em"), "forget_es": ("forget", "es"), "forget_prob": ("forget", "prob"),
     "forget_para_em": ("forget_paraphrase", "em"),
     "retain_em": ("retain", "em"), "retain_es": ("retain", "es"), "retain_prob": ("retain", "prob"),
@@ -75,16 +132,20 @@ OUTPUT_COLUMNS = {  # scorecard column -> (split, metric) row of table2_<field>.
     "utility_delta": ("utility_delta", "mc_acc"),
 }
 
+def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
+    "The paper's value for `METRICS[...].paper` from one (field, method)'s Table 2 rows and its (AUC m^F, AUC m^F∪m^R)."
+    src, k = key
+    if src == "precision": return auc[("forget", "unified").index(k)]
+    if k == "mean": return rows.loc[src].mean()                  # utility: mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
+    return rows.get((src, k), np.nan)
+
 def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:
     "The paper's values as scorecard columns (`<column>_paper`), indexed by (field, method)."
     t = paper_table2(paper).set_index(["field", "method", "split", "metric"]).value
     rows = {}
     for (f, m), v in t.groupby(level=["field", "method"], sort=False):
-        v = v.droplevel(["field", "method"])
-        r = {f"{c}_paper": v.get(k, np.nan) for c, k in OUTPUT_COLUMNS.items()}
-        r["utility_delta_paper"] = v.loc["utility_delta"].mean()          # mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
-        r["auc_forget_paper"], r["auc_unified_paper"] = precision.get(f, {}).get(m, (np.nan, np.nan))
-        rows[(f, m)] = r
+        v, auc = v.droplevel(["field", "method"]), precision.get(f, {}).get(m, (np.nan, np.nan))
+        rows[(f, m)] = {f"{c}_paper": _paper_value(x.paper, v, auc) for c, x in METRICS.items() if x.paper}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"]).astype(float)
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #3b05126d
@@ -169,13 +230,13 @@ def run_scorecard(run_dir) -> pd.DataFrame:
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #d3e53a66
 DIRECTION_CHECKS = {  # name: (a, b, tolerance); direction = sign(a − b) with a dead band of ± tolerance; b a column or a constant
-    "EM": ("retain_em", "forget_em", 5.0),
-    "ES": ("retain_es", "forget_es", 5.0),
-    "Prob": ("retain_prob", "forget_prob", 5.0),
-    "para EM": ("retain_para_em", "forget_para_em", 5.0),
-    "utility Δ": ("utility_delta", 0.0, 2.0),
-    "AUC m^F": ("auc_forget", 0.5, 0.005),
-    "AUC m^F∪m^R": ("auc_unified", 0.5, 0.005),
+    "EM": ("retain_em", "forget_em", METRICS["retain_em"].band),
+    "ES": ("retain_es", "forget_es", METRICS["retain_es"].band),
+    "Prob": ("retain_prob", "forget_prob", METRICS["retain_prob"].band),
+    "para EM": ("retain_para_em", "forget_para_em", METRICS["retain_para_em"].band),
+    "utility Δ": ("utility_delta", 0.0, METRICS["utility_delta"].band),
+    "AUC m^F": ("auc_forget", 0.5, METRICS["auc_forget"].band),
+    "AUC m^F∪m^R": ("auc_unified", 0.5, METRICS["auc_unified"].band),
 }
 
 def direction(a, b, tol: float) -> np.ndarray:
@@ -196,8 +257,8 @@ def direction_mismatch(card: pd.DataFrame, checks: dict = DIRECTION_CHECKS) -> p
     return pd.Series([", ".join(x) for x in out], index=card.index, name="direction_mismatch", dtype=object)
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #7954038b
-N_COLUMNS = ("forget_profiles", "forget_rows", "retain_profiles", "retain_rows", "utility_n", "remind_n_per_class", "leak_profiles")
-METRIC_COLUMNS = (*OUTPUT_COLUMNS, "auc_forget", "auc_unified", "remind_auc_lr", "remind_auc_rf", "leak_before", "leak_after", "heldout_pii_nll")
+N_COLUMNS = tuple(c for n, (_, rows, _) in SAMPLE_SIZES.items() for c in (n, rows) if c)
+METRIC_COLUMNS = tuple(METRICS)
 
 def _check_same_config(run_dirs: list[Path]) -> None:
     first = run_config(run_dirs[0])
@@ -205,15 +266,20 @@ def _check_same_config(run_dirs: list[Path]) -> None:
         diff = [k for k in config_diff(first, run_config(d)) if k != "seed"]
         if diff: raise ValueError(f"{d} and {run_dirs[0]} differ in {', '.join(diff[:8])}: a scorecard averages seeds of one config only")
 
-_N_AFTER = {"utility_delta": "utility_n", "remind_auc_rf": "remind_n_per_class", "leak_after": "leak_profiles"}
+def n_after(metric: str) -> str | None:
+    "The n column shown right after `metric`: its n when `metric` is the last metric resting on it (split sizes come first)."
+    n = METRICS[metric].n
+    if n is None or SAMPLE_SIZES[n][2]: return None
+    return n if [c for c, m in METRICS.items() if m.n == n][-1] == metric else None
 
 def _column_order(cols) -> list[str]:
     "field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n after it)."
     want = ["field", "method", "n_seeds"]
-    for c in N_COLUMNS[:4]: want += [c, f"{c}_std"]
+    for n, (_, rows, first) in SAMPLE_SIZES.items():
+        if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
     for c in METRIC_COLUMNS:
         want += [c, f"{c}_std", f"{c}_paper"]
-        if c in _N_AFTER: want += [_N_AFTER[c], f"{_N_AFTER[c]}_std"]
+        if n_after(c): want += [n_after(c), f"{n_after(c)}_std"]
     return [c for c in want + ["direction_mismatch"] if c in cols]
 
 # %% ../../nbs/pipeline/07_scorecard.ipynb #e7f70ca5

@@ -1,0 +1,96 @@
+"Where each value of a resolved config comes from (`pipeline.config.config_sources`, what `lume-lab config` prints)."
+import json
+
+import pytest
+
+from lume_lab.core.config import DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, dotted_leaves, make_config
+from lume_lab.pipeline.config import config_report, config_sources, resolve_config
+from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
+
+SET = {"unlearn.hparams.npo.beta": 0.5}
+
+
+def _table(report: str) -> dict[str, list[str]]:
+    "The `field | value | source` rows of a report, by field."
+    lines = report.split("\n\n", 1)[1].splitlines()
+    assert [c.strip() for c in lines[0].split(" | ")] == ["field", "value", "source"]
+    return {r.split(" | ")[0].strip(): [c.strip() for c in r.split(" | ")[1:]] for r in lines[2:]}
+
+
+def test_mini_with_one_set_value_names_three_sources():
+    "mini + --set unlearn.hparams.npo.beta=0.5: a --set value, preset values, method-spec values and defaults, each right."
+    cfg, src = config_sources("mini", SET)
+    assert cfg == resolve_config(make_config("mini", SET))                     # the config `lume-lab run` would write
+    assert (src["unlearn.hparams.npo.beta"], cfg["unlearn.hparams.npo.beta"]) == ("--set", 0.5)
+    default = RunConfig()
+    for k, v in PRESETS["mini"].items():                                        # every preset value that is not a default
+        if v != default[k]: assert (src[k], cfg[k]) == ("preset mini", v), k
+    npo = get_spec("npo")
+    for hp, v in npo.resolve(npo.presets["mini"]).items():                      # NPO's other values: its spec, mini's entry or default
+        if hp == "beta": continue
+        want = "method spec npo, preset mini" if hp in npo.presets["mini"] else "method spec npo"
+        assert (src[f"unlearn.hparams.npo.{hp}"], cfg[f"unlearn.hparams.npo.{hp}"]) == (want, v), hp
+    assert (src["unlearn.methods"], cfg.unlearn.methods) == ("method registry", list(BUILTIN_METHODS))
+    assert {"--set", "preset mini", "method spec npo", "method spec npo, preset mini", "method registry"} <= set(src.values())
+
+
+def test_only_values_that_differ_from_the_defaults_are_listed_unless_asked():
+    cfg, src = config_sources("mini", SET)
+    default, leaves = dotted_leaves(RunConfig()), dotted_leaves(cfg)
+    assert set(src) == {k for k, v in leaves.items() if k not in default or default[k] != v}
+    _, every = config_sources("mini", SET, all_fields=True)
+    assert set(every) == set(leaves)
+    untouched = [k for k in default if k not in PRESETS["mini"] and k not in ("preset", "seed") and not k.startswith("unlearn.")]
+    assert untouched and all(every[k] == "default" and leaves[k] == default[k] for k in untouched)
+
+
+def test_seed_and_preset_sources():
+    _, src = config_sources("smoke", seed=3)
+    assert (src["seed"], src["preset"]) == ("--seed", "preset smoke")
+    _, src = config_sources("olmo2-1b")
+    assert src["unlearn.methods"] == "preset olmo2-1b"                         # the OLMo presets list their methods
+    spec = get_spec("simnpo")
+    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in spec.presets["olmo2-1b"]} == {"method spec simnpo, preset olmo2-1b"}
+
+
+def test_report_prints_config_json_then_the_table():
+    out = config_report("mini", SET)
+    cfg, src = config_sources("mini", SET)
+    assert json.loads(out.split("\n\n", 1)[0]) == cfg.to_dict()               # exactly the resolved config.json
+    rows = _table(out)
+    assert rows.keys() == src.keys()
+    assert rows["unlearn.hparams.npo.beta"] == ["0.5", "--set"]
+    assert rows["pii.n_groups"] == [json.dumps(PRESETS["mini"]["pii.n_groups"]), "preset mini"]
+
+
+def test_bad_input_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="unknown hyperparameter.*'bta'.*allowed: "):
+        config_sources("mini", {"unlearn.hparams.npo.bta": 0.5})
+    with pytest.raises(ConfigError, match="preset must be one of mini, smoke"):
+        config_sources("tiny")
+
+
+def test_default_preset_is_mini():
+    "One default preset: the CLI's, `make_config`'s and `config_sources`'."
+    assert DEFAULT_PRESET == "mini" and make_config().preset == DEFAULT_PRESET
+    assert config_sources()[0].preset == DEFAULT_PRESET
+
+
+def test_cli_config_prints_the_resolved_config_and_three_sources(capsys):
+    "`lume-lab config --preset mini --set unlearn.hparams.npo.beta=0.5`: config.json as `run` writes it, then the sources."
+    from lume_lab.pipeline.cli import main
+    assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5"]) == 0
+    out = capsys.readouterr().out
+    cfg = resolve_config(make_config("mini", SET))
+    assert json.loads(out.split("\n\n", 1)[0]) == cfg.to_dict()
+    rows = _table(out)
+    assert rows["unlearn.hparams.npo.beta"] == ["0.5", "--set"]
+    assert rows["inject.mask_fraction"] == [json.dumps(PRESETS["mini"]["inject.mask_fraction"]), "preset mini"]
+    assert rows["unlearn.hparams.npo.gamma"] == [json.dumps(get_spec("npo").defaults["gamma"]), "method spec npo"]
+
+
+def test_cli_config_refuses_a_bad_field(capsys):
+    from lume_lab.pipeline.cli import main
+    assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.bta=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "bta" in err and "allowed:" in err and "beta" in err
