@@ -14,10 +14,11 @@ through 9 of 16 layers (~9x fewer layer passes); `--num-layers 16 --layers 4 5 6
 import argparse, random, statistics, time
 
 import torch
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.core.config import make_config
+from lume_lab.models.lm import olmo2_config
 from lume_lab.unlearn.alphaedit import _capture, down_proj, key_second_moments
 
 hf_logging.set_verbosity_error()
@@ -57,10 +58,8 @@ def main():
     layers = a.layers or list(range(L // 6, max(1, L // 3) + 1))
     if not all(0 <= l < L for l in layers): raise SystemExit(f"--layers must lie in 0..{L - 1}, got {layers}")
     torch.manual_seed(a.seed)
-    model = Olmo2ForCausalLM(Olmo2Config(hidden_size=mc.hidden_size, num_hidden_layers=L, num_attention_heads=mc.num_heads,
-                                         num_key_value_heads=mc.num_heads, intermediate_size=mc.intermediate_size, vocab_size=mc.vocab_size,
-                                         max_position_embeddings=max(mc.max_seq_len, 128), pad_token_id=0, bos_token_id=None,
-                                         eos_token_id=1)).to(a.device).eval()
+    model = Olmo2ForCausalLM(olmo2_config(mc.vocab_size, mc.hidden_size, L, mc.num_heads, mc.intermediate_size, max(mc.max_seq_len, 128),
+                                          pad_token_id=0, eos_token_id=1)).to(a.device).eval()
     rng, tok = random.Random(a.seed), IdTokenizer()
     texts = [" ".join(str(rng.randrange(2, mc.vocab_size)) for _ in range(a.text_len + rng.randint(-20, 20))) for _ in range(a.texts)]
     one, N = key_second_moments(model, tok, texts, layers)

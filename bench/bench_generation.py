@@ -14,10 +14,11 @@ Goal: sorted / prompt-order throughput >= 1.3x on mini's attack prompts.
 import argparse, random, statistics, time
 
 import torch
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.core.config import make_config
+from lume_lab.models.lm import olmo2_config
 from lume_lab.models.ops import greedy_generate
 
 hf_logging.set_verbosity_error()
@@ -58,9 +59,8 @@ def main():
         mc = make_config(a.preset).model
         if mc.name_or_path is not None: raise SystemExit(f"preset {a.preset!r} names a hub model; use --preset mini or smoke, or --run")
         torch.manual_seed(a.seed)
-        model = Olmo2ForCausalLM(Olmo2Config(hidden_size=mc.hidden_size, num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
-                                             num_key_value_heads=mc.num_heads, intermediate_size=mc.intermediate_size, vocab_size=mc.vocab_size,
-                                             max_position_embeddings=mc.max_seq_len, pad_token_id=0, bos_token_id=None, eos_token_id=1))
+        model = Olmo2ForCausalLM(olmo2_config(mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, mc.max_seq_len,
+                                              pad_token_id=0, eos_token_id=1))
         rng = random.Random(a.seed)
         prompts = [" ".join(str(rng.randrange(4, mc.vocab_size)) for _ in range(rng.randint(a.min_len, a.max_len))) for _ in range(a.prompts)]
         what, enc_tok = f"{a.preset} architecture, random weights, random prompts of {a.min_len}-{a.max_len} tokens", _IdTok()

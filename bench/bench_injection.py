@@ -25,10 +25,11 @@ with `--hidden 256 --layers 6 --seq-len 128 --batch 8` (mini) and 0.92 / 0.95 / 
 import argparse, random, statistics, time
 
 import torch
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.inject.masks import GradMasker, random_element_masks, pack_masks
+from lume_lab.models.lm import olmo2_config
 from lume_lab.inject.injection import masked_backward, per_sample_reference_grads
 
 hf_logging.set_verbosity_error()
@@ -45,8 +46,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     a = ap.parse_args()
     torch.manual_seed(a.seed)
-    cfg = Olmo2Config(hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=4, intermediate_size=4 * a.hidden,
-                      vocab_size=1024, eos_token_id=0, pad_token_id=0)
+    cfg = olmo2_config(1024, a.hidden, a.layers, 4, 4 * a.hidden, pad_token_id=0, eos_token_id=0)
     model = Olmo2ForCausalLM(cfg).to(device=a.device, dtype=getattr(torch, a.dtype))
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     G = max(a.groups)

@@ -13,11 +13,12 @@ import argparse, random, statistics, time
 
 import numpy as np
 import torch
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.analysis.remind import variant_losses, variant_losses_loop
 from lume_lab.core.config import make_config
+from lume_lab.models.lm import olmo2_config
 
 hf_logging.set_verbosity_error()
 
@@ -45,9 +46,8 @@ def main():
     mc = make_config(a.preset).model
     if mc.name_or_path is not None: raise SystemExit(f"preset {a.preset!r} names a hub model; this benchmark builds the mini architecture (use --preset mini or smoke)")
     torch.manual_seed(a.seed)
-    model = Olmo2ForCausalLM(Olmo2Config(hidden_size=mc.hidden_size, num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads,
-                                         num_key_value_heads=mc.num_heads, intermediate_size=mc.intermediate_size, vocab_size=mc.vocab_size,
-                                         max_position_embeddings=mc.max_seq_len, pad_token_id=0, bos_token_id=None, eos_token_id=1)).to(a.device).eval()
+    model = Olmo2ForCausalLM(olmo2_config(mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, mc.max_seq_len,
+                                          pad_token_id=0, eos_token_id=1)).to(a.device).eval()
     ex = examples(a.inputs, a.variants, a.prompt_len, a.answer_len, mc.vocab_size, a.seed)
     n_seq = a.inputs * (a.variants + 1)
     check = min(8, a.inputs)

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from safetensors.torch import save_file
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.inject.masks import random_element_masks
 from lume_lab.inject.injection import masked_backward, train_masked
-from lume_lab.models.ops import fsdp2_shard
-from lume_lab.models.lm import full_state_dict
+from lume_lab.models.accel import fsdp2_shard
+from lume_lab.models.lm import full_state_dict, olmo2_config
 from lume_lab.inject.masks import GradMasker
 
 hf_logging.set_verbosity_error()
@@ -31,8 +31,7 @@ N_GROUPS = 4
 
 def tiny_model(seed=0):
     torch.manual_seed(seed)
-    return Olmo2ForCausalLM(Olmo2Config(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
-                                        vocab_size=128, eos_token_id=0, pad_token_id=0))
+    return Olmo2ForCausalLM(olmo2_config(128, num_layers=4, pad_token_id=0, eos_token_id=0))
 
 
 def examples(groups, seed):

@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.inject.masks import (GradMasker, check_masks, group_mask, load_masks, mask_coverage, mask_parameter_names,
                                    masks_equal, pack_masks, random_element_masks, random_structural_masks, save_masks,
                                    unpack_masks, _units)
+from lume_lab.models.lm import olmo2_config
 from lume_lab.pipeline.launch import torchrun_argv
 from lume_lab.inject.injection import (masked_backward, masked_step, per_sample_reference_grads, plan_microbatches,
                                        train_masked, batch_order)
@@ -26,8 +27,7 @@ HEAVY_SEEDS = [0, 1]   # the per-sample reference and optimizer-state tests cost
 
 def tiny(seed=0):
     torch.manual_seed(seed)
-    return Olmo2ForCausalLM(Olmo2Config(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
-                                        vocab_size=128, eos_token_id=0, pad_token_id=0))
+    return Olmo2ForCausalLM(olmo2_config(128, num_layers=4, pad_token_id=0, eos_token_id=0))
 
 
 def examples(groups, seed, lo=4, hi=14):

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from transformers import Olmo2Config, Olmo2ForCausalLM
+from transformers import Olmo2ForCausalLM
 
 from lume_lab.core.config import ConfigError, TARGET_FIELDS, make_config
 from lume_lab.data.pii import pii_records
@@ -13,6 +13,7 @@ from lume_lab.inject.instruct import instruction_tune, train_val_split
 from lume_lab.inject.mixture import injection_examples, mixture_table, neutral_share
 from lume_lab.inject.testbed import (build_testbed, extraction_rates, extraction_table,
                                      memorized_profiles, retain_pairing, select_testbed, field_splits)
+from lume_lab.models.lm import olmo2_config
 from lume_lab.models.ops import generate_texts, reveals
 from lume_lab.models.tokenizer import train_tokenizer
 
@@ -45,10 +46,8 @@ def tok(recs):
 
 
 def tiny_model(tok, layers=4, hidden=32, seed=0):
-    cfg = Olmo2Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id,
-                      tie_word_embeddings=False)
+    cfg = olmo2_config(tokenizer=tok, hidden_size=hidden, num_layers=layers, num_heads=2, max_positions=256,
+                       bos_token_id=tok.eos_token_id, tie_word_embeddings=False)
     torch.manual_seed(seed)
     return Olmo2ForCausalLM(cfg).eval()
 

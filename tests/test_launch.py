@@ -157,7 +157,7 @@ def test_no_stage_hard_codes_the_cpu():
                 found.setdefault(rel, []).append(node.lineno)
     stray = {k: v for k, v in found.items() if len(v) != CPU_ALLOWED.get(k, (0,))[0]}
     assert not stray, (f"'cpu' literals in {stray} differ from the reasoned allow-list: a stage that names the CPU runs there "
-                       f"even on a GPU machine; use models.ops.default_device() (or update CPU_ALLOWED with the reason)")
+                       f"even on a GPU machine; use models.accel.default_device() (or update CPU_ALLOWED with the reason)")
 
 
 def test_bf16_pii_only_steps_keep_out_of_mask_weights_bitwise():

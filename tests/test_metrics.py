@@ -9,13 +9,14 @@ import torch
 from rouge_score import rouge_scorer
 from sklearn.metrics import roc_auc_score
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import Olmo2Config, Olmo2ForCausalLM, PreTrainedTokenizerFast
+from transformers import Olmo2ForCausalLM, PreTrainedTokenizerFast
 
 from lume_lab.metrics.knowledge import knowledge_scores, regurgitation_scores
 from lume_lab.metrics.memorization import answer_token_stats, extraction_strength, memorization_scores
 from lume_lab.metrics.mia import ATTACKS, mia_auc, mia_aucs, mia_scores, privleak
 from lume_lab.metrics.ranking import ranking_scores
 from lume_lab.metrics.rouge import deviation_score, rouge_scores
+from lume_lab.models.lm import olmo2_config
 from lume_lab.models.ops import encode_many, greedy_generate
 
 CORPUS = ["Question: Where was Ann Lee born?\nAnswer: Paris", "Question: What is the email of Bob Stone?\nAnswer: bob.stone@mail.com",
@@ -32,8 +33,7 @@ def tok():
 
 def tiny_model(tok, seed=0, dtype=torch.float32):
     torch.manual_seed(seed)
-    cfg = Olmo2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=len(tok),
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    cfg = olmo2_config(tokenizer=tok)
     return Olmo2ForCausalLM(cfg).eval().to(dtype)
 
 

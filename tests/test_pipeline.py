@@ -95,9 +95,8 @@ def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
 
 def _config_only_checkpoint(d: Path, layers: int) -> Path:
     "A directory holding only an OLMo-2 `config.json` with `layers` layers: all that `check_checkpoint` reads."
-    from transformers import Olmo2Config
-    Olmo2Config(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=256, vocab_size=1024,
-                pad_token_id=1, bos_token_id=0, eos_token_id=0).save_pretrained(d)
+    from lume_lab.models.lm import olmo2_config
+    olmo2_config(1024, 64, layers, 4, 256, pad_token_id=1, bos_token_id=0, eos_token_id=0).save_pretrained(d)
     return d
 
 

@@ -26,7 +26,8 @@ def world(smoke, tmp_path_factory):
 def tiny_lm(world):
     "A BPE tokenizer trained on part of the corpus and a random 2-layer OLMo-2."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Olmo2Config, Olmo2ForCausalLM, PreTrainedTokenizerFast
+    from transformers import Olmo2ForCausalLM, PreTrainedTokenizerFast
+    from lume_lab.models.lm import olmo2_config
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -35,8 +36,7 @@ def tiny_lm(world):
     bpe.train_from_iterator(corpus_texts(world[0])[:1500], trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|pad|>")
     torch.manual_seed(0)
-    cfg = Olmo2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                      max_position_embeddings=256, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = olmo2_config(tokenizer=tok, max_positions=256)
     return Olmo2ForCausalLM(cfg).eval(), tok
 
 

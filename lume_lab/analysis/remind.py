@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ..core.store import StageWarning
-from ..models.ops import encode_qa, eval_mode, lm_inputs, model_device, pad_batch, progress, to_device, token_logprobs
+from ..models.accel import progress
+from ..models.ops import encode_qa, eval_mode, lm_inputs, model_device, pad_batch, to_device, token_logprobs
 
 # %% auto #0
 __all__ = ['CLASSES', 'MODES', 'PICKS', 'FEATURES', 'neighbor_table', 'question_span', 'perturb', 'epp_variants',

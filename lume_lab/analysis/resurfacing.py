@@ -13,8 +13,9 @@ from scipy.stats import beta, norm
 
 from ..core.config import TARGET_FIELDS
 from ..data.pii import render_qa
+from ..models.accel import progress
 from ..models.ops import (
-    check_qa, encode_texts, eos_id, eval_mode, generate_texts, model_device, pad_batch, pad_id, progress, reveals, start_id)
+    check_qa, encode_texts, eos_id, eval_mode, generate_texts, model_device, pad_batch, pad_id, reveals, start_id)
 
 # %% auto #0
 __all__ = ['attack_training_rows', 'assert_disjoint', 'attack_prompts', 'attack_set', 'leakage_attempts', 'sampling_config',

@@ -13,7 +13,8 @@ from torch import nn
 
 from .masks import GradMasker, check_neutral_scope, group_mask, mask_parameter_names
 from ..models.lm import lr_multiplier
-from ..models.ops import answer_nll, check_job, fsdp2_shard, is_fsdp2, make_accelerator, model_device, pad_batch, progress as progress_bar, to_device
+from ..models.accel import check_job, fsdp2_shard, is_fsdp2, make_accelerator, progress as progress_bar
+from ..models.ops import answer_nll, model_device, pad_batch, to_device
 
 # %% auto #0
 __all__ = ['collate', 'plan_microbatches', 'masked_backward', 'per_sample_reference_grads', 'masked_step', 'batch_order',

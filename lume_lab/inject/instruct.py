@@ -10,8 +10,8 @@ import pandas as pd
 import torch
 
 from ..core.config import ConfigError
-from ..models.ops import (check_qa, collate_qa, lm_inputs, make_accelerator, model_device, n_answer_tokens, progress as progress_bar, qa_nll,
-                                 to_device, token_logprobs, token_mean_nll)
+from ..models.accel import make_accelerator, progress as progress_bar
+from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device, token_logprobs, token_mean_nll
 
 # %% auto #0
 __all__ = ['LORA_TARGETS', 'train_val_split', 'lora_last_layers', 'instruction_tune']

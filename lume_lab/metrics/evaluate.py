@@ -8,7 +8,8 @@ import pandas as pd
 from .memorization import answer_token_stats, example_columns, memorization_scores
 from .ranking import ranking_scores
 from .rouge import deviation_score, rouge_scores
-from ..models.ops import greedy_generate, progress, reveals
+from ..models.accel import progress
+from ..models.ops import greedy_generate, reveals
 from .utility import utility_delta, utility_scores
 
 # %% auto #0

@@ -8,7 +8,8 @@ import math
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from ..models.ops import answer_logits, collate_qa, eval_mode, lm_inputs, model_device, progress, to_device
+from ..models.accel import progress
+from ..models.ops import answer_logits, collate_qa, eval_mode, lm_inputs, model_device, to_device
 
 # %% auto #0
 __all__ = ['token_stats', 'exact_memorization', 'extraction_strength', 'answer_probability', 'answer_token_stats',

@@ -11,11 +11,24 @@ import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model as _st_load_model, save_model as _st_save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, PreTrainedModel
 from ..core.config import DTYPES, ConfigError, ModelConfig, PretrainConfig
-from .ops import default_device, encode_texts, in_test, model_device, special_ids, progress as ops_progress
+from .accel import default_device, in_test, progress as progress_bar
+from .ops import encode_texts, model_device, special_ids
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model', 'load_model',
-           'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
+__all__ = ['SCHEDULES', 'olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model',
+           'load_model', 'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
+
+# %% ../../nbs/models/01_lm.ipynb #d3cfd41c
+def olmo2_config(vocab_size: int | None = None, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                 intermediate_size: int | None = None, max_positions: int = 2048, *, tokenizer=None, pad_token_id: int | None = 0,
+                 eos_token_id: int | None = 1, bos_token_id: int | None = None, **overrides) -> Olmo2Config:
+    "An `Olmo2Config` of these sizes, 🤗's defaults elsewhere (`overrides` go to `Olmo2Config`); `tokenizer` sets `vocab_size` and the pad and EOS ids."
+    if (vocab_size is None) == (tokenizer is None): raise ValueError("olmo2_config needs vocab_size or tokenizer (one of them)")
+    if tokenizer is not None: vocab_size, pad_token_id, eos_token_id = len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
+    return Olmo2Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
+                       num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                       max_position_embeddings=max_positions, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+                       bos_token_id=bos_token_id, **overrides)
 
 # %% ../../nbs/models/01_lm.ipynb #97c2b033
 def tiny_olmo2_config(model_cfg: ModelConfig, tokenizer) -> Olmo2Config:
@@ -25,11 +38,9 @@ def tiny_olmo2_config(model_cfg: ModelConfig, tokenizer) -> Olmo2Config:
         v = getattr(m, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ConfigError(f"model.{name} must be a positive int, got {v!r}")
     if m.hidden_size % m.num_heads: raise ConfigError(f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_heads ({m.num_heads})")
-    return Olmo2Config(vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                       num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=m.num_heads,
-                       max_position_embeddings=m.max_seq_len, rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
-                       rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=False, attention_bias=False,
-                       attention_dropout=0.0, **special_ids(tokenizer))
+    return olmo2_config(len(tokenizer), m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_seq_len,
+                        **special_ids(tokenizer), rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
+                        rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0)
 
 # %% ../../nbs/models/01_lm.ipynb #9fa76285
 def _torch_dtype(dtype) -> torch.dtype:
@@ -225,7 +236,7 @@ def pretrain(model: PreTrainedModel, tokenizer, texts: Iterable[str], pretrain_c
         if rng is not None:
             torch.set_rng_state(rng["cpu"])
             if devices and "cuda" in rng: torch.cuda.set_rng_state(rng["cuda"], device)
-        bar = ops_progress(range(start, c.steps), "pretrain", total=c.steps, disable=not progress, initial=start)
+        bar = progress_bar(range(start, c.steps), "pretrain", total=c.steps, disable=not progress, initial=start)
         for step in bar:
             x = blocks[torch.from_numpy(batch_for_step(step, c.batch_size, len(blocks), seed))].to(device)
             lr = opt.param_groups[0]["lr"]

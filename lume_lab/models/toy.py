@@ -43,12 +43,11 @@ def toy_tokenizer(texts: Iterable[str], vocab_size: int = 200):
 # %% ../../nbs/models/03_toy.ipynb #ce3c73c9
 def toy_problem(seed: int = 0, n_forget: int = 8, n_retain: int = 8, finetune_steps: int = 100, lr: float = 1e-2):
     "`(model, tokenizer, forget, retain)`: a tiny OLMo-2 fine-tuned (AdamW, full batch) on forget + retain."
-    from transformers import Olmo2Config, Olmo2ForCausalLM
+    from transformers import Olmo2ForCausalLM
+    from lume_lab.models.lm import olmo2_config
     forget, retain = toy_qa(n_forget, n_retain, seed)
     tok = toy_tokenizer([e["prompt"] + e["answer"] for e in forget + retain] + [string.printable])
-    cfg = Olmo2Config(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                      intermediate_size=64, vocab_size=len(tok), max_position_embeddings=64,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    cfg = olmo2_config(tokenizer=tok, num_layers=3, max_positions=64)
     with torch.random.fork_rng():  # HF initialises from the global RNG: seed it without leaking state
         torch.manual_seed(seed); model = Olmo2ForCausalLM(cfg)
     batch = collate_qa(tok, forget + retain, add_eos=True)

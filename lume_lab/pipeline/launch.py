@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 from ..core.config import ConfigError
 from ..core.store import RunStore, StageError, process_rank
-from ..models.ops import ENV_FSDP2, fsdp2_requested
+from ..models.accel import ENV_FSDP2, fsdp2_requested
 
 # %% auto #0
 __all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'check_launch', 'launch_settings', 'set_launch_env', 'torchrun_argv',
@@ -18,7 +18,7 @@ __all__ = ['LAUNCHERS', 'ENV_PROCESSES', 'ENV_LAUNCHER', 'check_launch', 'launch
 
 # %% ../../nbs/pipeline/11_launch.ipynb #c1e90b22
 LAUNCHERS = ("torchrun", "accelerate")
-ENV_PROCESSES, ENV_LAUNCHER = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER"   # ENV_FSDP2: models.ops
+ENV_PROCESSES, ENV_LAUNCHER = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER"   # ENV_FSDP2: models.accel
 
 def check_launch(num_processes: Any, launcher: Any, fsdp2: Any = False) -> tuple[int, str]:
     "Validated (num_processes, launcher); a `ConfigError` names the setting and the allowed values."

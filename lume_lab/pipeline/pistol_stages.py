@@ -157,7 +157,7 @@ def _protocol(p, *extra: str) -> dict:
     return {k: getattr(p, k) for k in (*_UNLEARN_KEYS, *extra)}
 
 def _runs(store: RunStore, stage: str, jobs: list[tuple], qa, desc: str) -> list[dict]:
-    from lume_lab.models.ops import progress
+    from lume_lab.models.accel import progress
     rows = []
     for edge, method, lr, seed, extra in progress(jobs, desc=desc):
         model, tok = load_stage_model(store, stage)

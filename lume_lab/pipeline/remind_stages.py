@@ -132,7 +132,7 @@ def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
                                             f"(the smallest class has {int(orig.min())} profiles)", field=field, n_splits=n_splits))
         tok = load_stage_model(store, "instruct_masked")[1]
         feats, scores = [], []
-        from lume_lab.models.ops import progress
+        from lume_lab.models.accel import progress
         for label, load in progress(list(loaders.items()), desc=f"REMIND {field}"):
             f_, s_ = score_model(load().eval(), tok, exs, label, n_splits=n_splits, seed=c.seed, scaler=c.remind.scaler,
                                  max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees)

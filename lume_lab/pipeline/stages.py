@@ -17,7 +17,7 @@ from ..data.world import build_world, load_world, corpus_texts
 from ..metrics.utility import utility_table
 from ..models.tokenizer import train_tokenizer
 from ..models.lm import build_model, load_model, pretrain, save_model
-from ..models.ops import default_device
+from ..models.accel import default_device
 
 # %% auto #0
 __all__ = ['STAGE_VERSIONS', 'stage_world', 'check_checkpoint', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base',

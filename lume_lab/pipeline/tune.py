@@ -9,7 +9,7 @@ from typing import Callable
 
 import pandas as pd
 
-from ..models.ops import progress as ops_progress
+from ..models.accel import progress as progress_bar
 from ..core.store import RunStore
 from ..metrics.memorization import memorization_scores
 from ..metrics.utility import perplexity
@@ -82,7 +82,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
         warnings.warn(f"tune {method}: the validation split is not memorized (EM before: {before}); scores are NaN")
     ppl_before = None if utility_fn is None else float(utility_fn(model))
     rows = []
-    for i, pt in enumerate(ops_progress(points, f"tune {method}", disable=not progress)):
+    for i, pt in enumerate(progress_bar(points, f"tune {method}", disable=not progress)):
         model = model if i == 0 else make_model()
         t0 = time.perf_counter()
         hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}

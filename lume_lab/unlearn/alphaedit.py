@@ -245,33 +245,24 @@ def _relative_change(D, W, C):
     return math.sqrt(((D @ C) * D).sum().item() / ((W @ C) * W).sum().item())
 
 @torch.no_grad()
-def _keys_at(model, enc, layer, pos):
+def _at(model, enc, module, pos, what: str = "output"):
+    "`module`'s output (or input) at token `pos[i]` of each row `i` of `enc`, from one forward pass (`n × d`, float32)."
     store = {}
-    with _capture(down_proj(model, layer), store): model(**lm_inputs(enc))
+    with _capture(module, store, what): model(**lm_inputs(enc))
     return store["x"][torch.arange(len(pos), device=pos.device), pos].float()
 
-@torch.no_grad()
-def _values_at(model, enc, layer, pos):
-    store = {}
-    with _capture(down_proj(model, layer), store, "output"): model(**lm_inputs(enc))
-    return store["x"][torch.arange(len(pos), device=pos.device), pos].float()
+def _keys_at(model, enc, layer, pos): return _at(model, enc, down_proj(model, layer), pos, "input")
 
 # %% ../../nbs/unlearn/09_alphaedit.ipynb #10d82d8d
 def _through_norm(model, enc, layer, pos, R):
     "Map a residual-stream change `R` (`d × n`) of layer `layer`'s block output to a `down_proj` output change (see above)."
     norm = _module(model, "post_feedforward_layernorm", layer, required=False)
     if norm is None: return R
-    m = _values_at(model, enc, layer, pos)                                      # n × d
+    m = _at(model, enc, down_proj(model, layer), pos)                          # n × d: down_proj's output
     rms = (m.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
     return (rms * R.T / norm.weight.float()).T
 
-@torch.no_grad()
-def _out_at(model, enc, module, pos):
-    store = {}
-    with _capture(module, store, "output"): model(**lm_inputs(enc))
-    return store["x"][torch.arange(len(pos), device=pos.device), pos].float()
-
-def _site_at(model, enc, layer, pos, edit_site): return _out_at(model, enc, site_module(model, layer, edit_site), pos)
+def _site_at(model, enc, layer, pos, edit_site): return _at(model, enc, site_module(model, layer, edit_site), pos)
 
 def _edit(model, tokenizer, forget, retain, texts, hp, layers, top, dev) -> list[dict]:
     log, site = [], hp["edit_site"]
@@ -303,7 +294,7 @@ def _edit(model, tokenizer, forget, retain, texts, hp, layers, top, dev) -> list
             W = down_proj(model, l).weight
             D = alphaedit_update(K1, R, P[l], hp["l2"], Cp[l])
             pn = _module(model, "post_feedforward_layernorm", l, required=False)
-            contrib = _out_at(model, enc, pn if pn is not None else down_proj(model, l), pos).norm(dim=-1).mean().item()
+            contrib = _at(model, enc, pn if pn is not None else down_proj(model, l), pos).norm(dim=-1).mean().item()
             log.append({"phase": "edit", "batch": b, "layer": l, "update_norm": D.norm().item(), "mlp_contrib": contrib,
                         "preserved_change": _relative_change(D, W, C0[l]),
                         "key_through": ((P[l] @ K1).norm(dim=0) / K1.norm(dim=0).clamp(min=1e-12)).mean().item()})

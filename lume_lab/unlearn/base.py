@@ -13,14 +13,15 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..models.ops import batch_nll, check_qa, collate_qa, fsdp2_requested, fsdp2_shard, make_accelerator, progress, qa_nll, to_device
+from ..models.accel import fsdp2_requested, fsdp2_shard, make_accelerator, progress
+from ..models.ops import batch_nll, check_qa, collate_qa, qa_nll, to_device
 from ..models.lm import SCHEDULES, lr_multiplier
 from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 
 # %% auto #0
-__all__ = ['BASE_HPARAMS', 'LR_GRID', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'on_epoch_end',
-           'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
+__all__ = ['BASE_HPARAMS', 'LR_GRID', 'LOG_COLUMNS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor',
+           'on_epoch_end', 'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
 
 # %% ../../nbs/unlearn/00_base.ipynb #760ca44f
 class PairedQA(Dataset):
@@ -98,52 +99,96 @@ def _prepare_masks(model, grad_masks: dict) -> dict:
     if not out: raise ValueError("ground-truth mask selects no weight (all False)")
     return out
 
-# %% ../../nbs/unlearn/00_base.ipynb #35b75aca
-def _scalar(v) -> float: return float(v.detach()) if torch.is_tensor(v) else float(v)
-
-def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, *, needs_ref: bool = False,
-                 grad_masks: dict | None = None, alternate_key: str | None = None, seed: int = 0,
-                 desc: str = "unlearn", epoch_view: Callable | None = None, fsdp2: bool | None = None) -> tuple[object, pd.DataFrame]:
-    """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the `on_epoch_end` hooks.
-    `fsdp2` (default: `models.ops.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job, shard the model (and the
-    reference copy) with FSDP2 instead of replicating them; the returned model is then sharded (`save_model` gathers it)."""
+# %% ../../nbs/unlearn/00_base.ipynb #c7fe0341
+def _checked_sets(forget, retain, hp: dict, grad_masks: dict | None) -> tuple[list[dict], list[dict] | None]:
+    "Forget and retain as QA lists; refuses an empty forget set, and weight decay with a ground-truth mask."
     forget = check_qa(forget, "forget"); retain = check_qa(retain, "retain") if retain else None
     if not forget: raise ValueError("forget set is empty")
     if grad_masks is not None and hp["weight_decay"] != 0:
         raise ValueError(f"weight_decay must be 0 with a ground-truth mask (decay would move weights outside it), got {hp['weight_decay']}")
+    return forget, retain
+
+def _accelerator(hp: dict, fsdp2: bool | None):
+    "An `Accelerator` that splits each global batch over the processes, and whether this run shards the model with FSDP2."
     from accelerate.utils import DataLoaderConfiguration
     acc = make_accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))   # batch_size is global
     if hp["batch_size"] % acc.num_processes:
         raise ValueError(f"batch_size ({hp['batch_size']}) is the global batch and must be a multiple of the {acc.num_processes} processes")
-    sharded = (fsdp2_requested() if fsdp2 is None else fsdp2) and acc.num_processes > 1
+    return acc, (fsdp2_requested() if fsdp2 is None else fsdp2) and acc.num_processes > 1
+
+def _pair_loader(tokenizer, forget, retain, hp: dict, seed: int, alternate_key: str | None) -> tuple[PairedQA, DataLoader]:
+    "The forget/retain pairs and their seeded, shuffled loader of `batch_size` pairs."
+    ds = PairedQA(forget, retain, seed)
+    return ds, DataLoader(ds, batch_size=hp["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed),
+                          collate_fn=partial(collate_pairs, tokenizer, alternate_key=alternate_key, max_length=hp["max_length"]))
+
+# %% ../../nbs/unlearn/00_base.ipynb #626ffa1f
+def _mask_gradients(model, grad_masks: dict, sharded: bool) -> tuple[dict, list, list[str]]:
+    "Freeze unmasked parameters, hook the others' gradients to `where(mask, grad, 0)` unless sharded; returns masks, hooks, frozen names."
+    masks, hooks, frozen_names = _prepare_masks(model, grad_masks), [], []
+    for n, p in model.named_parameters():
+        if n in masks:
+            if not sharded: hooks.append(p.register_hook(lambda g, m=masks[n]: torch.where(m, g, torch.zeros_like(g))))
+        elif p.requires_grad: p.requires_grad_(False); frozen_names.append(n)
+    return masks, hooks, frozen_names
+
+def _shard(model, ref, masks: dict | None, device) -> dict:
+    "Shard `model` (and `ref`) with FSDP2; returns each masked parameter's mask distributed like its shards."
+    fsdp2_shard(model, device)
+    if ref is not None: fsdp2_shard(ref, device)
+    if masks is None: return {}
+    from torch.distributed.tensor import distribute_tensor   # hooks never fire on sharded parameters: the loop masks each shard
+    return {p: distribute_tensor(masks[n], p.device_mesh, p.placements, src_data_rank=None) for n, p in model.named_parameters() if n in masks}
+
+# %% ../../nbs/unlearn/00_base.ipynb #806ebd0e
+def _prepare(acc, model, opt, dl, sharded: bool):
+    "accelerate's `prepare` of model, optimizer and loader; a model FSDP2 sharded already gets no DDP around it."
+    if sharded: return (model, *acc.prepare(opt, dl))
+    return acc.prepare(model, opt, dl)
+
+def _schedule(opt, total: int, hp: dict):
+    "The `lr_factor` schedule of `hp['scheduler']` over `total` optimizer steps, with its warm-up (`warmup_length`)."
+    warmup = warmup_length(total, hp["warmup_steps"], hp["warmup_ratio"])
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, hp["scheduler"], warmup))
+
+def _clip(acc, params: list, shard_masks: dict, max_norm: float | None) -> torch.Tensor:
+    "Mask each gradient shard (FSDP2), then clip the global norm to `max_norm` (None: no clipping); returns the norm before clipping."
+    for p, m in shard_masks.items():
+        if p.grad is not None: p.grad = torch.where(m, p.grad, torch.zeros_like(p.grad))
+    gnorm = acc.clip_grad_norm_(params, max_norm or math.inf)
+    return gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm      # FSDP2: a DTensor
+
+LOG_COLUMNS = ["step", "epoch", "lr", "loss", "forget_loss", "retain_loss", "forget_nll", "retain_nll", "grad_norm"]
+
+def _scalar(v) -> float: return float(v.detach()) if torch.is_tensor(v) else float(v)
+
+def _log_row(acc, out: dict, step: int, epoch: int, lr: float, gnorm) -> dict:
+    "One step's log row: the objective's terms (NaN when absent) averaged over the processes, the lr and the norm before clipping."
+    keys = LOG_COLUMNS[3:-1]
+    vals = torch.tensor([_scalar(out.get(k, float("nan"))) for k in keys], device=acc.device)
+    vals = acc.reduce(vals, "mean") if acc.num_processes > 1 else vals
+    return {"step": step, "epoch": epoch, "lr": lr, **dict(zip(keys, vals.tolist())), "grad_norm": _scalar(gnorm)}
+
+# %% ../../nbs/unlearn/00_base.ipynb #35b75aca
+def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, *, needs_ref: bool = False,
+                 grad_masks: dict | None = None, alternate_key: str | None = None, seed: int = 0,
+                 desc: str = "unlearn", epoch_view: Callable | None = None, fsdp2: bool | None = None) -> tuple[object, pd.DataFrame]:
+    """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the `on_epoch_end` hooks.
+    `fsdp2` (default: `models.accel.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job, shard the model (and the
+    reference copy) with FSDP2 instead of replicating them; the returned model is then sharded (`save_model` gathers it)."""
+    forget, retain = _checked_sets(forget, retain, hp, grad_masks)
+    acc, sharded = _accelerator(hp, fsdp2)
     model = model.to(acc.device)                 # before masks and the reference copy are placed
     ref = frozen_copy(model) if needs_ref else None
-    ds = PairedQA(forget, retain, seed)
-    dl = DataLoader(ds, batch_size=hp["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed),
-                    collate_fn=partial(collate_pairs, tokenizer, alternate_key=alternate_key, max_length=hp["max_length"]))
-    frozen_names, hooks, shard_masks = [], [], {}
-    if grad_masks is not None:
-        masks = _prepare_masks(model, grad_masks)
-        for n, p in model.named_parameters():
-            if n in masks:
-                if not sharded: hooks.append(p.register_hook(lambda g, m=masks[n]: torch.where(m, g, torch.zeros_like(g))))
-            elif p.requires_grad: p.requires_grad_(False); frozen_names.append(n)
-    if sharded:
-        fsdp2_shard(model, acc.device)
-        if ref is not None: fsdp2_shard(ref, acc.device)
-        if grad_masks is not None:   # hooks never fire on sharded parameters: mask each gradient shard after the reduce-scatter
-            from torch.distributed.tensor import distribute_tensor
-            shard_masks = {p: distribute_tensor(masks[n], p.device_mesh, p.placements, src_data_rank=None)
-                           for n, p in model.named_parameters() if n in masks}
+    ds, dl = _pair_loader(tokenizer, forget, retain, hp, seed, alternate_key)
+    masks, hooks, frozen_names = _mask_gradients(model, grad_masks, sharded) if grad_masks is not None else (None, [], [])
+    shard_masks = _shard(model, ref, masks, acc.device) if sharded else {}
     frozen = [p for n, p in model.named_parameters() if n in frozen_names]   # by name: FSDP2 replaced the parameters
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"])
-    if sharded: popt, dl = acc.prepare(opt, dl)                  # sharded already: no DDP around it
-    else: model, popt, dl = acc.prepare(model, opt, dl)
+    model, popt, dl = _prepare(acc, model, opt, dl, sharded)
     total = hp["max_steps"] or hp["epochs"] * len(dl)     # len(dl): global batches per epoch
-    warmup = warmup_length(total, hp["warmup_steps"], hp["warmup_ratio"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, hp["scheduler"], warmup))
-    opt = popt
+    sched = _schedule(opt, total, hp)
     rows, step, epoch = [], 0, 0
     bar = progress(total=total, desc=desc, disable=not acc.is_local_main_process)
     try:
@@ -152,19 +197,12 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
             ds.set_epoch(epoch)
             if hasattr(dl, "set_epoch"): dl.set_epoch(epoch)
             for batch in dl:
-                batch = {k: to_device(v, acc.device) for k, v in batch.items()}
-                out = loss_fn(model, batch, ref, hp)
+                out = loss_fn(model, {k: to_device(v, acc.device) for k, v in batch.items()}, ref, hp)
                 acc.backward(out["loss"])
-                for p, m in shard_masks.items():
-                    if p.grad is not None: p.grad = torch.where(m, p.grad, torch.zeros_like(p.grad))
-                gnorm = acc.clip_grad_norm_(params, hp["max_grad_norm"] or math.inf)   # the norm before clipping; inf: none
-                if hasattr(gnorm, "full_tensor"): gnorm = gnorm.full_tensor()     # FSDP2: a DTensor
+                gnorm = _clip(acc, params, shard_masks, hp["max_grad_norm"])
                 lr = sched.get_last_lr()[0]
-                opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-                keys = ["loss", "forget_loss", "retain_loss", "forget_nll", "retain_nll"]
-                vals = torch.tensor([_scalar(out.get(k, float("nan"))) for k in keys], device=acc.device)
-                vals = acc.reduce(vals, "mean") if acc.num_processes > 1 else vals
-                rows.append({"step": step, "epoch": epoch, "lr": lr, **dict(zip(keys, vals.tolist())), "grad_norm": _scalar(gnorm)})
+                popt.step(); sched.step(); popt.zero_grad(set_to_none=True)
+                rows.append(_log_row(acc, out, step, epoch, lr, gnorm))
                 step += 1; bar.update(1)
                 if step >= total: break
             epoch += 1
@@ -173,8 +211,7 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
         bar.close()
         for h in hooks: h.remove()
         for p in frozen: p.requires_grad_(True)
-    model = acc.unwrap_model(model).eval()
-    return model, pd.DataFrame(rows, columns=["step", "epoch", "lr", "loss", "forget_loss", "retain_loss", "forget_nll", "retain_nll", "grad_norm"])
+    return acc.unwrap_model(model).eval(), pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 # %% ../../nbs/unlearn/00_base.ipynb #01fbb4af
 def add_retain_nll(model, batch: dict, hp: dict, loss: torch.Tensor, out: dict) -> torch.Tensor:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import numpy as np
 import torch
-from ..models.ops import check_qa, collate_qa, eval_mode, progress, sequence_logprob, to_device
+from ..models.accel import progress
+from ..models.ops import check_qa, collate_qa, eval_mode, sequence_logprob, to_device
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from .grad_diff import grad_diff_step
 from .registry import MethodSpec, register_method
