@@ -70,17 +70,17 @@ lab: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/jupyter lab --ServerApp.root_dir=nbs $(LAB_ROOT) $(LAB_FLAGS)
 
 docs: setup
-	$(TEST_ENV) $(BIN)/python -m lume_lab.pipeline.docs --out _docs --skip $(DOCS_SKIP) --workers $(DOCS_WORKERS) $(DOCS_NBS)
+	$(TEST_ENV) $(BIN)/python -m lume_lab.pipeline.presentation.docs --out _docs --skip $(DOCS_SKIP) --workers $(DOCS_WORKERS) $(DOCS_NBS)
 	@echo "open _docs/index.html"
 
 # `make results RUNS="runs/mini" NAME=mini`: docs/results/<NAME>.md from run directories of one config (seeds), or from one
-# sweep directory: header (command, commit, date, machine, seeds) and tables computed from the runs' CSVs (pipeline.results).
+# sweep directory: header (command, commit, date, machine, seeds) and tables computed from the runs' CSVs (pipeline.presentation.results).
 RUNS ?=
 NAME ?=
 RESULTS_OUT ?= docs/results
 results: setup
 	$(if $(and $(strip $(RUNS)),$(strip $(NAME))),,$(error usage: make results RUNS="runs/mini [runs/...]" NAME=mini [RESULTS_OUT=docs/results]))
-	$(BIN)/python -m lume_lab.pipeline.results $(RUNS) --name $(NAME) --out $(RESULTS_OUT)
+	$(BIN)/python -m lume_lab.pipeline.presentation.results $(RUNS) --name $(NAME) --out $(RESULTS_OUT)
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -47,9 +47,9 @@ def main():
     a = ap.parse_args()
     if a.run:      # the real thing: a run's model and its resurfacing prompts of the first forget field
         from lume_lab.core.store import open_run
-        from lume_lab.pipeline.resurface_stages import attempt_rows
-        from lume_lab.pipeline.stages import load_stage_model
-        from lume_lab.pipeline.unlearn_stages import stage_forget_fields
+        from lume_lab.pipeline.stages.resurface import attempt_rows
+        from lume_lab.pipeline.stages.base import load_stage_model
+        from lume_lab.pipeline.stages.unlearn import stage_forget_fields
         store = open_run(a.run)
         model, tok = load_stage_model(store, "instruct_masked")
         rows = attempt_rows(store, stage_forget_fields(store)[0])[0]

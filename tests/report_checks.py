@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lume_lab.pipeline.report import VERDICT, read_html_tables
-from lume_lab.pipeline.scorecard import METRICS, OUTPUT_COLUMNS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B
+from lume_lab.pipeline.presentation.report import VERDICT, read_html_tables
+from lume_lab.pipeline.presentation.scorecard import METRICS, OUTPUT_COLUMNS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B
 
 EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
 

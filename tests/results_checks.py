@@ -1,8 +1,8 @@
-"""Checks of a results page (`pipeline.results`): every number in its tables equals its CSV cell after the page's rounding.
+"""Checks of a results page (`pipeline.presentation.results`): every number in its tables equals its CSV cell after the page's rounding.
 
 The expected values are read here straight from the runs' CSVs and manifests (table2_<field>.csv, localization_summary.csv,
 remind_<field>.csv, resurfacing*.csv, manifest.json stages; a sweep's points.csv and sweep.csv), not through
-`pipeline.scorecard`; several runs are averaged here too (mean, sample std). Which scorecard column a label of the page
+`pipeline.presentation.scorecard`; several runs are averaged here too (mean, sample std). Which scorecard column a label of the page
 shows is learned from `report.format_scorecard` itself on a probe row, so the check follows the report's labels."""
 import fnmatch, re
 from pathlib import Path
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lume_lab.pipeline import report as R
-from lume_lab.pipeline.results import read_markdown_tables, results_sources, run_labels, sweep_values
-from lume_lab.pipeline.scorecard import paper_scorecard, run_config, run_manifest
+from lume_lab.pipeline.presentation import report as R
+from lume_lab.pipeline.presentation.results import read_markdown_tables, results_sources, run_labels, sweep_values
+from lume_lab.pipeline.presentation.scorecard import paper_scorecard, run_config, run_manifest
 
 NUM = re.compile(r"-?\d+(?:\.\d+)?")
 HEADER_KEYS = ("Command", "Commit", "Date", "Machine", "Seeds")

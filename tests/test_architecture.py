@@ -1,4 +1,5 @@
-"Architecture: imports flow one way, core <- data <- models <- {inject, unlearn, metrics} <- analysis <- pipeline, with no cycles."
+"""Architecture: imports flow one way, core <- data <- models <- {inject, unlearn, metrics} <- analysis <- pipeline, with no
+cycles; pipeline holds its three concerns as sub-packages (stages, orchestration, presentation)."""
 import ast
 from pathlib import Path
 
@@ -80,7 +81,22 @@ def test_checker_sees_lazy_and_relative_imports(tmp_path):
     "The walker itself: a lazy relative import inside a function is found (so the tests above could fail)."
     src = PKG / "core" / "_probe_for_test.py"
     try:
-        src.write_text("def f():\n    from ..pipeline import cli\n    from lume_lab.data.pii import x\n")
-        assert {"lume_lab.pipeline.cli", "lume_lab.data.pii"} <= _imports(src)
+        src.write_text("def f():\n    from ..pipeline.orchestration import cli\n    from lume_lab.data.pii import x\n")
+        assert {"lume_lab.pipeline.orchestration.cli", "lume_lab.data.pii"} <= _imports(src)
     finally:
         src.unlink()
+
+
+PIPELINE_CONCERNS = {"stages", "orchestration", "presentation"}
+
+
+def test_pipeline_is_three_concerns():
+    "lume_lab/pipeline/ holds only its __init__ and one sub-package per concern, and the walker sees inside them."
+    pipe = PKG / "pipeline"
+    entries = {p.name for p in pipe.iterdir() if p.name != "__pycache__"}
+    assert entries == {"__init__.py"} | PIPELINE_CONCERNS, f"stray entries in lume_lab/pipeline/: {sorted(entries - {'__init__.py'} - PIPELINE_CONCERNS)}"
+    assert all((pipe / c / "__init__.py").exists() for c in PIPELINE_CONCERNS)
+    g = _graph()
+    for c in PIPELINE_CONCERNS: assert any(m.startswith(f"lume_lab.pipeline.{c}.") for m in g), c
+    # three levels up from a concern's module is the package root: `from ...core.store import RunStore`
+    assert "lume_lab.core.store" in g["lume_lab.pipeline.stages.base"] and "lume_lab.pipeline.stages.base" in g["lume_lab.pipeline.stages.testbed"]

@@ -163,8 +163,8 @@ def test_report_page_gets_the_e09_section(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
-    from lume_lab.pipeline.report import read_html_tables, write_report
-    from lume_lab.pipeline.scorecard import toy_run
+    from lume_lab.pipeline.presentation.report import read_html_tables, write_report
+    from lume_lab.pipeline.presentation.scorecard import toy_run
     run = toy_run(tmp_path, "toy"); rep = run / "report"
     rows = [dict(field="email_address", score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=str(n), labels=ls, auc=0.5 + 0.01 * i + 0.001 * n,
                  ci_low=0.4, ci_high=0.6, precision_at_k=0.4, k=10, chance_precision=0.4, n_pos=10, n_neg=15)

@@ -1,10 +1,10 @@
-"Where each value of a resolved config comes from (`pipeline.config.config_sources`, what `lume-lab config` prints)."
+"Where each value of a resolved config comes from (`pipeline.orchestration.config.config_sources`, what `lume-lab config` prints)."
 import json
 
 import pytest
 
 from lume_lab.core.config import DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, dotted_leaves, make_config
-from lume_lab.pipeline.config import config_report, config_sources, resolve_config
+from lume_lab.pipeline.orchestration.config import config_report, config_sources, resolve_config
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
 
 SET = {"unlearn.hparams.npo.beta": 0.5}
@@ -78,7 +78,7 @@ def test_default_preset_is_mini():
 
 def test_cli_config_prints_the_resolved_config_and_three_sources(capsys):
     "`lume-lab config --preset mini --set unlearn.hparams.npo.beta=0.5`: config.json as `run` writes it, then the sources."
-    from lume_lab.pipeline.cli import main
+    from lume_lab.pipeline.orchestration.cli import main
     assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5"]) == 0
     out = capsys.readouterr().out
     cfg = resolve_config(make_config("mini", SET))
@@ -90,7 +90,7 @@ def test_cli_config_prints_the_resolved_config_and_three_sources(capsys):
 
 
 def test_cli_config_refuses_a_bad_field(capsys):
-    from lume_lab.pipeline.cli import main
+    from lume_lab.pipeline.orchestration.cli import main
     assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.bta=0.5"]) == 2
     err = capsys.readouterr().err
     assert "bta" in err and "allowed:" in err and "beta" in err

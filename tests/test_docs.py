@@ -5,7 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
-from lume_lab.pipeline.docs import build_docs, remote_resources
+from lume_lab.pipeline.presentation.docs import build_docs, remote_resources
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
@@ -14,7 +14,7 @@ ORDER = ["data", "models", "inject", "unlearn", "metrics", "analysis", "core", "
 
 
 def _library() -> list[Path]:
-    "Library notebooks found here, independently of the builder: nbs/<area>/*.ipynb minus experiments and _/. names."
+    "Library notebooks found here, independently of the builder: every nbs/<area>/**/*.ipynb minus experiments and _/. names."
     out = []
     for p in NBS.rglob("*.ipynb"):
         parts = p.relative_to(NBS).parts
@@ -29,6 +29,7 @@ def test_every_library_notebook_has_a_page_linked_in_reading_order(tmp_path):
     lib = _library()
     areas = {p.relative_to(NBS).parts[0] for p in lib}
     assert len(lib) >= 40 and areas == set(ORDER), f"areas {areas - set(ORDER)} need a place in the reading order"
+    assert any(len(p.relative_to(NBS).parts) > 2 for p in lib)        # pipeline's sub-folders are walked too
     # one executed experiment in a fake run: its page is the run's copy, linked from the experiments list
     run_nb = tmp_path / "runs" / "mini" / "notebooks" / "e00_base.ipynb"; run_nb.parent.mkdir(parents=True)
     shutil.copy(NBS / "experiments" / "e00_base.ipynb", run_nb)
@@ -45,7 +46,8 @@ def test_every_library_notebook_has_a_page_linked_in_reading_order(tmp_path):
     assert [h for h in links if h in expected] == expected          # every page linked, once, in reading order
     for h in expected:
         page = (out / h).read_text()
-        assert "jp-Notebook" in page and '<a href="../index.html">' in page, h
+        up = "../" * h.count("/")                                      # pipeline/stages/00_base.html: ../../index.html
+        assert "jp-Notebook" in page and f'<a href="{up}index.html">' in page, h
     # the headings of the tutorial: the six areas numbered in order, then the machinery, then the experiments
     heads = [index.index(f'<h2 id="{a}">{i}. {a}') for i, a in enumerate(ORDER[:6], 1)]
     assert heads == sorted(heads) and heads[-1] < index.index('id="machinery"') < index.index('id="experiments"')

@@ -5,8 +5,8 @@ import json, re, shlex, subprocess
 from pathlib import Path
 
 from lume_lab.core.config import make_config
-from lume_lab.pipeline.cli import main
-from lume_lab.pipeline.runner import experiment_notebooks
+from lume_lab.pipeline.orchestration.cli import main
+from lume_lab.pipeline.orchestration.runner import experiment_notebooks
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
 
 
@@ -34,7 +34,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     args = [*quick, "--runs-root", str(tmp_path)]
     # the page between experiments (run_pipeline's on_experiment): right after e03 it shows Table 2, later sections "not yet run"
     from functools import partial
-    from lume_lab.pipeline import cli
+    from lume_lab.pipeline.orchestration import cli
     from report_checks import assert_report_matches_csvs, h2_sections
     after_e03 = {}
     def between(name, store):
@@ -145,7 +145,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     # the prompts before the attack see the same model, and the attack's DDP fine-tune follows the one-process one
     import shutil, subprocess, sys
     from pathlib import Path
-    from lume_lab.pipeline.launch import launch_command, launch_env
+    from lume_lab.pipeline.orchestration.launch import launch_command, launch_env
     shutil.copytree(run, tmp_path / "e2e_copy")
     again = [f"resurface_floor_{field}", f"resurface_npo_{field}"]
     man3 = json.loads((tmp_path / "e2e_copy" / "manifest.json").read_text())

@@ -12,7 +12,7 @@ from lume_lab.inject.masks import (GradMasker, check_masks, group_mask, load_mas
                                    masks_equal, pack_masks, random_element_masks, random_structural_masks, save_masks,
                                    unpack_masks, _units)
 from lume_lab.models.lm import olmo2_config
-from lume_lab.pipeline.launch import torchrun_argv
+from lume_lab.pipeline.orchestration.launch import torchrun_argv
 from lume_lab.inject.injection import (masked_backward, masked_step, per_sample_reference_grads, plan_microbatches,
                                        train_masked, batch_order)
 

@@ -1,4 +1,4 @@
-"""Multi-process stages (`pipeline.launch`): `lume-lab stage` under `torch.distributed.run` equals one process, only rank 0
+"""Multi-process stages (`pipeline.orchestration.launch`): `lume-lab stage` under `torch.distributed.run` equals one process, only rank 0
 writes the run, the papermill-side `launched_stage` starts the job; no stage hard-codes the CPU; bf16 keeps masks exact."""
 import ast, json, os, shutil, subprocess, sys
 from pathlib import Path
@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 from lume_lab.core.config import make_config
 from lume_lab.core.store import open_run
 from lume_lab.inject.masks import load_masks, group_mask
-from lume_lab.pipeline.config import resolve_config
-from lume_lab.pipeline.launch import ENV_LAUNCHER, ENV_PROCESSES, launch_command, launch_env
-from lume_lab.pipeline.stages import stage_base, stage_pii, stage_tokenizer, stage_world
-from lume_lab.pipeline.testbed_stages import stage_inject, stage_masks
+from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.pipeline.orchestration.launch import ENV_LAUNCHER, ENV_PROCESSES, launch_command, launch_env
+from lume_lab.pipeline.stages.base import stage_base, stage_pii, stage_tokenizer, stage_world
+from lume_lab.pipeline.stages.testbed import stage_inject, stage_masks
 
 ROOT = Path(__file__).resolve().parents[1]
 # smoke, short: 24 pretraining steps, 6 injection steps of a global batch of 16 (8 per rank)
@@ -54,7 +54,7 @@ def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str, fsdp2: 
     """Run `lume-lab stage <stage>` in one process on `run_one` and as a 2-process torchrun job on `run_two` (the model
     sharded by FSDP2 with `fsdp2`); their manifest entries."""
     env = launch_env("torchrun")
-    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "stage", stage, "--run-id", run_one,
+    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "stage", stage, "--run-id", run_one,
                           "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(launch_command(stage, run_two, runs, 2, "torchrun", fsdp2=fsdp2), cwd=ROOT, env=env,
@@ -127,7 +127,7 @@ def test_launched_stage_from_the_notebook_side(runs, monkeypatch):
 def test_default_device_is_honoured_by_the_loaders(runs, monkeypatch):
     "Models are built and loaded where `default_device` says (here the meta device), not on a hard-coded CPU."
     from lume_lab.models.lm import load_model
-    from lume_lab.pipeline.stages import load_base
+    from lume_lab.pipeline.stages.base import load_base
     monkeypatch.setenv("LUME_LAB_DEVICE", "meta")
     store = open_run("one", root=runs)
     for model in (load_base(store)[0], load_model(store.path("base") / "model")[0]):   # stages load through load_model
@@ -138,7 +138,7 @@ def test_default_device_is_honoured_by_the_loaders(runs, monkeypatch):
 # Literal CPU placements allowed in library code, each for a reason (they move data *off* the accelerator or build
 # something device-independent); any other `"cpu"` in lume_lab/ is a stage that would silently run on the CPU.
 CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placement of compute)
-    "pipeline/testbed_stages.py": (1, "masks are drawn from the base model's shapes on the CPU: seeded, device-independent"),
+    "pipeline/stages/testbed.py": (1, "masks are drawn from the base model's shapes on the CPU: seeded, device-independent"),
     "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') of optimizer state, "
                         "which load_state_dict then moves to the parameters' device"),
     "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),
@@ -184,9 +184,9 @@ def test_study_preset_end_to_end_on_cpu_in_bf16(tmp_path):
     """`lume-lab run --preset study` with smoke sizes runs every experiment on the CPU through the code path the GPU run
     uses, here in bfloat16: the run completes, the models are bf16, and OracleGrad moves no weight outside m^F, bit for bit."""
     from lume_lab.core.config import PRESETS
-    from lume_lab.pipeline.cli import main
-    from lume_lab.pipeline.runner import experiment_notebooks
-    from lume_lab.pipeline.testbed_stages import forget_groups, ground_truth_forget_mask
+    from lume_lab.pipeline.orchestration.cli import main
+    from lume_lab.pipeline.orchestration.runner import experiment_notebooks
+    from lume_lab.pipeline.stages.testbed import forget_groups, ground_truth_forget_mask
     sizes = {**PRESETS["smoke"], "pretrain.steps": 24, "pretrain.checkpoint_every": 8, "model.dtype": "bfloat16",
              "unlearn.methods": ["npo", "oracle_grad"], "unlearn.forget_fields": ["phone_number"]}
     args = ["run", "--preset", "study", "--run-id", "study", "--runs-root", str(tmp_path)]

@@ -5,8 +5,8 @@ import pytest
 from lume_lab.core.config import ConfigError, LUME_METHODS, make_config
 from lume_lab.core.store import open_run
 from lume_lab.metrics.mia import mia_auc, mia_scores
-from lume_lab.pipeline import lume_stages as L
-from lume_lab.pipeline.config import resolve_config
+from lume_lab.pipeline.stages import lume as L
+from lume_lab.pipeline.orchestration.config import resolve_config
 
 SMOKE = {"pretrain.steps": 16, "pretrain.checkpoint_every": 8}
 

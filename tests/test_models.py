@@ -136,7 +136,7 @@ def test_pretrain_bad_input(tok):
     m = build_model(TINY, tok, seed=0)
     with pytest.raises(ConfigError, match="pretrain.steps must be a positive int"):
         pretrain(m, tok, CORPUS, PretrainConfig(steps=0), seed=0)
-    with pytest.raises(ConfigError, match="pretrain.lr must be a positive number"):
+    with pytest.raises(ConfigError, match="pretrain.lr must be a positive finite float, got 0"):
         pretrain(m, tok, CORPUS, PretrainConfig(lr=0), seed=0)
     with pytest.raises(ValueError, match="fewer than one block"):
         pretrain(m, tok, ["hi"], PretrainConfig(seq_len=32), seed=0)

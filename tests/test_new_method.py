@@ -4,9 +4,9 @@ import torch
 
 from lume_lab.core.config import make_config
 from lume_lab.core.store import open_run
-from lume_lab.pipeline.config import resolve_config
-from lume_lab.pipeline.testbed_stages import prepare_testbed
-from lume_lab.pipeline.unlearn_stages import stage_evaluate, stage_evaluate_before, stage_localization, stage_unlearn, unlearn_jobs
+from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.pipeline.stages.testbed import prepare_testbed
+from lume_lab.pipeline.stages.unlearn import stage_evaluate, stage_evaluate_before, stage_localization, stage_unlearn, unlearn_jobs
 from lume_lab.unlearn.registry import MethodSpec, register_method
 
 

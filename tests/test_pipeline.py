@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from lume_lab.core.config import make_config, ConfigError
-from lume_lab.pipeline.config import resolve_config
-from lume_lab.pipeline.runner import run_notebook, experiment_notebooks, NotebookRunError
-from lume_lab.pipeline.cli import main
+from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.pipeline.orchestration.runner import run_notebook, experiment_notebooks, NotebookRunError
+from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
 
 HERE = Path(__file__).parent
@@ -102,7 +102,7 @@ def _config_only_checkpoint(d: Path, layers: int) -> Path:
 
 def test_checkpoint_is_resolved_before_compute(tmp_path, capsys):
     "A local checkpoint whose layer count differs from model.num_layers is refused with the value to set, before anything is written; a matching one resolves."
-    from lume_lab.pipeline.stages import check_checkpoint
+    from lume_lab.pipeline.stages.base import check_checkpoint
     ckpt = _config_only_checkpoint(tmp_path / "ckpt", 3)
     assert check_checkpoint(make_config("smoke", {"model.name_or_path": str(ckpt), "model.num_layers": 3})).num_hidden_layers == 3
     assert check_checkpoint(make_config("smoke")) is None                      # the tiny model: nothing to resolve
@@ -115,7 +115,7 @@ def test_checkpoint_is_resolved_before_compute(tmp_path, capsys):
     assert main(["run", "--preset", "smoke", "--set", f"model.name_or_path={empty}", "--runs-root", str(runs)]) == 2
     assert "is a directory without config.json" in capsys.readouterr().err
     assert not any(runs.iterdir())
-    from lume_lab.pipeline.sweep import load_sweep                            # a sweep refuses it up front too
+    from lume_lab.pipeline.orchestration.sweep import load_sweep                            # a sweep refuses it up front too
     with pytest.raises(ConfigError, match="has 3 layers; set model.num_layers=3"):
         load_sweep({"name": "ck", "preset": "smoke", "grid": {"model.name_or_path": [str(ckpt)]}}, runs)
     assert not any(runs.iterdir())
@@ -124,7 +124,7 @@ def test_checkpoint_is_resolved_before_compute(tmp_path, capsys):
 def test_checkpoint_check_is_skipped_once_base_is_done(tmp_path, monkeypatch):
     "A resumed or report-only run whose base stage is done does not resolve its checkpoint again (no hub needed)."
     _resolve_only(monkeypatch)
-    import lume_lab.pipeline.stages as stages
+    import lume_lab.pipeline.stages.base as stages
     calls = []
     monkeypatch.setattr(stages, "check_checkpoint", lambda cfg: calls.append(cfg))
     args = ["run", "--preset", "smoke", "--run-id", "r", "--runs-root", str(tmp_path)]
@@ -137,7 +137,7 @@ def test_checkpoint_check_is_skipped_once_base_is_done(tmp_path, monkeypatch):
 def test_cli_unreachable_hub_id_fails_before_compute(tmp_path):
     "A hub id that is neither reachable nor cached (offline here) exits 2 with one message; no stage is written (not even a pointer marked done)."
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}                               # no retries against an unreachable hub
-    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.cli", "run", "--preset", "smoke", "--set", "model.name_or_path=nope-org/nope-model",
+    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "run", "--preset", "smoke", "--set", "model.name_or_path=nope-org/nope-model",
                         "--runs-root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "model.name_or_path 'nope-org/nope-model'" in r.stderr and "does not load as a Hugging Face checkpoint" in r.stderr
@@ -165,7 +165,7 @@ def test_cli_rejects_unknown_method_hyperparameter_naming_allowed_keys(tmp_path,
 
 def _resolve_only(monkeypatch):
     "Make `lume-lab run` stop after writing the run's config: record the notebook calls instead of executing them."
-    import lume_lab.pipeline.cli as cli
+    import lume_lab.pipeline.orchestration.cli as cli
     calls = []
     monkeypatch.setattr(cli, "run_notebook", lambda nb, out, params, **kw: calls.append((nb.stem, params)))
     monkeypatch.setattr(cli, "run_status", lambda run_id, root=None: __import__("pandas").DataFrame())
@@ -234,8 +234,8 @@ def test_one_default_preset_and_a_named_by_hand_preset(tmp_path):
     "The CLI and `make_config` default to `DEFAULT_PRESET`; a notebook opened by hand on a new run gets `BY_HAND_PRESET`."
     import inspect
     from lume_lab.core.config import DEFAULT_PRESET, PRESETS
-    from lume_lab.pipeline.cli import _parser, run_pipeline
-    from lume_lab.pipeline.config import BY_HAND_PRESET, open_experiment
+    from lume_lab.pipeline.orchestration.cli import _parser, run_pipeline
+    from lume_lab.pipeline.orchestration.config import BY_HAND_PRESET, open_experiment
     assert _parser().parse_args(["run"]).preset == DEFAULT_PRESET
     assert inspect.signature(run_pipeline).parameters["preset"].default == DEFAULT_PRESET
     assert make_config().preset == DEFAULT_PRESET and {DEFAULT_PRESET, BY_HAND_PRESET} <= set(PRESETS)
@@ -249,7 +249,7 @@ def test_grid_search_scores_and_selects_on_constructed_data():
     "The search's arithmetic and selection on a registered toy method whose EM is set by construction."
     import pandas as pd
     from lume_lab.unlearn.registry import MethodSpec, register_method
-    from lume_lab.pipeline.tune import grid_search, select_best
+    from lume_lab.pipeline.stages.tune import grid_search, select_best
     def halve(model, tok, forget, retain, hp, *, seed=0):
         return {"forget": model["forget"] * (1 - hp["k"]), "retain": model["retain"] * (1 - hp["k"] / 10)}, pd.DataFrame()
     register_method(MethodSpec("test_halve", halve, {"k": 0.5}))   # `k`: a key without a generic rule, so 0 is allowed
@@ -265,7 +265,7 @@ def test_grid_search_refuses_an_unmemorized_split():
     "A validation split with EM 0 before unlearning cannot be scored: refused before any run (or NaN scores when not required)."
     import pandas as pd, warnings
     from lume_lab.unlearn.registry import MethodSpec, register_method
-    from lume_lab.pipeline.tune import grid_search, select_best
+    from lume_lab.pipeline.stages.tune import grid_search, select_best
     ran = []
     register_method(MethodSpec("test_noop", lambda m, t, f, r, hp, *, seed=0: (ran.append(1) or m, pd.DataFrame()), {"lr": 0.5}))
     args = ("test_noop", lambda: {"forget": 0.7, "retain": 0.0}, None, [{"side": "forget"}], [{"side": "retain"}], {"lr": [0.1, 0.2]})
@@ -281,7 +281,7 @@ def test_grid_search_on_toy_model():
     "On models.toy's problem (fine-tuned until it memorizes), a rate that moves nothing forgets less than one that does."
     import copy
     from lume_lab.models.toy import toy_problem
-    from lume_lab.pipeline.tune import grid_search
+    from lume_lab.pipeline.stages.tune import grid_search
     model, tok, forget, retain = toy_problem()
     grid = {"lr": [1e-7, 1e-2], "max_steps": [8]}
     res = grid_search("grad_ascent", lambda: copy.deepcopy(model), tok, forget, retain, grid, progress=False)
@@ -293,10 +293,10 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     "t00 end to end on smoke: its files, one row per grid point, the best point is a grid point, cached on rerun (no score is asserted)."
     import pandas as pd
     from lume_lab.core.store import open_run
-    from lume_lab.pipeline.tune import grid_points, stage_tune
-    from lume_lab.pipeline.testbed_stages import stage_testbed
-    from lume_lab.pipeline.config import method_hparams
-    from lume_lab.pipeline.unlearn_stages import stage_forget_fields
+    from lume_lab.pipeline.stages.tune import grid_points, stage_tune
+    from lume_lab.pipeline.stages.testbed import stage_testbed
+    from lume_lab.pipeline.orchestration.config import method_hparams
+    from lume_lab.pipeline.stages.unlearn import stage_forget_fields
     grids = {"grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]}, "grad_diff": {"lr": [3e-3], "epochs": [1], "alpha": [1.0, 3.0]}}
     params = {"run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids), "grids": grids}
     nb = experiment_notebooks(["t00"])[0]

@@ -1,4 +1,4 @@
-"""PISTOL's experiment (issue #17, `lume_lab.pipeline.pistol_stages`): the fine-tuned smoke model reaches the stopping
+"""PISTOL's experiment (issue #17, `lume_lab.pipeline.stages.pistol`): the fine-tuned smoke model reaches the stopping
 criterion before unlearning, the tables' DS is the DS of the ROUGE-1 means they show, and bad config fails naming the field."""
 import json
 
@@ -8,10 +8,10 @@ import pytest
 from lume_lab.core.config import ConfigError, make_config
 from lume_lab.core.store import open_run
 from lume_lab.metrics.rouge import deviation_score, rouge_scores
-from lume_lab.pipeline import pistol_stages as P
-from lume_lab.pipeline.cli import main
-from lume_lab.pipeline.config import resolve_config
-from lume_lab.pipeline.stages import load_stage_model
+from lume_lab.pipeline.stages import pistol as P
+from lume_lab.pipeline.orchestration.cli import main
+from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.pipeline.stages.base import load_stage_model
 
 # a small PISTOL: one question per contract (20 QA rows on Dataset 1), so a 4-layer smoke model memorizes them all; the
 # stopping rule trains until the target is reached, with ten times the epochs it needs (~40 of 400), on any CPU.

@@ -42,10 +42,13 @@ def test_readme_links_resolve():
 
 
 def test_readme_reading_order_lists_every_library_notebook():
-    "The tutorial's reading order names every library notebook (by its NN_topic stem)."
+    "The tutorial's reading order names every library notebook (by its NN_topic stem, and a sub-folder by its path)."
     order = _section("Read it as a tutorial")
-    missing = [p.relative_to(ROOT / "nbs").as_posix() for p in sorted((ROOT / "nbs").glob("*/[0-9]*.ipynb"))
-               if p.parent.name != "experiments" and p.stem not in order]
+    nbs = ROOT / "nbs"
+    lib = [p.relative_to(nbs) for p in sorted(nbs.rglob("[0-9]*.ipynb"))
+           if p.relative_to(nbs).parts[0] != "experiments" and not any(q.startswith(("_", ".")) for q in p.relative_to(nbs).parts)]
+    assert any(len(p.parts) > 2 for p in lib), "no notebook in a sub-folder found: the walk is not recursive"
+    missing = [p.as_posix() for p in lib if p.stem not in order or (len(p.parts) > 2 and f"{p.parent.as_posix()}/" not in order)]
     assert not missing, missing
 
 
@@ -57,7 +60,7 @@ def test_readme_extending_examples_run(tmp_path):
         import math, torch
         from lume_lab.unlearn.registry import get_spec
         from lume_lab.core.config import make_config
-        from lume_lab.pipeline.config import resolve_config
+        from lume_lab.pipeline.orchestration.config import resolve_config
         spec = get_spec("toy_shrink")                                   # registered by the method example
         cfg = resolve_config(make_config("smoke", {"unlearn.methods": ["toy_shrink"]}))
         assert cfg.unlearn.hparams == {"toy_shrink": {"amount": 0.5}}, cfg.unlearn.hparams

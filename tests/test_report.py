@@ -1,4 +1,4 @@
-"""The report page (`pipeline.report`): its tables equal the CSVs they come from, it is one offline file, sections follow the
+"""The report page (`pipeline.presentation.report`): its tables equal the CSVs they come from, it is one offline file, sections follow the
 stages present, seeds aggregate to mean ± std, and a failed write leaves the previous page intact."""
 import json, re, shutil
 from pathlib import Path
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lume_lab.pipeline import report as R, scorecard as S
-from lume_lab.pipeline.cli import main
+from lume_lab.pipeline.presentation import report as R, scorecard as S
+from lume_lab.pipeline.orchestration.cli import main
 from report_checks import (assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, assert_verdict_matches,
                            h2_sections, scorecard_tables)
 
@@ -121,7 +121,7 @@ def test_partial_smoke_run_gives_valid_page(tmp_path, capfd, monkeypatch):
     the terminal shows the plan and one line per experiment, no kernel warning, no papermill bar, the page's path last; the page
     written after e00 marks the injection section (e02, still to come) "not yet run"."""
     from functools import partial
-    from lume_lab.pipeline import cli
+    from lume_lab.pipeline.orchestration import cli
     pages = {}
     def after(name, store): pages.setdefault(name, (store.dir / "report" / "index.html").read_text())
     monkeypatch.setattr(cli, "run_pipeline", partial(cli.run_pipeline, on_experiment=after))
@@ -154,7 +154,7 @@ def test_partial_smoke_run_gives_valid_page(tmp_path, capfd, monkeypatch):
 
 def test_page_of_a_run_without_outputs_says_so(tmp_path):
     "e99 on a run that has no experiment outputs yet writes a page that says so, not one that looks finished."
-    from lume_lab.pipeline.report import EMPTY_NOTE, write_report
+    from lume_lab.pipeline.presentation.report import EMPTY_NOTE, write_report
     run = tmp_path / "empty"; run.mkdir()
     for name in ("config.json", "manifest.json"): shutil.copy(MINI / name, run / name)
     page = write_report([run]).read_text()

@@ -1,6 +1,6 @@
-"""Results pages (`pipeline.results`): every number in a page's tables equals its CSV cell after the page's rounding, the header
+"""Results pages (`pipeline.presentation.results`): every number in a page's tables equals its CSV cell after the page's rounding, the header
 names command, commit, date, machine and seeds, runs without a scorecard say so, sweeps get one table over their points, and
-the page is written atomically, by `python -m lume_lab.pipeline.results` and `make results` too."""
+the page is written atomically, by `python -m lume_lab.pipeline.presentation.results` and `make results` too."""
 import json, re, shutil, subprocess, sys
 from pathlib import Path
 
@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from lume_lab.pipeline import results as RS
-from lume_lab.pipeline.report import reproduce_command
-from lume_lab.pipeline.sweep import read_spec
+from lume_lab.pipeline.presentation import results as RS
+from lume_lab.pipeline.presentation.report import reproduce_command
+from lume_lab.pipeline.orchestration.sweep import read_spec
 from results_checks import assert_header, assert_results_match_csvs
 
 HERE = Path(__file__).parent
@@ -187,18 +187,18 @@ def test_failed_write_keeps_the_previous_page(tmp_path, monkeypatch):
 
 
 def test_module_cli_and_make_target(tmp_path):
-    "`python -m lume_lab.pipeline.results` writes the page and prints its path; bad input exits 2; `make results` calls it."
+    "`python -m lume_lab.pipeline.presentation.results` writes the page and prints its path; bad input exits 2; `make results` calls it."
     run, out = _copy_run(tmp_path / "mini"), tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.results", str(run), "--name", "mini", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.presentation.results", str(run), "--name", "mini", "--out", str(out)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out / "mini.md") and assert_results_match_csvs(out / "mini.md", [run]) > 500
-    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.results", str(tmp_path / "nope"), "--name", "x"],
+    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.presentation.results", str(tmp_path / "nope"), "--name", "x"],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2 and r.stderr.startswith("results: error: neither a run directory")
     r = subprocess.run(["make", "-n", "results", f"RUNS={run}", "NAME=mini", f"RESULTS_OUT={out}"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
-    assert f"-m lume_lab.pipeline.results {run} --name mini --out {out}" in r.stdout
+    assert f"-m lume_lab.pipeline.presentation.results {run} --name mini --out {out}" in r.stdout
     r = subprocess.run(["make", "-n", "results"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode != 0 and "usage: make results" in r.stderr      # refused before anything runs
 
@@ -217,7 +217,7 @@ def test_sweep_command_names_the_repository_spec(tmp_path, monkeypatch):
 
 def test_lume_lab_results_subcommand(tmp_path, capsys):
     "`lume-lab results RUN --name N --out DIR` is the same entry: the page, its path printed; a missing run exits 2, nothing written."
-    from lume_lab.pipeline.cli import main
+    from lume_lab.pipeline.orchestration.cli import main
     run, out = _copy_run(tmp_path / "mini"), tmp_path / "out"
     assert main(["results", str(run), "--name", "mini", "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "mini.md") and assert_results_match_csvs(out / "mini.md", [run]) > 500

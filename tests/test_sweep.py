@@ -9,9 +9,9 @@ import yaml
 
 from lume_lab.core.config import ConfigError, make_config
 from lume_lab.core.store import open_run
-from lume_lab.pipeline.config import resolve_config
-from lume_lab.pipeline.cli import main
-from lume_lab.pipeline import sweep as S
+from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.pipeline.orchestration.cli import main
+from lume_lab.pipeline.orchestration import sweep as S
 
 REPO = Path(__file__).resolve().parents[1]
 LUME = Path(sys.executable).with_name("lume-lab")
@@ -203,7 +203,7 @@ def test_seeds_flag_parsing_and_wiring(tmp_path, monkeypatch, capsys):
         with pytest.raises(ConfigError, match="--seeds expects"): S.parse_seeds(bad)
     for bad in ("", "0,,x", "0,"):
         with pytest.raises(ConfigError, match="--seeds has an empty entry"): S.parse_seeds(bad)
-    import lume_lab.pipeline.cli as cli
+    import lume_lab.pipeline.orchestration.cli as cli
     calls = []
     monkeypatch.setattr(cli, "run_seeds", lambda spec, run_fn, root=None: calls.append((spec, run_fn, root)) or pd.DataFrame({"status": ["done"]}))
     args = ["run", "--preset", "smoke", "--set", "pii.n_groups=4", "--only", "e00", "--runs-root", str(tmp_path)]
@@ -222,8 +222,8 @@ def test_seeds_flag_parsing_and_wiring(tmp_path, monkeypatch, capsys):
 
 
 def test_readme_sweep_examples_validate(tmp_path, monkeypatch):
-    "README's 'Sweeps and seeds' spec is valid as written, locally and with its Slurm executor block."
-    text = (REPO / "README.md").read_text().split("## Sweeps and seeds", 1)[1]
+    "docs/sweeps.md's spec (README links it) is valid as written, locally and with its Slurm executor block."
+    text = (REPO / "docs" / "sweeps.md").read_text()
     blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
     spec, slurm = yaml.load(blocks[0], Loader=S._SpecLoader), yaml.load(blocks[1], Loader=S._SpecLoader)
     assert len(S.load_sweep(spec, tmp_path).points) == 15

@@ -178,7 +178,7 @@ json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forge
 def test_accelerate_two_cpu_processes(tmp_path):
     "The loop under accelerate with 2 CPU processes (gloo): ranks end bitwise identical, the forget NLL rises, and one process with the same global batch trains the same weights."
     import json, subprocess, sys
-    from lume_lab.pipeline.launch import torchrun_argv
+    from lume_lab.pipeline.orchestration.launch import torchrun_argv
     script = tmp_path / "run.py"; script.write_text(_MP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1"}
     r = subprocess.run([*torchrun_argv(2), str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
@@ -225,7 +225,7 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
     gradient shards: FSDP2 never fires tensor hooks) in 2 sharded processes train what one process trains, and
     OracleGrad leaves every weight outside its mask bitwise unchanged."""
     import json, subprocess, sys
-    from lume_lab.pipeline.launch import torchrun_argv
+    from lume_lab.pipeline.orchestration.launch import torchrun_argv
     import numpy as np, pandas as pd
     script = tmp_path / "run.py"; script.write_text(_FSDP2_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1", "LUME_LAB_FSDP2": "1"}
@@ -255,6 +255,6 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
 def test_method_hyperparameters_must_be_finite(key, value):
     "A method's own hyperparameters refuse NaN and ±inf (a JSON --set value of NaN or Infinity parses to these) before any compute."
     from lume_lab.core.config import ConfigError, make_config
-    from lume_lab.pipeline.config import resolve_config
+    from lume_lab.pipeline.orchestration.config import resolve_config
     with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
         resolve_config(make_config("smoke", {f"unlearn.hparams.{key}": value}))

@@ -236,7 +236,7 @@ class TestbedConfig:
 
 _METHODS_SAY = (f"None (every built-in method) or a non-empty list of distinct method names (built in: {', '.join(BUILTIN_METHODS)}; "
                 "on the command line a JSON list, e.g. --set 'unlearn.methods=[\"npo\",\"simnpo\"]')")
-_METHOD_NAMES = Check(_METHODS_SAY,   # names and hyperparameter values are checked against the method registry by pipeline.config
+_METHOD_NAMES = Check(_METHODS_SAY,   # names and hyperparameter values are checked against the method registry by pipeline.orchestration.config
                       lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, str) and m for m in v) and len(set(v)) == len(v)),
                       lambda n, v: f"{n} must be {_METHODS_SAY}, got {v!r} (a string, not a list)" if isinstance(v, str) else None)
 _HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstance(v, dict) and all(

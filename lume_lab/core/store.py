@@ -112,7 +112,7 @@ def check_resolved(config: RunConfig) -> RunConfig:
     u = config.unlearn
     if u.methods is None or not isinstance(u.hparams, dict) or set(u.hparams) != set(u.methods):
         raise ConfigError("a run takes a resolved config (unlearn.methods explicit and every method's hyperparameters filled in); "
-                          "call lume_lab.pipeline.config.resolve_config(cfg) first")
+                          "call lume_lab.pipeline.orchestration.config.resolve_config(cfg) first")
     return config
 
 class RunStore:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from ..core.config import CONTENT_TYPES, ConfigError, WorldConfig
+from ..core.config import CONTENT_TYPES, ConfigError, WorldConfig, validate_section
 from .pii import format_prompt, make_profiles, render_public_people
 
 # %% auto #0
@@ -320,17 +320,7 @@ def public_people_texts(n: int, seed: int, heldout_fraction: float, content_type
 # %% ../../nbs/data/00_world.ipynb #12a1e4ae
 def _check_world_cfg(world_cfg) -> None:
     if not isinstance(world_cfg, WorldConfig): raise ConfigError(f"world_cfg must be a WorldConfig (cfg.world), got {type(world_cfg).__name__}")
-    for k in ("n_public_people", "n_mc_questions"):
-        v = getattr(world_cfg, k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ConfigError(f"world.{k} must be a positive int, got {v!r}")
-    for k in ("n_cities", "public_paraphrases_per_field"):
-        v = getattr(world_cfg, k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0: raise ConfigError(f"world.{k} must be a non-negative int, got {v!r}")
-    if not isinstance(world_cfg.n_mc_options, int) or world_cfg.n_mc_options < 4:
-        raise ConfigError(f"world.n_mc_options must be an int >= 4, got {world_cfg.n_mc_options!r}")
-    h = world_cfg.heldout_fraction
-    if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 < h < 1:
-        raise ConfigError(f"world.heldout_fraction must be a number in (0, 1), got {h!r}")
+    validate_section(world_cfg)   # the config's own field checks (core.config)
 
 def build_world(world_cfg: WorldConfig, seed: int, out_dir=None, *, sentences_per_fact: int = 2,
                 max_heldout_per_kind: int = 400, content_types=CONTENT_TYPES) -> DatasetDict:

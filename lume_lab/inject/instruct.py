@@ -9,7 +9,7 @@ import copy, math, random
 import pandas as pd
 import torch
 
-from ..core.config import ConfigError
+from ..core.config import ConfigError, validate_section
 from ..models.accel import make_accelerator, progress as progress_bar
 from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device, token_logprobs, token_mean_nll
 
@@ -40,15 +40,7 @@ def train_val_split(rows: list[dict], train_fraction: float, seed: int, split_by
 # %% ../../nbs/inject/03_instruct.ipynb #25f5ada1
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-def _check_instruct_cfg(c) -> None:
-    for f in ("lora_r", "epochs", "eval_every", "batch_size"):
-        v = getattr(c, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ConfigError(f"instruct.{f} must be a positive int, got {v!r}")
-    for f in ("lora_alpha", "lr"):
-        v = getattr(c, f)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0: raise ConfigError(f"instruct.{f} must be a positive number, got {v!r}")
-    tf = c.train_fraction
-    if isinstance(tf, bool) or not isinstance(tf, (int, float)) or not 0 < tf < 1: raise ConfigError(f"instruct.train_fraction must be in (0, 1), got {tf!r}")
+def _check_instruct_cfg(c) -> None: validate_section(c)   # the config's own field checks (core.config)
 
 def lora_last_layers(model, r: int, alpha: float, seed: int, n_layers: int = 2, dropout: float = 0.0):
     "Wrap `model` (in place) with LoRA adapters on the attention and MLP projections of its last `n_layers` layers."

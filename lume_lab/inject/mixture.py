@@ -11,7 +11,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ..core.config import ConfigError, NEUTRAL_REPLAYS, PARAPHRASE_ROLES, QA_ATTRIBUTES
+from ..core.config import ConfigError, NEUTRAL_REPLAYS, PARAPHRASE_ROLES, QA_ATTRIBUTES, validate_section
 from ..data.pii import ROLES, render_qa
 from ..models.lm import pack_texts
 from ..models.ops import encode_texts
@@ -60,20 +60,7 @@ def neutral_blocks(texts: list[str], tokenizer, seq_len: int, n: int, seed: int)
     return [blocks[i] for i in order[:n]]
 
 # %% ../../nbs/inject/02_mixture.ipynb #c97dd46a
-def _check_inject_cfg(c) -> None:
-    nf = c.neutral_fraction
-    if isinstance(nf, bool) or not isinstance(nf, (int, float)) or not 0 <= nf < 1:
-        raise ConfigError(f"inject.neutral_fraction must be a number in [0, 1) (share of neutral examples), got {nf!r}")
-    if isinstance(c.seq_len, bool) or not isinstance(c.seq_len, int) or c.seq_len < 8:
-        raise ConfigError(f"inject.seq_len must be an int >= 8, got {c.seq_len!r}")
-    if (r := getattr(c, "neutral_replay", "fixed")) not in NEUTRAL_REPLAYS:
-        raise ConfigError(f"inject.neutral_replay must be one of {', '.join(NEUTRAL_REPLAYS)}; got {r!r}")
-    if not isinstance(q := getattr(c, "qa_resample", False), bool):
-        raise ConfigError(f"inject.qa_resample must be true or false, got {q!r}")
-    if q and r != "stream":
-        raise ConfigError(f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples); got {r!r}")
-    if (pr := getattr(c, "paraphrase_roles", None)) and (not isinstance(pr, (list, tuple)) or not set(pr) <= set(PARAPHRASE_ROLES) or not q):
-        raise ConfigError(f"inject.paraphrase_roles must be null or roles from {', '.join(PARAPHRASE_ROLES)} with inject.qa_resample=true; got {pr!r}")
+def _check_inject_cfg(c) -> None: validate_section(c)   # the config's own field checks and inject's cross-field rules (core.config)
 
 def _check_roles(roles) -> list[str]:
     roles = list(roles)

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from ..core.config import ConfigError, TARGET_FIELDS, TestbedConfig
+from ..core.config import ConfigError, TARGET_FIELDS, TestbedConfig, validate_section
 from ..core.store import StageWarning
 from ..data.pii import render_qa
 from ..models.ops import generate_texts, reveals
@@ -218,9 +218,7 @@ def reachability(ext: pd.DataFrame) -> pd.DataFrame:
     return r.sort_values(["field", "rank"]).reset_index(drop=True)[cols]
 
 # %% ../../nbs/inject/04_testbed.ipynb #233f9c9d
-def _check_testbed_cfg(c) -> None:
-    v = c.max_new_tokens
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ConfigError(f"testbed.max_new_tokens must be a positive int, got {v!r}")
+def _check_testbed_cfg(c) -> None: validate_section(c)   # the config's own field checks (core.config)
 
 def build_testbed(model, tokenizer, pii, testbed_cfg, seed: int, out_dir, *, target_fields: Iterable[str] | None = None,
                   retain_offset: int = 1, retain_field_of: dict | None = None, batch_size: int = 32,

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model as _st_load_model, save_model as _st_save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, PreTrainedModel
-from ..core.config import DTYPES, ConfigError, ModelConfig, PretrainConfig
+from ..core.config import DTYPES, ConfigError, ModelConfig, PretrainConfig, validate_section
 from .accel import default_device, in_test, progress as progress_bar
 from .ops import encode_texts, model_device, special_ids
 
@@ -184,14 +184,7 @@ def _save_checkpoint(work_dir: Path, step: int, model, opt, sched, rng: dict, st
 def _load(path: Path): return torch.load(path, weights_only=True, map_location="cpu")
 
 # %% ../../nbs/models/01_lm.ipynb #bb361a86
-def _check_pretrain_cfg(c: PretrainConfig):
-    for n in ("steps", "batch_size", "seq_len", "warmup_steps", "checkpoint_every"):
-        v = getattr(c, n)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ConfigError(f"pretrain.{n} must be a positive int, got {v!r}")
-    for n in ("lr", "weight_decay"):
-        v = getattr(c, n)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (n == "lr" and v == 0):
-            raise ConfigError(f"pretrain.{n} must be a {'positive' if n == 'lr' else 'non-negative'} number, got {v!r}")
+def _check_pretrain_cfg(c: PretrainConfig): validate_section(c)   # the config's own field checks (core.config)
 
 def _optimizer(model, c: PretrainConfig, betas) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
