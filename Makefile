@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup run run-companions test check-export nbtest nbtest-fast pytest bench lab docs results clean
+.PHONY: setup run run-companions test check-export nbtest nbtest-fast pytest bench lab docs results results-args clean
 
 setup: $(STAMP)
 
@@ -78,8 +78,9 @@ docs: setup
 RUNS ?=
 NAME ?=
 RESULTS_OUT ?= docs/results
-results: setup
+results-args:   # checked before setup: a usage error never builds the environment first
 	$(if $(and $(strip $(RUNS)),$(strip $(NAME))),,$(error usage: make results RUNS="runs/mini [runs/...]" NAME=mini [RESULTS_OUT=docs/results]))
+results: results-args setup
 	$(BIN)/python -m lume_lab.pipeline.presentation.results $(RUNS) --name $(NAME) --out $(RESULTS_OUT)
 
 bench: setup

@@ -30,19 +30,18 @@ def machine_paths(text: str) -> list[tuple[int, str, str]]:
             for kind, pat in MACHINE_PATHS.items() if pat.search(line)]
 
 
-def repo_text_files() -> list[Path]:
-    "Every file git tracks or would add (not ignored) that reads as UTF-8 text."
+def repo_text_files() -> list[tuple[Path, str]]:
+    "(path, text) of every file git tracks or would add (not ignored) that reads as UTF-8 text, each read once."
     names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                            capture_output=True, check=True).stdout.decode().split("\0")
     out = []
     for n in filter(None, names):
         p = ROOT / n
-        if not p.is_file(): continue                              # deleted in the work tree, or a submodule
-        b = p.read_bytes()
+        try: b = p.read_bytes()
+        except (FileNotFoundError, IsADirectoryError): continue   # deleted meanwhile (another test's probe module), or a submodule
         if b"\0" in b: continue                                   # binary (a PNG, a safetensors file)
-        try: b.decode("utf-8")
+        try: out.append((p, b.decode("utf-8")))
         except UnicodeDecodeError: continue
-        out.append(p)
     return out
 
 
@@ -74,12 +73,12 @@ def test_system_paths_and_code_names_pass(line):
 
 
 def test_the_repository_is_scanned():
-    files = {p.relative_to(ROOT).as_posix() for p in repo_text_files()}
+    files = {p.relative_to(ROOT).as_posix() for p, _ in repo_text_files()}
     for f in ("README.md", "Makefile", "pyproject.toml", "tests/test_hygiene.py", "nbs/experiments/e02_inject.ipynb"):
         assert f in files, f
 
 
 def test_no_file_names_a_machine_path():
-    hits = [f"{p.relative_to(ROOT)}:{i}: {kind}: {line[:160]}" for p in repo_text_files()
-            for i, kind, line in machine_paths(p.read_text(encoding="utf-8"))]
+    hits = [f"{p.relative_to(ROOT)}:{i}: {kind}: {line[:160]}" for p, text in repo_text_files()
+            for i, kind, line in machine_paths(text)]
     assert not hits, "machine paths (name a path inside the repository, or none):\n" + "\n".join(hits)

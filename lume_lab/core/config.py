@@ -12,13 +12,13 @@ from typing import Any, Callable
 # %% auto #0
 __all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS',
            'NEUTRAL_SCOPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS',
-           'RESURFACE_FIELDS', 'BUILTIN_METHODS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE',
-           'BOOLEAN', 'MODEL_PATH', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS',
-           'CROSS_FIELD_RULES', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
-           'in_range', 'one_of', 'subset_of', 'optional', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig',
-           'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig',
-           'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
-           'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
+           'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'MODEL_PATH',
+           'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'CROSS_FIELD_RULES',
+           'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of',
+           'subset_of', 'optional', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
+           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
+           'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field',
+           'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
            'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
@@ -38,7 +38,6 @@ PARAPHRASE_ROLES = ("instruct", "resurface", "validation")   # inject.paraphrase
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
 RESURFACE_FIELDS = ("all", "forget")
-BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit", "uld")   # registry names of the ten (unlearn.registry re-exports them)
 
 class ConfigError(ValueError):
     "A bad configuration value: the message names the field and what is allowed."
@@ -234,7 +233,7 @@ class TestbedConfig:
     require_memorized: bool = checked(True, BOOLEAN)
     validation_fields: list = checked(["drivers_license", "email_address"], _VALIDATION_FIELDS)   # (forget, retain), App. G.2
 
-_METHODS_SAY = (f"None (every built-in method) or a non-empty list of distinct method names (built in: {', '.join(BUILTIN_METHODS)}; "
+_METHODS_SAY = ("None (every built-in method) or a non-empty list of distinct method names (checked against the method registry when the run's config is resolved; "
                 "on the command line a JSON list, e.g. --set 'unlearn.methods=[\"npo\",\"simnpo\"]')")
 _METHOD_NAMES = Check(_METHODS_SAY,   # names and hyperparameter values are checked against the method registry by pipeline.orchestration.config
                       lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, str) and m for m in v) and len(set(v)) == len(v)),

@@ -16,10 +16,10 @@ import torch
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash
 
 # %% auto #0
-__all__ = ['seed_everything', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info', 'package_dir',
-           'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore', 'StageWarning',
-           'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'process_rank', 'open_run', 'run_status',
-           'run_warnings']
+__all__ = ['seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info',
+           'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore',
+           'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'process_rank', 'open_run',
+           'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -31,18 +31,22 @@ def seed_everything(seed: int) -> None:
 def _umask() -> int:
     m = os.umask(0); os.umask(m); return m
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    "Write `text` to `path` through a temp file + rename."
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    "Write `data` to `path` through a temp file + rename: a reader sees the old file or the whole new one."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())            # mkstemp makes 0600; give the file open()'s usual permissions
-        with os.fdopen(fd, "w") as f: f.write(text); f.flush(); os.fsync(f.fileno())
+        with os.fdopen(fd, "wb") as f: f.write(data); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp): os.unlink(tmp)
         raise
     return path
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    "Write `text` (UTF-8) to `path` through a temp file + rename."
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     "Write `obj` as indented JSON, atomically."

@@ -8,6 +8,7 @@ import os
 from typing import Iterable
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 # %% auto #0

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..models.accel import fsdp2_requested, fsdp2_shard, make_accelerator, progress
 from ..models.ops import batch_nll, check_qa, collate_qa, qa_nll, to_device
-from ..models.lm import SCHEDULES, lr_multiplier
+from ..models.lm import lr_multiplier
 from ..models.toy import toy_problem
 from .registry import SCHEDULERS, get_spec
 

@@ -11,14 +11,15 @@ from typing import Callable
 
 import pandas as pd
 
-from ..core.config import BUILTIN_METHODS as _CORE_BUILTIN_METHODS, finite_number
+from ..core.config import finite_number
+from ..models.lm import SCHEDULES
 
 # %% auto #0
 __all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems', 'save_weights', 'load_weights',
            'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
 
 # %% ../../nbs/unlearn/00_registry.ipynb #61bdf420
-SCHEDULERS = ("constant", "warmup_constant", "linear", "cosine")
+SCHEDULERS = SCHEDULES   # the schedules `models.lm.lr_multiplier` knows
 
 _CHECKS = {  # key -> (predicate, what is allowed)
     "lr": (lambda v: finite_number(v, strict=True), "a positive number"),
@@ -110,7 +111,7 @@ class MethodSpec:
         return self.fn(model, tokenizer, forget, retain, hp, seed=seed, **inputs)
 
 # %% ../../nbs/unlearn/00_registry.ipynb #8262c3e2
-BUILTIN_METHODS = _CORE_BUILTIN_METHODS   # the ten names live in core.config, so config validation can list them
+BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit", "uld")   # the ten, in the paper's order; each is the module lume_lab.unlearn.<name>
 RESERVED_NAMES = ("none",)   # "none" names the model before unlearning in the pipeline's evaluation tables
 _REGISTRY: dict[str, MethodSpec] = {}
 

@@ -63,9 +63,9 @@ def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: st
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a002
 def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool) -> str:
     "The layer that set the dotted `key` of a resolved config (see the table above)."
+    if key in set_keys: return "--set"
     if key == "seed": return "--seed" if seed_given else "default"
     if key == "preset": return f"preset {preset}"
-    if key in set_keys: return "--set"
     if key in preset_keys: return f"preset {preset}"
     if key == "unlearn.methods": return "method registry"
     if key.startswith("unlearn.hparams."):

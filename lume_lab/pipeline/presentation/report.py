@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #59039e93
 from __future__ import annotations
-import base64, html, io, json, os, re, shlex, tempfile
+import base64, html, io, json, os, re, shlex
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.config import config_diff
-from ...core.store import atomic_write_text
+from ...core.store import atomic_write_bytes, atomic_write_text
 from .scorecard import (METRICS, SAMPLE_SIZES, direction, n_after, report_dir, run_config, run_manifest,
                                          scorecard)   # `report.scorecard` is the same function
 
@@ -558,15 +558,6 @@ def read_html_tables(text: str) -> list[pd.DataFrame]:
     return [pd.DataFrame(t[1:], columns=t[0]) for t in p.tables if t]
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #4b687823
-def _atomic_write_bytes(path: Path, data: bytes) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f: f.write(data)
-        os.chmod(tmp, 0o644); os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-    return path
-
 def _figures_drawn(blocks: list) -> list[tuple]:
     return [b for b in blocks if b[0] == "figure" and b[3] is not None] + [x for b in blocks if b[0] == "details" for x in _figures_drawn(b[2])]
 
@@ -581,7 +572,7 @@ def write_report(run_dirs: list[Path], out_dir: Path | None = None, pending: lis
     blocks = report_blocks(run_dirs, card, pending, out_dir)
     csv, md, page = card.to_csv(index=False), render_markdown(blocks, out_dir), render_html(blocks)   # all read and rendered first
     out_dir.mkdir(parents=True, exist_ok=True)
-    for b in _figures_drawn(blocks): _atomic_write_bytes(b[1], b[3])
+    for b in _figures_drawn(blocks): atomic_write_bytes(b[1], b[3])
     atomic_write_text(out_dir / "scorecard.csv", csv)
     atomic_write_text(out_dir / "report.md", md)
     return atomic_write_text(out_dir / "index.html", page)                                           # the page last

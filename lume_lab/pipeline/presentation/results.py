@@ -11,17 +11,17 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ...core.store import atomic_write_text, repo_root
+from ...core.store import atomic_write_text, machine_info, repo_root
 from .report import format_scorecard, reproduce_command, stage_times
 from .scorecard import run_config, run_manifest, scorecard
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'NAME_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec',
-           'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'generating_machine',
-           'run_machine', 'run_labels', 'seeds_command', 'header_lines', 'md_table', 'read_markdown_tables',
-           'scorecard_lines', 'stage_table', 'stage_lines', 'sweep_values', 'sweep_tables', 'sweep_command',
-           'sweep_lines', 'results_page', 'write_results', 'add_results_arguments', 'results_main', 'main']
+           'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
+           'seeds_command', 'header_lines', 'md_table', 'read_markdown_tables', 'scorecard_lines', 'stage_table',
+           'stage_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'results_page',
+           'write_results', 'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -79,17 +79,6 @@ HOST_KEYS = ("host", "machine", "hardware", "platform", "device")   # manifest e
 
 def _flat(v) -> str: return ", ".join(f"{k} {x}" for k, x in v.items() if x not in (None, "")) if isinstance(v, dict) else str(v)
 
-def generating_machine() -> str:
-    "This machine in one line: OS, architecture, CPU model, usable CPUs, and the GPU if torch sees one."
-    cpu = platform.processor()
-    try: cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
-    except (OSError, StopIteration): pass
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpu = ""
-    if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
-        cuda = sys.modules["torch"].cuda
-        gpu = f", {cuda.device_count()} × {cuda.get_device_name(0)}"
-    return f"{platform.system()} {platform.machine()}, {cpu + ', ' if cpu else ''}{n} CPUs{gpu}"
 
 def run_machine(manifest: dict) -> tuple[str | None, str]:
     "(what the manifest records of the host, or None; python and the main packages' versions it records)."
@@ -126,7 +115,7 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
     hosts = list(dict.fromkeys(h for h, _ in map(run_machine, mans) if h))
     software = "; ".join(dict.fromkeys(s for _, s in map(run_machine, mans) if s)) or "not recorded"
     machine = ("; ".join(hosts) if hosts else
-               f"not recorded by the run{'s' if len(mans) > 1 else ''}; this page was generated on {generating_machine()}")
+               f"not recorded by the run{'s' if len(mans) > 1 else ''}; this page was generated on {machine_info()}")
     lines = [f"- **Command**: `{cmds[0]}`"] if len(cmds) == 1 else ["- **Command**, one per run:", *(f"  - `{c}`" for c in cmds)]
     return lines + ["- **Commit**: " + (", ".join(f"`{c}`" for c in commits) if commits else "not recorded"),
              f"- **Date**: {start[:10]}{' to ' + end[:10] if end[:10] != start[:10] else ''} (created {start}; last experiment finished {end})",
