@@ -1,6 +1,10 @@
-"Checks shared by test_report.py and test_pipeline.py's smoke run: a report page shows the values of the CSVs it was made from."
-import re
+"""Checks shared by test_report.py and test_pipeline.py's smoke run: a report page shows the values of the CSVs it was made from,
+and a renderer reads only the report files its section declares."""
+import os, re
+from contextlib import ExitStack, contextmanager
+from fnmatch import fnmatchcase
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -123,3 +127,28 @@ def assert_fig3_table_matches(run_dir: Path, out_dir: Path | None = None):
     for _, r in rates.iterrows():
         assert t.at[r.field, f"{r.model} rate %"] == str(np.round(r.rate, 1)), (r.field, r.model)
         assert t.at[r.field, f"{r.model} memorized"] == str(r.memorized)
+
+
+@contextmanager
+def names_looked_at(rep: Path):
+    "Every name under `rep` that the block checks, opens, reads or globs (a glob gives its pattern), in order; yields the list."
+    rep, seen, real = os.path.realpath(rep), [], {n: getattr(Path, n) for n in ("exists", "is_file", "open", "read_text", "read_bytes", "glob")}
+    def note(p):
+        rel = os.path.relpath(os.path.realpath(p), rep)
+        if rel != "." and not rel.startswith(".."): seen.append(Path(rel).as_posix())
+    def traced(n):
+        def f(self, *a, **k):
+            note(self / a[0] if n == "glob" else self)
+            return real[n](self, *a, **k)
+        return f
+    read_csv = pd.read_csv
+    def read_csv_traced(p, *a, **k): note(p); return read_csv(p, *a, **k)
+    with ExitStack() as stack:
+        for n in real: stack.enter_context(mock.patch.object(Path, n, traced(n)))
+        stack.enter_context(mock.patch.object(pd, "read_csv", read_csv_traced))
+        yield seen
+
+
+def undeclared(names, patterns) -> list[str]:
+    "The names (or glob patterns) that no pattern of `patterns` covers."
+    return sorted({n for n in names if "/" in n or not any(fnmatchcase(n, p) for p in patterns)})

@@ -53,9 +53,10 @@ def test_readme_reading_order_lists_every_library_notebook():
 
 
 def test_readme_extending_examples_run(tmp_path):
-    "The method and metric examples, exactly as README prints them, in a fresh interpreter."
+    """The method, metric and experiment examples, exactly as README prints them, in a fresh interpreter; the experiment's
+    section on the page of a run made for it: "not yet run" while e10 is to come, its table once e10 wrote its CSV."""
     blocks = _python_blocks(_section("Extending"))
-    assert len(blocks) == 2, len(blocks)
+    assert len(blocks) == 3, len(blocks)
     check = textwrap.dedent("""
         import math, torch
         from lume_lab.unlearn.registry import get_spec
@@ -70,9 +71,25 @@ def test_readme_extending_examples_run(tmp_path):
         out, log = spec.fn(model, tok, forget, retain, spec.resolve({"amount": 0.25}))
         assert torch.equal(out.model.layers[0].mlp.down_proj.weight, w * 0.75)
         assert math.isfinite(gap) and nll_gap(model, tok, forget, forget) == 0.0    # the metric example's value
+        import re, sys
+        from lume_lab.pipeline.orchestration.config import open_experiment
+        from lume_lab.pipeline.presentation.report import read_html_tables, write_report
+        store = open_experiment("readme", sys.argv[1], "smoke")                    # a run made for the example, no experiment run yet
+        section = lambda page: page.split("<h2>NLL gap (e10)</h2>")[1].split("<h2>")[0]
+        assert "e10_gap: not yet run" in section(write_report([store.dir], pending=["e10_gap"]).read_text())
+        assert "NLL gap (e10)" not in write_report([store.dir]).read_text()       # neither run nor to come: no section
+        want = nll_gap(model, tok, forget, retain)                                 # the model as the method check left it
+        run_e10(store, model, tok, forget, retain)
+        shown = section(write_report([store.dir]).read_text())
+        assert "not yet run" not in shown
+        t = read_html_tables(shown)[0]
+        assert list(t.columns) == ["model", "nll_gap"] and abs(float(t.at[0, "nll_gap"]) - want) < 1e-9, (t, want)
+        try: write_report_file(store, "gap.csv", t); raise SystemExit("a name no section declares was written")
+        except ValueError as e: assert "nll_gap.csv" in str(e), e
+        assert sorted(p.name for p in (store.dir / "report").iterdir()) == ["index.html", "nll_gap.csv", "report.md", "scorecard.csv"]
         print("ok")
     """)
     script = tmp_path / "readme_examples.py"
     script.write_text("\n".join(blocks) + check)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]

@@ -13,7 +13,7 @@ import pytest
 from lume_lab.pipeline.presentation import report as R, scorecard as S
 from lume_lab.pipeline.orchestration.cli import main
 from report_checks import (assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, assert_verdict_matches,
-                           h2_sections, scorecard_tables)
+                           h2_sections, names_looked_at, scorecard_tables, undeclared)
 
 HERE = Path(__file__).parent
 MINI = HERE / "data" / "mini_run"     # the CSVs, config and manifest (stage warnings dropped) of `make run`'s mini run, REMIND rows only
@@ -142,6 +142,8 @@ def test_partial_smoke_run_gives_valid_page(tmp_path, capfd, monkeypatch):
     assert "e02_inject: not yet run" in early["Injection and memorization (Fig. 3)"] and "not yet run" not in early["Data and base model"]
     assert "not yet run" not in pages["e99_report"]
     assert (run / "notebooks" / "e99_report.ipynb").exists()
+    files = [p.name for p in (run / "report").iterdir()]                 # every file under report/ has its line in the registry
+    assert {"data_sizes.csv", "extraction_rates.csv", "index.html"} <= set(files) and not undeclared(files, R.report_patterns() + list(R.PAGE_FILES))
     page = (run / "report" / "index.html").read_text()
     assert assert_self_contained(page) >= 2                                  # Fig. 3a and 3b at least
     assert _h2(page) == ["Data and base model", "Injection and memorization (Fig. 3)", "The run"]
@@ -230,3 +232,66 @@ def test_section_registry_is_the_page_order(tmp_path):
     got = [h for h in _h2(R.write_report([run]).read_text()) if h in titles]
     assert got == [t for t in titles if t in got] and len(got) >= 5
     with pytest.raises(ValueError, match="experiments must be ids like 'e03'"): R.register_section("x", ("remind",), (), lambda rep: [])
+
+
+def _looked_at(render, run: Path) -> list[str]:
+    with names_looked_at(run / "report") as seen: render(run / "report")
+    return seen
+
+
+def test_renderers_read_only_their_declared_files(tmp_path):
+    """Each section's renderer looks only at report files its own section declares (traced on the mini run, with its figures,
+    and on a run without outputs); the scorecard reads only declared files; a renderer reading an undeclared file is caught."""
+    full, empty = _copy_run(tmp_path / "mini"), tmp_path / "empty"
+    (empty / "report").mkdir(parents=True); shutil.copy(MINI / "config.json", empty / "config.json")
+    for s in R.SECTIONS:
+        seen = _looked_at(s.render, full) + _looked_at(s.render, empty)
+        assert seen, s.title                                            # the tracer saw the renderer look for its files
+        assert not undeclared(seen, s.files), (s.title, undeclared(seen, s.files), s.files)
+    with names_looked_at(full / "report") as seen: S.scorecard([full])
+    assert {"localization_summary.csv", "resurfacing.csv"} <= set(seen)
+    assert not undeclared(seen, R.report_patterns()), undeclared(seen, R.report_patterns())
+    sneaky = R.Section("x", ("e10",), ("x.csv",), lambda rep: [R.table(pd.read_csv(rep / "data_sizes.csv"))] + R._fig(rep, "y.png", ""))
+    assert undeclared(_looked_at(sneaky.render, full), sneaky.files) == ["data_sizes.csv", "y.png"]
+    assert undeclared(["a/x.csv", "*.csv", "x.csv"], ["x.csv"]) == ["*.csv", "a/x.csv"]
+
+
+def _written_names(code: str) -> list[str]:
+    "The file names given to write_report_file in `code`, each `{...}` of an f-string as 'x'."
+    return [re.sub(r"\{[^}]*\}", "x", q) for q in re.findall(r'write_report_file\(store, f?"([^"]+)"', code)]
+
+
+def test_experiments_write_report_files_through_the_helper():
+    """No experiment notebook writes a file itself (to_csv, savefig, write_text); each names its report files literally, and
+    each name is declared by the section of the experiment that writes it (e99 writes the page through write_report)."""
+    written = {}
+    for nb in sorted((HERE.parent / "nbs" / "experiments").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+        assert not re.search(r"\.(to_csv|to_parquet|savefig|write_text|write_bytes)\(|\bopen\(", code), nb.name
+        assert code.count("write_report_file(") == len(_written_names(code)), nb.name                 # a literal name in every call
+        written[nb.stem] = _written_names(code)
+    assert _written_names('write_report_file(store, f"table2_{f}.csv", t, index=True)') == ["table2_x.csv"]
+    assert written.pop("e99_report") == [] and all(written.values()), written
+    for stem, names in written.items():
+        own = [p for s in R.SECTIONS if stem[:3] in s.experiments for p in s.files]
+        assert not undeclared(names, own), (stem, undeclared(names, own))
+
+
+def test_write_report_file(tmp_path):
+    "CSV and PNG bytes as to_csv and savefig write them to a file; atomic (no temp file left); undeclared and page names refused."
+    import seaborn as sns
+    run = tmp_path / "run"
+    t = pd.read_csv(MINI / "report" / "table2_email_address.csv", index_col=[0, 1])
+    t.to_csv(tmp_path / "direct.csv")
+    assert R.write_report_file(run, "table2_email_address.csv", t, index=True).read_bytes() == (tmp_path / "direct.csv").read_bytes()
+    g = sns.relplot(data=pd.DataFrame({"step": [0, 1, 2], "loss": [3.0, 2.0, 2.5]}), x="step", y="loss", kind="line", height=2)
+    g.savefig(tmp_path / "direct.png", dpi=60)
+    assert R.write_report_file(run, "unlearning_logs.png", g, dpi=60).read_bytes() == (tmp_path / "direct.png").read_bytes()
+    plt.close(g.figure)
+    assert sorted(p.name for p in (run / "report").iterdir()) == ["table2_email_address.csv", "unlearning_logs.png"]
+    for name in ("notes.csv", "index.html", "scorecard.csv", "../table2_email_address.csv"):
+        with pytest.raises(ValueError, match=r"declared by no registered section.*table2_\*\.csv"): R.write_report_file(run, name, t)
+    with pytest.raises(ValueError, match="write a DataFrame as .csv"): R.write_report_file(run, "utility_base.png", t)
+    with pytest.raises(ValueError, match=r"with \['dpi'\]"): R.write_report_file(run, "data_sizes.csv", t, dpi=90)
+    with pytest.raises(ValueError, match="the page's own files"): R.register_section("x", ("e10",), ("*.html",), lambda rep: [])
+    assert "x" not in [s.title for s in R.SECTIONS]

@@ -284,7 +284,7 @@ def _layout(g, dataset: str, seed: int) -> dict:
     comps = sorted(nx.connected_components(g), key=lambda c: (-len(c), min(c, key=lambda n: (len(n), n))))
     pos = {}
     for i, comp in enumerate(comps):
-        sub = g.subgraph(comp)
+        sub = nx.Graph([(u, v) for u, v in g.edges() if u in comp])   # in g's order: a subgraph view iterates the set (hash order)
         if dataset == "dataset2":  # three circles of 10 companies in a row
             p = nx.circular_layout(sorted(comp, key=int), scale=1.0)
             off = (2.6 * i, 0.0)

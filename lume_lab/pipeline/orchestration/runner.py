@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #29d9a8ee
 from __future__ import annotations
-import json, os, threading, time
+import json, os, threading, time, uuid
 from pathlib import Path
 
 import papermill as pm
@@ -44,10 +44,16 @@ def check_parameters(nb_path: str | Path, parameters: dict | None) -> None:
 KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]   # the kernel's own log: at shutdown jupyter_client interrupts it first,
                                                      # and an idle kernel may log "KeyboardInterrupt caught" (cells' errors still reach us)
 def kernel_config() -> Config:
-    "Kernel-manager config for papermill: IPC transport where Unix sockets work (no port, no unencrypted-TCP warning)."
+    """Kernel-manager config for papermill: IPC transport where Unix sockets work (no port, no unencrypted-TCP warning),
+    on socket paths of this kernel's own in jupyter's runtime folder. jupyter_client's default, `kernel-ipc-<n>` in
+    the kernel's working folder, lets kernels started at once in one folder (a sweep's workers) take the same sockets."""
     from jupyter_core.paths import jupyter_runtime_dir
     c = Config()
-    if os.name != "nt" and len(jupyter_runtime_dir()) <= 50: c.KernelManager.transport = "ipc"   # socket paths: < 108 bytes
+    rt = jupyter_runtime_dir()
+    if os.name != "nt" and len(rt) <= 50:                   # socket paths must stay under 108 bytes
+        os.makedirs(rt, mode=0o700, exist_ok=True)
+        c.KernelManager.transport = "ipc"
+        c.KernelManager.ip = os.path.join(rt, f"lume-{uuid.uuid4().hex[:16]}")   # sockets <ip>-1 … <ip>-5, removed at shutdown
     return c
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #375e26a8

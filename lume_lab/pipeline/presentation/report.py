@@ -5,6 +5,7 @@
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #59039e93
 from __future__ import annotations
 import base64, html, io, json, os, re, shlex
+from fnmatch import fnmatchcase
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -18,10 +19,11 @@ from .scorecard import (METRICS, SAMPLE_SIZES, direction, n_after, report_dir, r
                                          scorecard)   # `report.scorecard` is the same function
 
 # %% auto #0
-__all__ = ['LUME_COLUMNS', 'SECTIONS', 'VERDICT', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
-           'format_scorecard', 'Section', 'register_section', 'verdict_marks', 'small_splits', 'verdict_table',
-           'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html',
-           'render_markdown', 'read_html_tables', 'write_report']
+__all__ = ['LUME_COLUMNS', 'SECTIONS', 'PAGE_FILES', 'VERDICT', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
+           'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details',
+           'Section', 'register_section', 'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits',
+           'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'report_blocks',
+           'render_html', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def _num(v, digits: int) -> str: return "" if pd.isna(v) else f"{v:.{digits}f}"
@@ -53,17 +55,17 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #88b4d686
-def _h(level: int, text: str) -> tuple: return ("h", level, text)
-def _p(text: str, cls: str = "") -> tuple: return ("p", text, cls)
-def _banner(text: str) -> tuple: return ("banner", text)
-def _table(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None = None) -> tuple: return ("table", df, cls, cells)
-def _figure(path: Path, caption: str, data: bytes | None = None) -> tuple: return ("figure", Path(path), caption, data)
-def _pre(text: str) -> tuple: return ("pre", text)
-def _details(summary: str, blocks: list) -> tuple: return ("details", summary, blocks)
+def heading(level: int, text: str) -> tuple: return ("h", level, text)
+def paragraph(text: str, cls: str = "") -> tuple: return ("p", text, cls)
+def banner(text: str) -> tuple: return ("banner", text)
+def table(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None = None) -> tuple: return ("table", df, cls, cells)
+def figure(path: Path, caption: str, data: bytes | None = None) -> tuple: return ("figure", Path(path), caption, data)
+def preformatted(text: str) -> tuple: return ("pre", text)
+def details(summary: str, blocks: list) -> tuple: return ("details", summary, blocks)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #20ceeaa3
 def _fig(rep: Path, name: str, caption: str) -> list:
-    return [_figure(rep / name, caption)] if (rep / name).exists() else []
+    return [figure(rep / name, caption)] if (rep / name).exists() else []
 
 def _fields_in(rep: Path, prefix: str) -> list[str]:
     "What follows `prefix` in the names of the report's PNGs, in the run's forget-field order (config), then by name."
@@ -74,10 +76,10 @@ def _fields_in(rep: Path, prefix: str) -> list[str]:
 def _data_section(rep: Path) -> list:
     "e00/e01: dataset sizes and the base model's utility."
     blocks = []
-    if (rep / "data_sizes.csv").exists(): blocks += [_p("Rows of every generated dataset (e01)."), _table(pd.read_csv(rep / "data_sizes.csv"))]
+    if (rep / "data_sizes.csv").exists(): blocks += [paragraph("Rows of every generated dataset (e01)."), table(pd.read_csv(rep / "data_sizes.csv"))]
     if (rep / "utility_base.csv").exists():
         u = pd.read_csv(rep / "utility_base.csv")
-        blocks += [_p("Base model utility (e00): world multiple choice (chance in `chance`) and held-out perplexity."), _table(u.round(4))]
+        blocks += [paragraph("Base model utility (e00): world multiple choice (chance in `chance`) and held-out perplexity."), table(u.round(4))]
     blocks += _fig(rep, "utility_base.png", "Base model: world multiple-choice accuracy")
     return blocks
 
@@ -90,19 +92,19 @@ def _injection_section(rep: Path) -> list:
         w = r.pivot(index="field", columns="model", values="rate").round(1).add_suffix(" rate %")
         w = w.join(r.pivot(index="field", columns="model", values="memorized").add_suffix(" memorized"))
         w = w.join(r.groupby("field").profiles.first().rename("profiles")).reset_index()
-        blocks += [_p("Extraction rate: % of profiles whose QA prompt makes the model reveal the gold value (Lacuna §3.3)."), _table(w)]
+        blocks += [paragraph("Extraction rate: % of profiles whose QA prompt makes the model reveal the gold value (Lacuna §3.3)."), table(w)]
     blocks += _fig(rep, "extraction_rates.png", "Fig. 3b analogue: PII extraction rate, masked vs unmasked injection")
     if (rep / "reachability.csv").exists() and len(r := pd.read_csv(rep / "reachability.csv")):
         w = r.pivot_table(index=["model", "field"], columns="kind", values="accuracy").reindex(columns=["trained", "fresh", "paraphrase"]).round(1)
-        blocks += [_p("Facts or strings: accuracy (%) on the memorized (profile, field) pairs through their trained questions, fresh "
-                      "questions in the training templates, and paraphrases (never trained). Paraphrase metrics after unlearning "
-                      "mean little where the paraphrase column is low before it."), _table(w.reset_index())]
+        blocks += [paragraph("Facts or strings: accuracy (%) on the memorized (profile, field) pairs through their trained questions, fresh "
+                             "questions in the training templates, and paraphrases (never trained). Paraphrase metrics after unlearning "
+                             "mean little where the paraphrase column is low before it."), table(w.reset_index())]
     blocks += _fig(rep, "reachability.png", "Trained vs fresh vs paraphrased questions on memorized pairs")
     if (rep / "utility_injection.csv").exists():
         u = pd.read_csv(rep / "utility_injection.csv")
         keep = ["mc_acc", "mc_control_acc", "heldout_perplexity"]
         w = u[u.metric.isin(keep)].pivot(index="metric", columns="model", values="value").reindex(keep).dropna(how="all").round(4)
-        blocks += [_p("Utility before and after injection (Fig. 3a analogue)."), _table(w.reset_index())]
+        blocks += [paragraph("Utility before and after injection (Fig. 3a analogue)."), table(w.reset_index())]
     blocks += _fig(rep, "utility_injection.png", "Fig. 3a analogue: utility of base, masked and unmasked models")
     blocks += _fig(rep, "injection_loss.png", "Injection loss, masked vs unmasked")
     return blocks
@@ -136,14 +138,14 @@ def _resurfacing_section(rep: Path) -> list:
         t["leaked / n"] = t.leaked.astype(int).astype(str) + " / " + t.n_profiles.astype(int).astype(str)
         w = t.pivot_table(index=["field", "method"], columns="stage", values=["leaked / n", "rate"], aggfunc="first", sort=False)
         w.columns = [f"{s} {v}" + (" %" if v == "rate" else "") for v, s in w.columns]
-        blocks += [_p("Forget profiles that leak at least once (`floor`: a never-injected model with the same tuning and attack)."),
-                   _table(w.round(1).reset_index())]
+        blocks += [paragraph("Forget profiles that leak at least once (`floor`: a never-injected model with the same tuning and attack)."),
+                   table(w.round(1).reset_index())]
     blocks += _fig(rep, "resurfacing_leakage.png", "Fig. 5a analogue: leakage before and after the resurfacing attack")
     if (rep / "resurfacing_attack.csv").exists():
         a = pd.read_csv(rep / "resurfacing_attack.csv")
-        blocks += [_p("What the attack did: answer NLL of the attack set (memorized people in neither forget nor retain) before the attack, "
-                      "and the attack's validation loss at step 0 and at the checkpoint it kept (kept step 0: no step helped)."),
-                   _table(a[["field", "method", "nll_before", "val_start", "val_kept", "kept_step"]].round(3))]
+        blocks += [paragraph("What the attack did: answer NLL of the attack set (memorized people in neither forget nor retain) before the attack, "
+                             "and the attack's validation loss at step 0 and at the checkpoint it kept (kept step 0: no step helped)."),
+                   table(a[["field", "method", "nll_before", "val_start", "val_kept", "kept_step"]].round(3))]
     blocks += _fig(rep, "resurfacing_attack.png", "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the never-injected floor")
     blocks += [b for f in _fields_in(rep, "resurfacing_jaccard_")
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
@@ -161,16 +163,16 @@ def _attribution_section(rep: Path) -> list:
         t = pd.concat(parts, ignore_index=True)
         w = t[t["labels"] == "forget"].pivot_table(index=["field", "score"], columns="n_examples", values="auc", sort=False)
         w.columns = [f"AUC vs m^F, n={c}" for c in w.columns]
-        blocks += [_p("Attribution scores of the model before unlearning: exact AUC against the forget mask m^F using n forget examples."),
-                   _table(w.round(3).reset_index())]
+        blocks += [paragraph("Attribution scores of the model before unlearning: exact AUC against the forget mask m^F using n forget examples."),
+                   table(w.round(3).reset_index())]
     blocks += _fig(rep, "attribution.png", "Attribution AUC vs m^F as the number of forget examples grows (dashed: chance)")
     if (rep / "mask_signature.csv").exists():
-        blocks += [_p("Mask signature (Lacuna §3.2): a classifier on the injected model's own weight statistics; chance = base rate."),
-                   _table(pd.read_csv(rep / "mask_signature.csv").round(3))]
+        blocks += [paragraph("Mask signature (Lacuna §3.2): a classifier on the injected model's own weight statistics; chance = base rate."),
+                   table(pd.read_csv(rep / "mask_signature.csv").round(3))]
     if (rep / "attribution_methods.csv").exists():
-        blocks += [_p("localized_graddiff (GradDiff in the top-|m^F| weights of a forget-only score) beside its neighbours: EM %, "
-                      "utility Δ, best non-contrast localization AUC, leakage % before / after the attack."),
-                   _table(pd.read_csv(rep / "attribution_methods.csv").round(3))]
+        blocks += [paragraph("localized_graddiff (GradDiff in the top-|m^F| weights of a forget-only score) beside its neighbours: EM %, "
+                             "utility Δ, best non-contrast localization AUC, leakage % before / after the attack."),
+                   table(pd.read_csv(rep / "attribution_methods.csv").round(3))]
     return blocks
 # ### PISTOL (e07)
 #
@@ -184,15 +186,15 @@ def _pistol_section(rep: Path) -> list:
     blocks = []
     if (rep / "pistol_finetune.csv").exists():
         ft = pd.read_csv(rep / "pistol_finetune.csv").groupby("dataset").tail(1)
-        blocks += [_p("Fine-tuning before unlearning: mean ROUGE-1 over the QA at the last check, and whether it reached the target."),
-                   _table(ft[["dataset", "epoch", "rouge1_mean", "rouge1_min", "reached"]].round(3))]
+        blocks += [paragraph("Fine-tuning before unlearning: mean ROUGE-1 over the QA at the last check, and whether it reached the target."),
+                   table(ft[["dataset", "epoch", "rouge1_mean", "rouge1_min", "reached"]].round(3))]
     if (rep / "pistol_degree_gap.csv").exists():
-        blocks += [_p("Table 2 analogue: DS (↓) forgetting AB (degree 14) vs AC (degree 8), mean ROUGE-1 over seeds; the paper's "
-                      "DS as AB / AC."), _table(pd.read_csv(rep / "pistol_degree_gap.csv").round(2))]
+        blocks += [paragraph("Table 2 analogue: DS (↓) forgetting AB (degree 14) vs AC (degree 8), mean ROUGE-1 over seeds; the paper's "
+                             "DS as AB / AC."), table(pd.read_csv(rep / "pistol_degree_gap.csv").round(2))]
     blocks += _fig(rep, "pistol_degree.png", "PISTOL Table 2 analogue: DS per method, AB vs AC, ours and the paper's")
     if (rep / "pistol_density_trend.csv").exists():
-        blocks += [_p("Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / semi-dense / dense."),
-                   _table(pd.read_csv(rep / "pistol_density_trend.csv").round(2))]
+        blocks += [paragraph("Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / semi-dense / dense."),
+                   table(pd.read_csv(rep / "pistol_density_trend.csv").round(2))]
     blocks += _fig(rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's")
     return blocks
 
@@ -207,10 +209,10 @@ def _lume_section(rep: Path) -> list:
     blocks = []
     if (rep / "lume_summary.csv").exists():
         t = pd.read_csv(rep / "lume_summary.csv")
-        blocks += [_p("Each model at its last unlearning epoch (references: epoch 0). F-/R-: forget / retain; Reg: regurgitation "
-                      "rate, Kno: knowledge accuracy, means over tasks; AUC: loss MIA, forget vs unseen documents; mc_acc Δ: world "
-                      "MC accuracy minus the target's; paper: LUME §4, OLMo 7B."),
-                   _table(t[[c for c in LUME_COLUMNS if c in t.columns]].round(3))]
+        blocks += [paragraph("Each model at its last unlearning epoch (references: epoch 0). F-/R-: forget / retain; Reg: regurgitation "
+                             "rate, Kno: knowledge accuracy, means over tasks; AUC: loss MIA, forget vs unseen documents; mc_acc Δ: world "
+                             "MC accuracy minus the target's; paper: LUME §4, OLMo 7B."),
+                   table(t[[c for c in LUME_COLUMNS if c in t.columns]].round(3))]
     for name, cap in (("lume_fig2.png", "Fig. 2 analogue: forget / retain regurgitation and knowledge per epoch"),
                       ("lume_fig3_mia.png", "Fig. 3 analogue: loss-MIA AUC per epoch"),
                       ("lume_fig4_utility.png", "Fig. 4 analogue: utility per epoch"),
@@ -218,20 +220,36 @@ def _lume_section(rep: Path) -> list:
         blocks += _fig(rep, name, cap)
     return blocks
 
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #7c1e0a02
+def _tuning_section(rep: Path) -> list:
+    "t00: the point of each method's validation grid that tuning chose, and every point of the grids."
+    blocks = []
+    if (rep / "tuning_best.csv").exists():
+        blocks += [paragraph("The chosen point of each method's validation grid: validation forget / retain EM before and after unlearning, "
+                             "the grid's score, the perplexity ratio to the model before unlearning (the utility guard) and the hyperparameters."),
+                   table(pd.read_csv(rep / "tuning_best.csv").round(3))]
+    blocks += _fig(rep, "tuning_grid.png", "Validation grid: forgetting vs retention of every point (× broke the utility guard)")
+    return blocks
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #d444e2e7
 class Section(NamedTuple):
-    "One section of the page: heading, the experiments whose files it shows, those files (globs under report/), renderer."
+    "One section of the page: heading, the experiments whose files it shows, every file they write under report/ (globs), renderer."
     title: str
     experiments: tuple[str, ...]
-    files: tuple[str, ...]
+    files: tuple[str, ...]                # the renderer reads only these; the scorecard, results pages and sweeps read some of them too
     render: Callable[[Path], list]        # report dir -> blocks under the heading ([] when its files are absent)
 
 SECTIONS: list[Section] = []
+PAGE_FILES = ("index.html", "report.md", "scorecard.csv", "verdict.png")   # the page's own files, written by write_report
 
 def register_section(title: str, experiments: tuple, files: tuple, render: Callable[[Path], list]) -> Section:
     "Add the section to the page (after the others), or replace the one with the same title in place."
     bad = [e for e in experiments if not re.fullmatch(r"[a-z][0-9]{2}", str(e))]
     if bad or not experiments: raise ValueError(f"experiments must be ids like 'e03' (the notebook name's first three characters), got {list(experiments)!r}")
+    if isinstance(files, str) or not files or not all(isinstance(f, str) and f and "/" not in f for f in files):
+        raise ValueError(f"files must be a non-empty tuple of file names or globs under report/ (no '/'), got {files!r}")
+    if clash := [f for f in files if any(fnmatchcase(p, f) for p in PAGE_FILES)]:
+        raise ValueError(f"files {clash} match the page's own files {list(PAGE_FILES)}, which only write_report writes")
     if not callable(render): raise ValueError(f"render must be a function of the report dir, got {render!r}")
     s = Section(title, tuple(experiments), tuple(files), render)
     i = next((i for i, x in enumerate(SECTIONS) if x.title == title), None)
@@ -239,19 +257,42 @@ def register_section(title: str, experiments: tuple, files: tuple, render: Calla
     else: SECTIONS[i] = s
     return s
 
-register_section("Data and base model", ("e00", "e01"), ("data_sizes.csv", "utility_base.csv", "utility_base.png"), _data_section)
+register_section("Data and base model", ("e00", "e01"), ("data_sizes.csv", "utility_base.csv", "utility_base.png", "pistol_graphs.png"),
+                 _data_section)
 register_section("Injection and memorization (Fig. 3)", ("e02",), ("extraction_rates.csv", "extraction_rates.png", "reachability.csv",
                  "reachability.png", "utility_injection.csv", "utility_injection.png", "injection_loss.png"), _injection_section)
-register_section("Unlearning (Fig. 4a)", ("e03",), ("unlearning_*.png",), _unlearning_section)
-register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_*.png",), _localization_section)
-register_section("REMIND: residual memorization", ("e05",), ("remind_*.png",), _remind_section)
+register_section("Tuning on the validation split (t00)", ("t00",), ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv",
+                 "tuning_grid.png"), _tuning_section)
+register_section("Unlearning (Fig. 4a)", ("e03",), ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png"), _unlearning_section)
+register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_summary.csv", "localization_*.png"), _localization_section)
+register_section("REMIND: residual memorization", ("e05",), ("remind_*.csv", "remind_*.png"), _remind_section)
 register_section("Resurfacing attack (Fig. 5)", ("e06",), ("resurfacing.csv", "resurfacing_leakage.png", "resurfacing_attack.csv",
-                 "resurfacing_attack.png", "resurfacing_jaccard_*.png"), _resurfacing_section)
-register_section("PISTOL: structural unlearning (Tables 2 and 3)", ("e07",), ("pistol_finetune.csv", "pistol_degree_gap.csv",
-                 "pistol_degree.png", "pistol_density_trend.csv", "pistol_density.png"), _pistol_section)
-register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",), ("lume_summary.csv", "lume_fig*.png"), _lume_section)
+                 "resurfacing_attack.png", "resurfacing_jaccard_*.csv", "resurfacing_jaccard_*.png"), _resurfacing_section)
+register_section("PISTOL: structural unlearning (Tables 2 and 3)", ("e07",), ("pistol_finetune.csv", "pistol_lr.csv", "pistol_table2.csv",
+                 "pistol_degree_gap.csv", "pistol_degree.png", "pistol_table3.csv", "pistol_density_trend.csv", "pistol_density.png"),
+                 _pistol_section)
+register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",), ("lume_epochs.csv", "lume_references.csv", "lume_summary.csv",
+                 "lume_fig*.png"), _lume_section)
 register_section("Attribution against the ground truth (e09)", ("e09",), ("attribution_*.csv", "attribution.png", "mask_signature.csv"),
                  _attribution_section)
+
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #7c1e0a04
+def report_patterns() -> list[str]:
+    "Every file name or glob the registered sections declare: what an experiment may write under report/."
+    return list(dict.fromkeys(p for s in SECTIONS for p in s.files))
+
+def write_report_file(store, name: str, obj, *, index: bool = False, **savefig) -> Path:
+    "Write `obj` to `report/<name>` of `store` (a RunStore or run dir), atomically: DataFrame as CSV, figure as PNG, str as text."
+    if "/" in name or not any(fnmatchcase(name, p) for p in report_patterns()):
+        raise ValueError(f"report file {name!r} is declared by no registered section: add it to a section's files "
+                         f"(register_section), or write one of {', '.join(report_patterns())}")
+    if isinstance(obj, pd.DataFrame) and name.endswith(".csv") and not savefig: data = obj.to_csv(index=index).encode("utf-8")
+    elif hasattr(obj, "savefig") and name.endswith(".png"):
+        buf = io.BytesIO(); obj.savefig(buf, format="png", **savefig); data = buf.getvalue()
+    elif isinstance(obj, str) and not savefig: data = obj.encode("utf-8")
+    else: raise ValueError(f"report file {name!r}: write a DataFrame as .csv, a figure as .png (savefig arguments only for a figure) "
+                           f"or a str, got {type(obj).__name__}" + (f" with {sorted(savefig)}" if savefig else ""))
+    return atomic_write_bytes(report_dir(getattr(store, "dir", store)) / name, data)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #8f4539ab
 VERDICT = ("forget_em", "retain_em", "utility_delta", "auc_forget", "remind_auc_rf", "leak_after")
@@ -285,9 +326,9 @@ def _split_banner(card: pd.DataFrame) -> list:
     by_field = {}
     for f, s, n in small: by_field.setdefault(f, []).append(f"{s} n = {n:.0f}")
     names = "; ".join(f"{f} ({', '.join(v)} profiles)" for f, v in by_field.items())
-    return [_banner(f"Small split{'s' if len(small) > 1 else ''} (under {SMALL_SPLIT} people): {names}. One person moves a rate over "
-                    f"n people by 100/n points (over {min(n for *_, n in small):.0f}: {100 / max(min(n for *_, n in small), 1):.0f} points), "
-                    "so read these rows as individual cases, not rates.")]
+    return [banner(f"Small split{'s' if len(small) > 1 else ''} (under {SMALL_SPLIT} people): {names}. One person moves a rate over "
+                   f"n people by 100/n points (over {min(n for *_, n in small):.0f}: {100 / max(min(n for *_, n in small), 1):.0f} points), "
+                   "so read these rows as individual cases, not rates.")]
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6c89fa67
 def _verdict_header(c: str) -> str: return f"{METRICS[c].label} {ARROWS[METRICS[c].better]}"
@@ -401,45 +442,45 @@ def _run_section(run_dirs: list[Path]) -> list:
     times = [stage_times(d).set_index("family").seconds.rename(d.name) for d in run_dirs]
     t = pd.concat(times, axis=1) if times else pd.DataFrame()
     commits = ", ".join(dict.fromkeys(r["git commit"] for r in rows if r["git commit"])) or "unknown"
-    blocks = [_h(2, "The run"), _table(pd.DataFrame(rows)),
-              _p(f"How to reproduce (from a checkout at git commit {commits}):"), _pre("\n".join(reproduce_command(d) for d in run_dirs))]
+    blocks = [heading(2, "The run"), table(pd.DataFrame(rows)),
+              paragraph(f"How to reproduce (from a checkout at git commit {commits}):"), preformatted("\n".join(reproduce_command(d) for d in run_dirs))]
     if len(t):
         t.loc["total"] = t.sum()
-        blocks += [_p("Stage time in seconds per stage family (manifest.json; cached stages, and stages adopted from another run, "
-                      "keep the time of their first run)."),
-                   _table(t.round(1).rename_axis("stage family").reset_index())]
+        blocks += [paragraph("Stage time in seconds per stage family (manifest.json; cached stages, and stages adopted from another run, "
+                             "keep the time of their first run)."),
+                   table(t.round(1).rename_axis("stage family").reset_index())]
     for d in run_dirs:
         st = pd.DataFrame([{"stage": k, "status": e.get("status"), "seconds": _compute_seconds(e), "finished": e.get("finished"),
                             "reused from": Path(e["reused_from"]).name if e.get("reused_from") else ""}
                            for k, e in run_manifest(d).get("stages", {}).items()])
-        if len(st): blocks.append(_details(f"Every stage of {d.name}", [_table(st)]))
-        blocks.append(_details(f"config.json of {d.name}", [_pre(json.dumps(run_config(d), indent=2))]))
+        if len(st): blocks.append(details(f"Every stage of {d.name}", [table(st)]))
+        blocks.append(details(f"config.json of {d.name}", [preformatted(json.dumps(run_config(d), indent=2))]))
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #0a25ac0f
 def _not_yet(stems: list[str]) -> tuple:
-    return _p(f"{', '.join(stems)}: not yet run. lume-lab run rewrites this page after every experiment; reload it later.", "pending")
+    return paragraph(f"{', '.join(stems)}: not yet run. lume-lab run rewrites this page after every experiment; reload it later.", "pending")
 
 def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
     "Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come."
     late = [c for c in VERDICT if c not in card and METRICS[c].experiment in waiting]
-    if not len(card): return [_h(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
+    if not len(card): return [heading(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
     png, (t, cls) = verdict_figure(card), verdict_table(card)
     bands = "; ".join(f"{_verdict_header(c)}: ± {METRICS[c].band:g}" + ("" if METRICS[c].reference == "none" else f" around {METRICS[c].reference:g}")
                       for c in VERDICT if c in card)
-    blocks = [_h(2, "Verdict")]
-    if png: blocks.append(_figure(out_dir / "verdict.png", "Verdict: each method against the model before unlearning (none) and the paper", png))
-    blocks += [_table(t, "verdict", cls),
-               _p("Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than the band, red: "
-                  f"worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's value (Lacuna Table 2, "
-                  "OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard below.")]
+    blocks = [heading(2, "Verdict")]
+    if png: blocks.append(figure(out_dir / "verdict.png", "Verdict: each method against the model before unlearning (none) and the paper", png))
+    blocks += [table(t, "verdict", cls),
+               paragraph("Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than the band, red: "
+                         f"worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's value (Lacuna Table 2, "
+                         "OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard below.")]
     if late: blocks.append(_not_yet([f"{METRICS[c].label} ({waiting[METRICS[c].experiment]})" for c in late]))
     return blocks
 
 def _scorecard_section(card: pd.DataFrame, waiting: dict) -> list:
-    if not len(card): return [_h(2, "Scorecard"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
-    blocks = [_h(2, "Scorecard"), _p(SCORECARD_NOTE)]
-    for f in dict.fromkeys(card.field): blocks += [_h(3, f), _table(format_scorecard(card, f), "scorecard")]
+    if not len(card): return [heading(2, "Scorecard"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
+    blocks = [heading(2, "Scorecard"), paragraph(SCORECARD_NOTE)]
+    for f in dict.fromkeys(card.field): blocks += [heading(3, f), table(format_scorecard(card, f), "scorecard")]
     return blocks
 
 def report_blocks(run_dirs: list[Path], card: pd.DataFrame, pending: list[str] = (), out_dir: Path | None = None) -> list:
@@ -449,16 +490,16 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame, pending: list[str] =
     waiting = {str(p)[:3]: str(p) for p in pending}
     seeds = ", ".join(str(run_config(d)["seed"]) for d in run_dirs)
     title = f"lume_lab report: {', '.join(d.name for d in run_dirs)}"
-    blocks = [_h(1, title), _p(f"Preset {cfg['preset']} · seed{'s' if len(run_dirs) > 1 else ''} {seeds}"
-                               + (f" · figures and section tables from {run_dirs[0].name}" if len(run_dirs) > 1 else "")
-                               + (f" · run under way: {', '.join(waiting.values())} still to come" if waiting else ""))]
+    blocks = [heading(1, title), paragraph(f"Preset {cfg['preset']} · seed{'s' if len(run_dirs) > 1 else ''} {seeds}"
+                                         + (f" · figures and section tables from {run_dirs[0].name}" if len(run_dirs) > 1 else "")
+                                         + (f" · run under way: {', '.join(waiting.values())} still to come" if waiting else ""))]
     blocks += _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting) + _scorecard_section(card, waiting)
     sections, shown = [], False
     for s in SECTIONS:
-        if body := s.render(rep): sections += [_h(2, s.title), *body]; shown = True
-        elif late := [waiting[e] for e in s.experiments if e in waiting]: sections += [_h(2, s.title), _not_yet(late)]
+        if body := s.render(rep): sections += [heading(2, s.title), *body]; shown = True
+        elif late := [waiting[e] for e in s.experiments if e in waiting]: sections += [heading(2, s.title), _not_yet(late)]
     if not len(card) and not shown and not waiting:   # e99 alone on a fresh run: say so, rather than a page that looks finished
-        blocks += [_h(2, "No results yet"), _p(EMPTY_NOTE)]
+        blocks += [heading(2, "No results yet"), paragraph(EMPTY_NOTE)]
     return blocks + sections + _run_section(run_dirs)
 
 EMPTY_NOTE = ("This run has no experiment outputs yet: no table or figure under report/. Run its experiments first (the "
