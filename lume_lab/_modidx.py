@@ -691,6 +691,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'lume_lab.models.accel.check_job': ('models/accel.html#check_job', 'lume_lab/models/accel.py'),
                                        'lume_lab.models.accel.default_device': ( 'models/accel.html#default_device',
                                                                                  'lume_lab/models/accel.py'),
+                                       'lume_lab.models.accel.end_process_group': ( 'models/accel.html#end_process_group',
+                                                                                    'lume_lab/models/accel.py'),
                                        'lume_lab.models.accel.fsdp2_requested': ( 'models/accel.html#fsdp2_requested',
                                                                                   'lume_lab/models/accel.py'),
                                        'lume_lab.models.accel.fsdp2_shard': ('models/accel.html#fsdp2_shard', 'lume_lab/models/accel.py'),

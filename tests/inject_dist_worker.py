@@ -90,3 +90,5 @@ def run_fsdp2(out_dir, accelerator, owner, phases):
 
 if __name__ == "__main__":
     run(sys.argv[1])
+    from lume_lab.models.accel import end_process_group
+    end_process_group()                  # no gloo threads left at exit (a rank can abort there otherwise)

@@ -172,6 +172,8 @@ unl, log = get_spec("grad_diff").run(copy.deepcopy(model), tok, forget, retain, 
 rank = int(os.environ["RANK"])
 torch.save({k: v.detach() for k, v in unl.state_dict().items()}, f"{out}/w{rank}.pt")
 json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forget), "steps": len(log)}, open(f"{out}/r{rank}.json", "w"))
+from lume_lab.models.accel import end_process_group
+end_process_group()                      # no gloo threads left at exit (a rank can abort there otherwise)
 '''
 
 
@@ -217,6 +219,8 @@ for name, kw in [("grad_diff", {}), ("oracle_grad", {"ground_truth_mask": mask})
         torch.save({k: v.detach().clone() for k, v in sd.items()}, f"{out}/{name}.pt")
         log.to_csv(f"{out}/{name}.csv", index=False)
 print("sharded:", type(unl).__name__)
+from lume_lab.models.accel import end_process_group
+end_process_group()                      # no gloo threads left at exit (a rank can abort there otherwise)
 """
 
 

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 # %% auto #0
-__all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'NEUTRAL_REPLAYS',
-           'NEUTRAL_SCOPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS',
-           'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'MODEL_PATH',
-           'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS', 'CROSS_FIELD_RULES',
-           'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of',
-           'subset_of', 'optional', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
-           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
-           'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'get_field',
-           'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
+__all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'SCHEDULES',
+           'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS',
+           'REMIND_SCALERS', 'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE',
+           'BOOLEAN', 'MODEL_PATH', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS',
+           'CROSS_FIELD_RULES', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
+           'in_range', 'one_of', 'subset_of', 'optional', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig',
+           'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig',
+           'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
+           'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
            'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
@@ -32,6 +32,7 @@ QA_ATTRIBUTES = (
 )
 MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
+SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")   # learning-rate schedules (models.lm.lr_multiplier)
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
 PARAPHRASE_ROLES = ("instruct", "resurface", "validation")   # inject.paraphrase_roles: never "testbed" (its paraphrases are the test)

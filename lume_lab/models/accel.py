@@ -12,8 +12,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 # %% auto #0
-__all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'fsdp2_requested', 'is_fsdp2', 'fsdp2_shard',
-           'in_test', 'progress']
+__all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'end_process_group', 'fsdp2_requested', 'is_fsdp2',
+           'fsdp2_shard', 'in_test', 'progress']
 
 # %% ../../nbs/models/04_accel.ipynb #1e1f44e0
 def default_device() -> torch.device:
@@ -44,6 +44,15 @@ def make_accelerator(**kwargs):
     from accelerate import Accelerator
     acc = Accelerator(cpu=_cpu_job(), **kwargs); check_job(acc)
     return acc
+
+def end_process_group() -> bool:
+    """At the end of a rank's work: wait for every rank, then tear the default process group down; False when none is up.
+    A rank that exits with gloo's threads still alive can abort at interpreter exit ("terminate called without an
+    active exception"), which fails the whole job after its work is done."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()): return False
+    dist.barrier(); dist.destroy_process_group()
+    return True
 
 # %% ../../nbs/models/04_accel.ipynb #7a844adf
 ENV_FSDP2 = "LUME_LAB_FSDP2"

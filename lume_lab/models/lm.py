@@ -10,13 +10,13 @@ from typing import Callable, Iterable
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model as _st_load_model, save_model as _st_save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, PreTrainedModel
-from ..core.config import DTYPES, ConfigError, ModelConfig, PretrainConfig, validate_section
+from ..core.config import DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, validate_section
 from .accel import default_device, in_test, progress as progress_bar
 from .ops import encode_texts, model_device, special_ids
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model',
-           'load_model', 'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
+__all__ = ['olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model', 'load_model',
+           'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #d3cfd41c
 def olmo2_config(vocab_size: int | None = None, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
@@ -136,8 +136,6 @@ def batch_for_step(step: int, batch_size: int, n_blocks: int, seed: int) -> np.n
     return np.concatenate(out)
 
 # %% ../../nbs/models/01_lm.ipynb #5bbabe6e
-SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")
-
 def lr_multiplier(step: int, steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1, schedule: str = "cosine") -> float:
     """Factor on the peak lr at 0-based `step` of `steps`: linear warm-up, `(step + 1) / warmup_steps` (the peak at the last
     warm-up step), then `schedule` from the peak down to `min_lr_ratio` at `steps`. 'constant' is 1 throughout, with no warm-up."""

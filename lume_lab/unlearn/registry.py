@@ -11,15 +11,14 @@ from typing import Callable
 
 import pandas as pd
 
-from ..core.config import finite_number
-from ..models.lm import SCHEDULES
+from ..core.config import SCHEDULES, finite_number
 
 # %% auto #0
 __all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems', 'save_weights', 'load_weights',
            'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
 
 # %% ../../nbs/unlearn/00_registry.ipynb #61bdf420
-SCHEDULERS = SCHEDULES   # the schedules `models.lm.lr_multiplier` knows
+SCHEDULERS = SCHEDULES   # the schedules `models.lm.lr_multiplier` knows (core.config's vocabulary)
 
 _CHECKS = {  # key -> (predicate, what is allowed)
     "lr": (lambda v: finite_number(v, strict=True), "a positive number"),

@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "stage":
             if a.fsdp2: os.environ[ENV_FSDP2] = "1"             # read by the injection and unlearning code of this rank
             print(run_stage_entry(a.name, a.run_id, a.runs_root))
+            from lume_lab.models.accel import end_process_group     # (here: `presets` and `status` import no transformers)
+            end_process_group()                                   # a rank of a launched job: leave no gloo threads behind
         elif a.cmd == "sweep":
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
