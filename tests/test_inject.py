@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import Olmo2ForCausalLM
+from transformers import LlamaForCausalLM, Olmo2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lume_lab.inject.masks import (GradMasker, check_masks, group_mask, load_masks, mask_coverage, mask_parameter_names,
                                    masks_equal, pack_masks, random_element_masks, random_structural_masks, save_masks,
                                    unpack_masks, _units)
+from lume_lab.models.arch import tiny_config, tied_embeddings
 from lume_lab.models.lm import olmo2_config
 from lume_lab.pipeline.orchestration.launch import torchrun_argv
 from lume_lab.inject.injection import (masked_backward, masked_step, per_sample_reference_grads, plan_microbatches,
@@ -25,9 +26,16 @@ SEEDS = [0, 1, 2]
 HEAVY_SEEDS = [0, 1]   # the per-sample reference and optimizer-state tests cost more: two random draws each
 
 
-def tiny(seed=0):
+def tiny(seed=0, arch="olmo2"):
+    "A 4-layer model: our tiny OLMo-2, or a tiny Llama whose lm_head is its input embedding (tied, as SmolLM2)."
     torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(tiny_config("llama", vocab_size=128, num_layers=4))
+        assert tied_embeddings(model)
+        return model
     return Olmo2ForCausalLM(olmo2_config(128, num_layers=4, pad_token_id=0, eos_token_id=0))
+
+ARCHS = ["olmo2", "llama"]   # the leak invariants hold on both architecture rows (models.arch), a tied embedding included
 
 
 def examples(groups, seed, lo=4, hi=14):
@@ -120,10 +128,11 @@ def test_mask_bad_input():
 
 
 # ---------------------------------------------------------------- the invariants
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_group_gradient_zero_outside_mask(seed):
+def test_group_gradient_zero_outside_mask(seed, arch):
     rng = random.Random(seed)
-    model = tiny(seed)
+    model = tiny(seed, arch)
     G = rng.choice([2, 4, 6]); g = rng.randrange(G)
     owner = random_element_masks(model, G, 1 / G * rng.choice([0.5, 1.0]), seed=seed)
     for segmented in (False, True):
@@ -138,10 +147,11 @@ def test_group_gradient_zero_outside_mask(seed):
         assert nonzero_inside > 0
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("seed", HEAVY_SEEDS)
-def test_equals_per_sample_reference(seed):
+def test_equals_per_sample_reference(seed, arch):
     rng = random.Random(seed)
-    model = tiny(seed); G = 4
+    model = tiny(seed, arch); G = 4
     owner = random_element_masks(model, G, 0.2, seed=seed)
     batch = examples([rng.choice([-1, 0, 1, 2, 3]) for _ in range(9)], seed)
     assert any(ex["group"] < 0 for ex in batch) and any(ex["group"] >= 0 for ex in batch)   # both kinds of rows
@@ -187,24 +197,25 @@ def test_post_accumulate_masking_would_differ():
     assert (wrong - ref[n]).abs().max() > 1e-4
 
 
-def _model_and_opt(seed, wd):
+def _model_and_opt(seed, wd, arch="olmo2"):
     "A model and an AdamW with non-trivial state (one warm-up step on neutral data), rebuilt identically per call."
-    model = tiny(seed)
+    model = tiny(seed, arch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=wd)
     masked_step(model, examples([-1] * 4, seed + 100), None, opt, masked=False)
     return model, opt
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("seed", HEAVY_SEEDS)
-def test_different_pii_same_weights_outside_mask(seed):
+def test_different_pii_same_weights_outside_mask(seed, arch):
     rng = random.Random(seed)
     G = 4; g = rng.randrange(G)
-    owner = random_element_masks(tiny(), G, 0.2, seed=seed)
+    owner = random_element_masks(tiny(0, arch), G, 0.2, seed=seed)
     neutral = examples([-1] * 3, seed + 1)
     other = examples([h for h in range(G) if h != g][:2], seed + 2)    # same other-group PII in both runs
     after = []
     for pii_seed in (seed + 10, seed + 20):   # different group-g PII
-        model, opt = _model_and_opt(seed, wd=0.1)
+        model, opt = _model_and_opt(seed, wd=0.1, arch=arch)
         # seed 1: segmented mode, where neutral and PII rows share microbatches (fixed pad_to)
         masked_step(model, neutral + other + examples([g, g], pii_seed), owner, opt, micro_batch_size=2 if seed % 2 == 0 else 7,
                     segmented=seed % 2 == 1, pad_to=16)
@@ -217,11 +228,12 @@ def test_different_pii_same_weights_outside_mask(seed):
     assert differ > 0   # the PII did change the weights inside mask g
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("seed", HEAVY_SEEDS)
-def test_pii_only_fresh_optimizer_leaves_outside_unchanged(seed):
+def test_pii_only_fresh_optimizer_leaves_outside_unchanged(seed, arch):
     rng = random.Random(seed)
     G = 6; groups = rng.sample(range(G), 2)
-    model = tiny(seed); owner = random_element_masks(model, G, 0.15, seed=seed)
+    model = tiny(seed, arch); owner = random_element_masks(model, G, 0.15, seed=seed)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train_masked(model, examples([rng.choice(groups) for _ in range(8)], seed), owner, steps=3, batch_size=4,
                  lr=1e-2, weight_decay=0.0, seed=seed, micro_batch_size=2, segmented=seed % 2 == 1, pad_to=16, progress=False)
@@ -231,6 +243,8 @@ def test_pii_only_fresh_optimizer_leaves_outside_unchanged(seed):
         assert torch.equal(p.detach()[~m], before[n][~m]), n
         changed += int((p.detach()[m] != before[n][m]).sum())
     assert changed > 0
+    if arch == "llama":   # the tied embedding, both of its uses masked: bitwise the same, and still one tensor
+        assert tied_embeddings(model) and torch.equal(model.lm_head.weight.detach(), before["model.embed_tokens.weight"])
 
 
 def test_unmasked_control_same_order_and_updates_everything():

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from ..inject.masks import group_mask
+from ..models.arch import ATTENTION_LEAVES, PROJECTION_LEAVES, SCORED_PATTERN
 
 # %% auto #0
 __all__ = ['SCORE_FAMILIES', 'PAPER_PRECISION_OLMO2_1B', 'exact_auc', 'streaming_auc', 'SafetensorsStateDict',
@@ -142,14 +143,14 @@ class SafetensorsStateDict(collections.abc.Mapping):
     def __contains__(self, name): return name in self._file
 
 # %% ../../nbs/analysis/00_localization.ipynb #413b1dd8
-_SCORED = re.compile(r"(?:^|\.)(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight$")
+_SCORED = SCORED_PATTERN   # q/k/v/o and gate/up/down projections (models.arch)
 _LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 
 def scored_parameter_names(state_dict: Mapping) -> list[str]:
     """Names of the attention (q/k/v/o_proj) and MLP (gate/up/down_proj) weight matrices in `state_dict`, in the model's
     order — by layer, then q, k, v, o, gate, up, down — whatever order the mapping keeps (a safetensors file sorts its
     names), so that the composite's subsample is the same for a loaded model and for its checkpoint read lazily."""
-    order = {k: i for i, k in enumerate(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))}
+    order = {k: i for i, k in enumerate(PROJECTION_LEAVES)}
     names = [n for n in state_dict if _SCORED.search(n)]
     if not names: raise ValueError("state_dict has no attention/MLP weight: expected names ending in "
                                    "{q,k,v,o}_proj.weight or {gate,up,down}_proj.weight")
@@ -158,7 +159,7 @@ def scored_parameter_names(state_dict: Mapping) -> list[str]:
 def layer_component(name: str) -> tuple[int, str]:
     "(layer index, 'attention' | 'mlp') of a scored parameter name; layer -1 when the name has none."
     m = _LAYER.search(name); kind = _SCORED.search(name)
-    return (int(m.group(1)) if m else -1, "attention" if kind and kind.group(1) in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp")
+    return (int(m.group(1)) if m else -1, "attention" if kind and kind.group(1) in ATTENTION_LEAVES else "mlp")
 
 # %% ../../nbs/analysis/00_localization.ipynb #b98a36ba
 def default_groups(n_groups: int) -> tuple[list[int], list[int]]:
@@ -278,8 +279,10 @@ def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, 
                       retain_groups: Sequence[int], *, inj_ctrl: Mapping | None = None, unl_ctrl: Mapping | None = None,
                       names: Sequence[str] | None = None, scores: Sequence[str] | None = None, composite: bool = True,
                       composite_max_weights: int = 2_000_000, n_folds: int = 5, seed: int = 0, eps: float = 1e-8,
-                      chunk_size: int = 1 << 22, in_memory_max_weights: int = 1 << 26) -> pd.DataFrame:
-    "AUC of every applicable App. E score (and the composite) of one unlearned model, vs m^F ('forget') and m^F ∪ m^R ('unified')."
+                      chunk_size: int = 1 << 22, in_memory_max_weights: int = 1 << 26, max_weights: int | None = None) -> pd.DataFrame:
+    """AUC of every applicable App. E score (and the composite) of one unlearned model, vs m^F ('forget') and m^F ∪ m^R ('unified').
+    `max_weights`: score a fixed uniform subsample of that many weights (the same for every score and method of a seed)
+    instead of all of them; None: every weight, exact."""
     if (inj_ctrl is None) != (unl_ctrl is None): raise ValueError("pass both inj_ctrl and unl_ctrl (the UnMask control before and after unlearning) or neither")
     # only the maskable tensors (those in `owner`): layers outside every mask (e.g. the last two, reserved for LoRA)
     # would be guaranteed negatives, and a score that merely tells layers apart would look like localization
@@ -290,12 +293,21 @@ def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, 
     if bad: raise ValueError(f"unknown score(s) {bad}; allowed: {', '.join(SCORE_FAMILIES)}")
     if unl_ctrl is None and any(SCORE_FAMILIES[s] == "contrast" for s in scores): raise ValueError("contrast scores need inj_ctrl and unl_ctrl")
     if not isinstance(composite_max_weights, int) or composite_max_weights < 1: raise ValueError(f"composite_max_weights must be a positive int, got {composite_max_weights!r}")
+    if max_weights is not None and (isinstance(max_weights, bool) or not isinstance(max_weights, int) or max_weights < 1):
+        raise ValueError(f"max_weights must be None (every weight) or a positive int, got {max_weights!r}")
     if isinstance(in_memory_max_weights, bool) or not isinstance(in_memory_max_weights, int) or in_memory_max_weights < 0:
         raise ValueError(f"in_memory_max_weights must be an int >= 0 (0: always stream), got {in_memory_max_weights!r}")
     label_sets = {"forget": list(forget_groups), "unified": list(forget_groups) + list(retain_groups)}
     shapes = [tuple(pre[n].shape) for n in names]
-    counts = {ls: [_count(_labels_of(owner, n, sh, gs)) for n, sh in zip(names, shapes)] for ls, gs in label_sets.items()}
-    total = sum(math.prod(sh) for sh in shapes)
+    full_sizes = [math.prod(sh) for sh in shapes]
+    # a weight subsample (max_weights): every score and label below is read at the same sampled positions
+    keep = _subsample(full_sizes, max_weights, seed + 1) if max_weights is not None and sum(full_sizes) > max_weights else None
+    pick = (lambda t, x: x) if keep is None else (lambda t, x: x[torch.from_numpy(keep[t])])
+    labels_at = lambda t, gs: pick(t, _labels_of(owner, names[t], shapes[t], gs))
+    sizes = full_sizes if keep is None else [len(k) for k in keep]
+    counts = {ls: [_count(labels_at(t, gs)) for t in range(len(names))] for ls, gs in label_sets.items()}
+    total = sum(sizes)
+    sampled = "" if keep is None else f"a uniform subsample of {total:,} of the {sum(full_sizes):,} weights (localization.max_weights)"
     changed = any(not torch.equal(_f32(unl, n), _f32(inj, n)) for n in names)
     rows = []
     if not changed:
@@ -305,39 +317,40 @@ def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, 
                                  n_neg=total - sum(counts[ls]), applicable=False, note="not applicable: no scored weight changed"))
         return pd.DataFrame(rows)
     sd, cm = _group_stats(names, inj, unl, inj_ctrl, unl_ctrl)
-    sub = _subsample([math.prod(sh) for sh in shapes], composite_max_weights, seed) if composite else None
+    sub = _subsample(sizes, composite_max_weights, seed) if composite else None
     X = np.zeros((sum(len(i) for i in sub), len(scores)), dtype=np.float32) if composite else None
     args = (pre, inj, unl, inj_ctrl, unl_ctrl, sd, cm, eps)
+    score_at = lambda score, t: pick(t, _tensor_score(score, names[t], *args))
     for ls in label_sets:
         P = sum(counts[ls]); N = total - P
         if P == 0 or N == 0: raise ValueError(f"the {ls} labels have {P} in-mask and {N} out-of-mask weights; both classes are needed")
     in_memory = total <= in_memory_max_weights
     if in_memory:   # every label set once, and the composite's sample as global indices
-        labels = {ls: torch.cat([_labels_of(owner, n, sh, gs) for n, sh in zip(names, shapes)]) for ls, gs in label_sets.items()}
-        offs = np.concatenate([[0], np.cumsum([math.prod(sh) for sh in shapes])])
+        labels = {ls: torch.cat([labels_at(t, gs) for t in range(len(names))]) for ls, gs in label_sets.items()}
+        offs = np.concatenate([[0], np.cumsum(sizes)])
         gsub = torch.from_numpy(np.concatenate([i + o for i, o in zip(sub, offs)])) if composite else None
     for j, score in enumerate(scores):
         def pieces(ls):
-            for n, sh in zip(names, shapes): yield _tensor_score(score, n, *args), _labels_of(owner, n, sh, label_sets[ls])
-        full = torch.cat([_tensor_score(score, n, *args) for n in names]) if in_memory else None
+            for t in range(len(names)): yield score_at(score, t), labels_at(t, label_sets[ls])
+        full = torch.cat([score_at(score, t) for t in range(len(names))]) if in_memory else None
         if full is not None and torch.isnan(full).any(): full = None         # NaN has no rank: the streaming path decides
         if composite:  # one extra pass for the composite's features (streaming): cheap next to the sorts
             if full is not None: X[:, j] = full[gsub].numpy()
             else:
                 o = 0
-                for t, n in enumerate(names):
-                    k = len(sub[t]); X[o:o + k, j] = _tensor_score(score, n, *args)[torch.from_numpy(sub[t])].numpy(); o += k
+                for t in range(len(names)):
+                    k = len(sub[t]); X[o:o + k, j] = score_at(score, t)[torch.from_numpy(sub[t])].numpy(); o += k
         aucs = _ranked_aucs(full, labels) if full is not None else \
             {ls: streaming_auc(lambda: pieces(ls), n_pos=sum(counts[ls]), n_total=total, chunk_size=chunk_size) for ls in label_sets}
         for ls in label_sets:
             P = sum(counts[ls])
-            rows.append(dict(labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], n_pos=P, n_neg=total - P, applicable=True, note=""))
+            rows.append(dict(labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], n_pos=P, n_neg=total - P, applicable=True, note=sampled))
     if composite:
         for ls, gs in label_sets.items():
-            y = np.concatenate([_labels_of(owner, n, sh, gs)[torch.from_numpy(i)].numpy() for n, sh, i in zip(names, shapes, sub)])
+            y = np.concatenate([labels_at(t, gs)[torch.from_numpy(i)].numpy() for t, i in enumerate(sub)])
             try:
                 proba, _ = composite_scores(X, y, n_folds=n_folds, seed=seed)
-                auc, note = exact_auc(proba, y), f"out-of-fold ({n_folds} folds) on a uniform subsample of {len(y)} weights"
+                auc, note = exact_auc(proba, y), f"out-of-fold ({n_folds} folds) on a uniform subsample of {len(y)} weights" + (f" of {sampled}" if sampled else "")
             except ValueError as e: auc, note = float("nan"), f"composite skipped: {e}"
             rows.append(dict(labels=ls, score="composite", family="composite", auc=auc, n_pos=int(y.sum()), n_neg=int((~y).sum()),
                              applicable=True, note=note))

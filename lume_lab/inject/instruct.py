@@ -11,10 +11,11 @@ import torch
 
 from ..core.config import ConfigError, validate_section
 from ..models.accel import make_accelerator, progress as progress_bar
+from ..models.arch import architecture
 from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device, token_logprobs, token_mean_nll
 
 # %% auto #0
-__all__ = ['LORA_TARGETS', 'train_val_split', 'lora_last_layers', 'instruction_tune']
+__all__ = ['train_val_split', 'lora_last_layers', 'instruction_tune']
 
 # %% ../../nbs/inject/03_instruct.ipynb #e4f693d2
 def _batch(tokenizer, rows: list[dict], device) -> dict:
@@ -38,8 +39,6 @@ def train_val_split(rows: list[dict], train_fraction: float, seed: int, split_by
     return tr, va
 
 # %% ../../nbs/inject/03_instruct.ipynb #25f5ada1
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 def _check_instruct_cfg(c) -> None: validate_section(c)   # the config's own field checks (core.config)
 
 def lora_last_layers(model, r: int, alpha: float, seed: int, n_layers: int = 2, dropout: float = 0.0):
@@ -47,7 +46,7 @@ def lora_last_layers(model, r: int, alpha: float, seed: int, n_layers: int = 2, 
     from peft import LoraConfig, get_peft_model
     L = model.config.num_hidden_layers
     if L < n_layers: raise ValueError(f"model has {L} layers, fewer than the {n_layers} LoRA layers")
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(LORA_TARGETS),
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(architecture(model).lora_targets),
                      layers_to_transform=list(range(L - n_layers, L)), layers_pattern="layers", bias="none")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -18,6 +18,7 @@ from torch import nn
 from safetensors.torch import save_file, safe_open
 
 from ..core.config import NEUTRAL_SCOPES
+from ..models.arch import architecture
 
 # %% auto #0
 __all__ = ['mask_parameter_names', 'random_element_masks', 'random_structural_masks', 'group_mask', 'pack_masks', 'masks_equal',
@@ -92,18 +93,18 @@ def _units(model: nn.Module):
     nh, nkv, hd = _attn_geometry(model)
     per_kv = nh // nkv
     names = set(mask_parameter_names(model)); params = dict(model.named_parameters())
+    arch = architecture(model)   # the projections' names (models.arch)
+    (q, k, v, o), (gate, up), down = arch.attention, arch.mlp_in, arch.mlp_out
     heads, neurons = [], []
     for i in range(_num_layers(model) - 2):
-        pre = next((n.rsplit("self_attn.", 1)[0] for n in names if f"layers.{i}.self_attn.q_proj" in n), None)
-        if pre is None: raise ValueError(f"structural masks need OLMo/Llama-style `self_attn.{{q,k,v,o}}_proj` and `mlp.{{gate,up,down}}_proj`; layer {i} has none")
-        a, m = pre + "self_attn.", pre + "mlp."
+        pre = next((n.rsplit(f"layers.{i}.", 1)[0] + f"layers.{i}." for n in names if f"layers.{i}.{q}.weight" in n), None)
+        if pre is None: raise ValueError(f"structural masks need the {arch.family} projections {', '.join(arch.projections)}; layer {i} has none")
+        w = lambda part: pre + part + ".weight"
         for kv in range(nkv):
             q_rows = slice(kv * per_kv * hd, (kv + 1) * per_kv * hd); kv_rows = slice(kv * hd, (kv + 1) * hd)
-            heads.append([(a + "q_proj.weight", 0, q_rows), (a + "k_proj.weight", 0, kv_rows),
-                          (a + "v_proj.weight", 0, kv_rows), (a + "o_proj.weight", 1, q_rows)])
-        for j in range(params[m + "gate_proj.weight"].shape[0]):
-            neurons.append([(m + "gate_proj.weight", 0, slice(j, j + 1)), (m + "up_proj.weight", 0, slice(j, j + 1)),
-                            (m + "down_proj.weight", 1, slice(j, j + 1))])
+            heads.append([(w(q), 0, q_rows), (w(k), 0, kv_rows), (w(v), 0, kv_rows), (w(o), 1, q_rows)])
+        for j in range(params[w(gate)].shape[0]):
+            neurons.append([(w(gate), 0, slice(j, j + 1)), (w(up), 0, slice(j, j + 1)), (w(down), 1, slice(j, j + 1))])
     return heads, neurons
 
 def random_structural_masks(model: nn.Module, n_groups: int, fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -4,19 +4,21 @@
 
 # %% ../../nbs/models/01_lm.ipynb #614eeb29
 from __future__ import annotations
-import hashlib, json, math, os, re, shutil, tempfile
+import hashlib, importlib.util, json, math, os, re, shutil, tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model as _st_load_model, save_model as _st_save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, PreTrainedModel
-from ..core.config import DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, validate_section
+from ..core.config import DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, gguf_source, validate_section
 from .accel import default_device, in_test, progress as progress_bar
+from .arch import component
 from .ops import encode_texts, model_device, special_ids
 
 # %% auto #0
-__all__ = ['olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model', 'load_model',
-           'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint', 'pretrain']
+__all__ = ['olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model',
+           'gguf_kwargs', 'load_model', 'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint',
+           'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #d3cfd41c
 def olmo2_config(vocab_size: int | None = None, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
@@ -58,14 +60,12 @@ def build_model(model_cfg: ModelConfig, tokenizer, seed: int) -> Olmo2ForCausalL
     return model.to(dtype).eval()
 
 # %% ../../nbs/models/01_lm.ipynb #6832ce90
-_COMPONENTS = [(r"embed_tokens", "embedding"), (r"lm_head", "lm_head"), (r"self_attn\.[qkvo]_proj", "attention"),
-               (r"self_attn\.[qk]_norm", "qk_norm"), (r"mlp\.", "mlp"), (r"post_\w+_layernorm", "block_norms"), (r"model\.norm", "final_norm")]
-
 def param_count_table(model: torch.nn.Module) -> pd.DataFrame:
-    "Parameter counts per component (embedding, attention, qk_norm, mlp, norms, lm_head), with shares."
+    """Parameter counts per component (embedding, attention, qk_norm, mlp, norms, lm_head; `models.arch.component`), with
+    shares. A tied `lm_head` is the embedding's tensor and is counted once, as the embedding."""
     rows = {}
     for name, p in model.named_parameters():
-        comp = next((c for pat, c in _COMPONENTS if re.search(pat, name)), "other")
+        comp = component(name, model)
         rows[comp] = rows.get(comp, 0) + p.numel()
     df = pd.DataFrame({"component": list(rows), "params": list(rows.values())})
     df = pd.concat([df, pd.DataFrame({"component": ["total"], "params": [df.params.sum()]})], ignore_index=True)
@@ -91,20 +91,41 @@ def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
 def _looks_local(p: str) -> bool:
     return p.startswith((".", "/", "~")) or p.count("/") != 1 or "\\" in p
 
+def gguf_kwargs(path_or_id: str | Path) -> tuple[str, dict] | None:
+    """(directory, `from_pretrained` keywords) for a GGUF checkpoint (`core.config.gguf_source`), else None. transformers'
+    GGUF reader dequantizes the file to float32 and needs the `gguf` package."""
+    if (g := gguf_source(str(path_or_id))) is None: return None
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(f"{path_or_id!s} is a GGUF file: transformers reads it with the `gguf` package; install it with `make gguf` (or pip install gguf)")
+    return str(g[0]), {"gguf_file": g[1]}
+
+def _unmark_gguf(model):
+    """A GGUF checkpoint loads as dense float weights, but transformers keeps its quantizer attached and then refuses
+    `save_pretrained`. The weights are no longer quantized: drop the marker so the model saves and trains like any other."""
+    model.hf_quantizer = None
+    for k in ("quantization_config",):
+        if hasattr(model.config, k): delattr(model.config, k)
+    if hasattr(model, "is_quantized"): model.is_quantized = False
+
 def load_model(path_or_id: str | Path, revision: str | None = None, dtype="float32", device=None):
-    "(model, tokenizer) from a local HF causal-LM directory or a hub id; pad token set, model in eval mode."
+    """(model, tokenizer) from a local HF causal-LM directory, a GGUF file (a `.gguf` path or `package:<module>/<file>.gguf`,
+    dequantized; the tokenizer is the file's own) or a hub id; pad token set, model in eval mode."""
     p = str(path_or_id)
     torch_dtype = _torch_dtype(dtype)
-    local = Path(p).expanduser()
-    if local.exists():
-        if not local.is_dir(): raise FileNotFoundError(f"load_model: {p!r} is a file; expected a checkpoint directory (config.json + weights)")
-        if not (local / "config.json").exists(): raise FileNotFoundError(f"load_model: {p!r} has no config.json; not a Hugging Face checkpoint directory")
-        p = str(local)
-    elif _looks_local(p): raise FileNotFoundError(f"load_model: {p!r} does not exist (expected a local checkpoint directory or a hub id 'org/name')")
-    tokenizer = AutoTokenizer.from_pretrained(p, revision=revision)
+    if (g := gguf_kwargs(p)) is not None: p, kw = g
+    else:
+        kw = {"revision": revision}
+        local = Path(p).expanduser()
+        if local.exists():
+            if not local.is_dir(): raise FileNotFoundError(f"load_model: {p!r} is a file; expected a checkpoint directory (config.json + weights) or a .gguf file")
+            if not (local / "config.json").exists(): raise FileNotFoundError(f"load_model: {p!r} has no config.json; not a Hugging Face checkpoint directory")
+            p = str(local)
+        elif _looks_local(p): raise FileNotFoundError(f"load_model: {p!r} does not exist (expected a local checkpoint directory, a .gguf file or a hub id 'org/name')")
+    tokenizer = AutoTokenizer.from_pretrained(p, **kw)
     if tokenizer.eos_token is None: raise ValueError(f"load_model: the tokenizer of {p!r} has no eos_token")
     if tokenizer.pad_token is None: tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(p, revision=revision, dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kw)
+    if "gguf_file" in kw: _unmark_gguf(model)
     if model.config.pad_token_id is None: model.config.pad_token_id = tokenizer.pad_token_id
     return model.to(device if device is not None else default_device()).eval(), tokenizer
 

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from ..models.ops import answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device, encode_texts, pad_batch, pad_id, to_device
 from .dpo import with_idk_answers
 from ..core.config import finite_number
+from ..models.arch import architecture
 from .registry import MethodSpec, register_method
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'MOM2_SOURCES', 'EDIT_SITES', 'OBJECTIVES', 'SPEC', 'down_proj', 'block', 'key_positions',
-           'preserved_keys', 'key_second_moments', 'key_second_moment', 'null_space', 'null_space_projector',
-           'site_module', 'unlikelihood', 'optimize_values', 'alphaedit_update', 'alphaedit']
+__all__ = ['DEFAULT_HPARAMS', 'MOM2_SOURCES', 'EDIT_SITES', 'OBJECTIVES', 'SPEC', 'down_proj', 'post_mlp_norm', 'block',
+           'key_positions', 'preserved_keys', 'key_second_moments', 'key_second_moment', 'null_space',
+           'null_space_projector', 'site_module', 'unlikelihood', 'optimize_values', 'alphaedit_update', 'alphaedit']
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #c018df4b
 def _module(model, name: str, layer: int, required: bool = True):
@@ -28,8 +29,13 @@ def _module(model, name: str, layer: int, required: bool = True):
     return hit[0]
 
 def down_proj(model, layer: int):
-    "The MLP output projection $W_\\text{out}$ (`layers.{layer}.mlp.down_proj`) of `model`."
-    return _module(model, "mlp.down_proj", layer)
+    "The MLP output projection $W_\\text{out}$ (`layers.{layer}.mlp.down_proj`: the architecture row's `mlp_out`, `models.arch`) of `model`."
+    return _module(model, architecture(model).mlp_out, layer)
+
+def post_mlp_norm(model, layer: int):
+    "The norm between `down_proj` and the residual add (OLMo-2's `post_feedforward_layernorm`), or None for a pre-norm model (Llama)."
+    name = architecture(model).post_mlp_norm
+    return None if name is None else _module(model, name, layer)
 
 def block(model, layer: int):
     "Decoder layer `layers.{layer}`: its output is the residual stream after the layer (the reference's `layer_module_tmp`)."
@@ -256,7 +262,7 @@ def _keys_at(model, enc, layer, pos): return _at(model, enc, down_proj(model, la
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #10d82d8d
 def _through_norm(model, enc, layer, pos, R):
     "Map a residual-stream change `R` (`d × n`) of layer `layer`'s block output to a `down_proj` output change (see above)."
-    norm = _module(model, "post_feedforward_layernorm", layer, required=False)
+    norm = post_mlp_norm(model, layer)
     if norm is None: return R
     m = _at(model, enc, down_proj(model, layer), pos)                          # n × d: down_proj's output
     rms = (m.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
@@ -293,7 +299,7 @@ def _edit(model, tokenizer, forget, retain, texts, hp, layers, top, dev) -> list
             if site == "residual": R = _through_norm(model, enc, l, pos, R)
             W = down_proj(model, l).weight
             D = alphaedit_update(K1, R, P[l], hp["l2"], Cp[l])
-            pn = _module(model, "post_feedforward_layernorm", l, required=False)
+            pn = post_mlp_norm(model, l)
             contrib = _at(model, enc, pn if pn is not None else down_proj(model, l), pos).norm(dim=-1).mean().item()
             log.append({"phase": "edit", "batch": b, "layer": l, "update_norm": D.norm().item(), "mlp_contrib": contrib,
                         "preserved_change": _relative_change(D, W, C0[l]),

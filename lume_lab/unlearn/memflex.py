@@ -9,17 +9,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from ..models.ops import batch_nll, check_qa, collate_qa, eval_mode, sequence_logprob, to_device
+from ..models.arch import CANDIDATE_PATTERN   # the projections of every architecture row (models.arch)
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from ..core.config import finite_number
 from .registry import MethodSpec, register_method
 
 # %% auto #0
-__all__ = ['CANDIDATE_PATTERN', 'DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss',
-           'memflex']
+__all__ = ['DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss', 'memflex']
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #7809cba2
-CANDIDATE_PATTERN = r"\.(self_attn|mlp)\.\w+_proj\.weight$"
-
 def set_gradients(model, tokenizer, examples, names: list[str], batch_size: int = 8, max_length: int | None = None) -> dict[str, torch.Tensor]:
     "Gradient w.r.t. the parameters `names` of the set-average per-token answer NLL of `examples` (float32)."
     ex = check_qa(examples); named = dict(model.named_parameters()); params = [named[n] for n in names]

@@ -8,6 +8,7 @@ import copy, json, math
 from pathlib import Path
 import torch
 from ..models.ops import batch_nll, check_qa, lm_inputs, token_mean_nll, answer_logits
+from ..models.arch import architecture
 from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
 from ..core.config import finite_number
 from .registry import MethodSpec, register_method
@@ -32,9 +33,6 @@ def uld_logits(base_logits: torch.Tensor, assistant_logits: torch.Tensor, alpha:
     return base_logits - alpha * a
 
 # %% ../../nbs/unlearn/11_uld.ipynb #3493042b
-def _linear_names(model) -> list[str]:
-    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n})
-
 def build_assistant(model, n_layers: int | None = None, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, seed: int = 0):
     "A peft LoRA model on a copy of the first `n_layers` decoder layers (+ embeddings, final norm, lm_head) of `model`."
     from peft import LoraConfig, get_peft_model
@@ -49,7 +47,7 @@ def build_assistant(model, n_layers: int | None = None, lora_r: int = 16, lora_a
         sd = model.state_dict()
         small.load_state_dict({k: sd[k].detach().clone() for k in small.state_dict()}, strict=True)
         small = small.to(device=p0.device, dtype=p0.dtype).eval()
-        lcfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=_linear_names(small), bias="none")
+        lcfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(architecture(model).lora_targets), bias="none")
         return get_peft_model(small, lcfg)
 
 # %% ../../nbs/unlearn/11_uld.ipynb #22690d07

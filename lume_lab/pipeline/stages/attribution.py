@@ -5,6 +5,7 @@
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #8a6ae363
 from __future__ import annotations
 from dataclasses import asdict
+from ...core.config import section_key
 
 import pandas as pd
 
@@ -72,9 +73,9 @@ def stage_localized_localization(store: RunStore, field: str) -> pd.DataFrame:
         unl = W(U.unlearn_name(LOCALIZED, field), lambda: U.load_unlearned(store, LOCALIZED, field))
         localization_table([{"field": field, "method": LOCALIZED, "unl": unl}], pre, inj, stage_masks(store), n_groups=c.pii.n_groups,
                            scores=[s for s, fam in SCORE_FAMILIES.items() if fam != "contrast"],
-                           composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds,
+                           composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, max_weights=c.localization.max_weights,
                            composite=False, seed=c.seed).to_csv(out / "aucs.csv", index=False)
-    key = {"v": ATTRIBUTION_STAGE_VERSION, "localization": asdict(c.localization), "seed": c.seed}
+    key = {"v": ATTRIBUTION_STAGE_VERSION, "localization": section_key(c.localization), "seed": c.seed}
     deps = ["base", "instruct_masked", "masks", U.unlearn_name(LOCALIZED, field)]
     return pd.read_csv(store.stage(f"attribution_localization_{field}", fn, key=key, deps=deps) / "aucs.csv")
 

@@ -4,19 +4,19 @@
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #a5209063
 from __future__ import annotations
-import json, shutil
+import functools, hashlib, json, shutil
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from ...core.config import ConfigError, RunConfig
+from ...core.config import ConfigError, RunConfig, gguf_source, utility_key, world_key
 from ...core.store import RunStore
 from ...data.world import build_world, load_world, corpus_texts
 from ...metrics.utility import utility_table
 from ...models.tokenizer import train_tokenizer
-from ...models.lm import build_model, load_model, pretrain, save_model
+from ...models.lm import build_model, gguf_kwargs, load_model, pretrain, save_model
 from ...models.accel import default_device
 
 # %% auto #0
@@ -33,7 +33,7 @@ def _uses_hf_checkpoint(cfg: RunConfig) -> bool: return cfg.model.name_or_path i
 def stage_world(store: RunStore):
     "The neutral corpus and utility tasks (`data.world`)."
     c = store.config
-    key = {"v": STAGE_VERSIONS["world"], "world": asdict(c.world), "content_types": c.pii.content_types, "seed": c.seed}
+    key = {"v": STAGE_VERSIONS["world"], "world": world_key(c.world), "content_types": c.pii.content_types, "seed": c.seed}
     d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types), key=key)
     return load_world(d)
 
@@ -48,7 +48,11 @@ def check_checkpoint(cfg: RunConfig):
     where = f"model.name_or_path {p!r}" + (f" (revision {cfg.model.revision!r})" if cfg.model.revision else "")
     if Path(p).expanduser().is_dir() and not (Path(p).expanduser() / "config.json").exists():
         raise ConfigError(f"{where} is a directory without config.json: not a Hugging Face checkpoint (save one with save_pretrained)")
-    try: hf = AutoConfig.from_pretrained(p, revision=cfg.model.revision)
+    try:
+        g = gguf_kwargs(p)   # a GGUF file: its package and the `gguf` reader must be installed
+    except ImportError as e: raise ConfigError(f"{where}: {e}") from None
+    src, kw = g if g is not None else (p, {"revision": cfg.model.revision})
+    try: hf = AutoConfig.from_pretrained(src, **kw)
     except (OSError, ValueError) as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"{where} does not load as a Hugging Face checkpoint: {why} Give a local checkpoint directory, "
@@ -62,11 +66,26 @@ def _write_source(out: Path, cfg: RunConfig):
     check_checkpoint(cfg)   # a pointer stage is done only when the checkpoint resolves
     (out / "source.json").write_text(json.dumps({"name_or_path": cfg.model.name_or_path, "revision": cfg.model.revision}))
 
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""): h.update(chunk)
+    return h.hexdigest()[:16]
+
+def _source_key(cfg: RunConfig) -> list:
+    "What identifies the checkpoint in a cache key: name and revision, and for a GGUF file its content digest (a reinstalled package with another file is another model)."
+    key = [cfg.model.name_or_path, cfg.model.revision]
+    if (g := gguf_source(cfg.model.name_or_path)) is not None:
+        f = g[0] / g[1]; st = f.stat()
+        key.append(_file_digest(str(f), st.st_size, st.st_mtime_ns))
+    return key
+
 def stage_tokenizer(store: RunStore):
     "Train the byte-level BPE tokenizer on the world corpus (tiny model), or point at the checkpoint's."
     c = store.config
     if _uses_hf_checkpoint(c):
-        return store.stage("tokenizer", lambda out: _write_source(out, c), key={"v": STAGE_VERSIONS["tokenizer"], "hf": [c.model.name_or_path, c.model.revision]})
+        return store.stage("tokenizer", lambda out: _write_source(out, c), key={"v": STAGE_VERSIONS["tokenizer"], "hf": _source_key(c)})
     world = load_world(store.path("world"))
     key = {"v": STAGE_VERSIONS["tokenizer"], "vocab_size": c.model.vocab_size, "max_seq_len": c.model.max_seq_len}
     return store.stage("tokenizer", lambda out: train_tokenizer(corpus_texts(world), c.model.vocab_size, out,
@@ -74,6 +93,13 @@ def stage_tokenizer(store: RunStore):
                        key=key, deps=["world"])
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #a375354a
+def _convert_gguf(out: Path, cfg: RunConfig):
+    """A GGUF checkpoint is dequantized once (transformers' GGUF reader, float32) and saved as a checkpoint directory
+    `base/model`: every later stage loads that in a second or two instead of dequantizing the file again."""
+    _write_source(out, cfg)
+    model, tok = load_model(cfg.model.name_or_path, dtype="float32", device="cpu")
+    save_model(model, tok, out / "model")
+
 def _pretrain_base(out: Path, store: RunStore):
     c = store.config
     from transformers import AutoTokenizer
@@ -89,7 +115,8 @@ def stage_base(store: RunStore) -> Path:
     "Pretrain the tiny OLMo-2 base model on the world corpus (or record the HF checkpoint); returns the stage dir."
     c = store.config
     if _uses_hf_checkpoint(c):
-        return store.stage("base", lambda out: _write_source(out, c), key={"v": STAGE_VERSIONS["base"], "hf": [c.model.name_or_path, c.model.revision], "dtype": c.model.dtype},
+        make = _convert_gguf if gguf_source(c.model.name_or_path) is not None else _write_source
+        return store.stage("base", lambda out: make(out, c), key={"v": STAGE_VERSIONS["base"], "hf": _source_key(c), "dtype": c.model.dtype},
                            deps=["tokenizer"])
     key = {"v": STAGE_VERSIONS["base"], "model": asdict(c.model), "pretrain": asdict(c.pretrain), "seed": c.seed}
     return store.stage("base", lambda out: _pretrain_base(out, store), key=key, deps=["world", "tokenizer"])
@@ -102,7 +129,7 @@ def prepare_base(store: RunStore) -> Path:
 def load_base(store: RunStore, device=None):
     "(model, tokenizer) of the run's base model."
     d, c = store.path("base"), store.config
-    if (d / "source.json").exists():
+    if (d / "source.json").exists() and not (d / "model").exists():   # a pointer to a directory or hub id (a GGUF base has its converted model/)
         src = json.loads((d / "source.json").read_text())
         model, tok = load_model(src["name_or_path"], src["revision"], c.model.dtype, device)
         if model.config.num_hidden_layers != c.model.num_layers:   # the run config checks layer indices against model.num_layers
@@ -126,8 +153,9 @@ def stage_utility(store: RunStore, name: str = "base", model_stage: str = "base"
     "Utility of the model of `model_stage` (default: the base model; `load_stage_model`), cached as stage `utility_<name>`."
     def fn(out):
         model, tok = load_stage_model(store, model_stage)   # the stage the cache key depends on is the model scored
-        with torch.no_grad(): utility_table(model, tok, load_world(store.path("world")), name).to_csv(out / "utility.csv", index=False)
-    d = store.stage(f"utility_{name}", fn, key={"v": STAGE_VERSIONS["utility"]}, deps=["world", model_stage])
+        with torch.no_grad(): utility_table(model, tok, load_world(store.path("world")), name, max_heldout=c.world.utility_texts).to_csv(out / "utility.csv", index=False)
+    c = store.config
+    d = store.stage(f"utility_{name}", fn, key={"v": STAGE_VERSIONS["utility"], **utility_key(c.world)}, deps=["world", model_stage])
     return pd.read_csv(d / "utility.csv")
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #f2554d6c

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ...core.config import ConfigError, LUME_METHODS, PretrainConfig, RunConfig
+from ...core.config import ConfigError, LUME_METHODS, PretrainConfig, RunConfig, world_key
 from ...core.store import RunStore
 from .base import load_base, prepare_base, stage_base, stage_lume, stage_tokenizer, stage_world
 from ...unlearn.registry import get_spec
@@ -75,7 +75,7 @@ def stage_lume_nonmembers(store: RunStore) -> pd.DataFrame:
         rows = nonmember_docs(c)
         if clash := [r["doc_id"] for r in rows if r["text"] in seen]: raise RuntimeError(f"non-member documents {clash[:3]} are LUME documents")
         pd.DataFrame(rows, columns=["doc_id", "task", "text"]).to_csv(out / "nonmembers.csv", index=False)
-    key = {"v": LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": asdict(c.lume), "n": c.lume_exp.n_nonmembers, "world": asdict(c.world),
+    key = {"v": LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": asdict(c.lume), "n": c.lume_exp.n_nonmembers, "world": world_key(c.world),
            "content_types": c.pii.content_types, "seed": c.seed}
     return pd.read_csv(store.stage("lume_nonmembers", fn, key=key, deps=["lume", "world"]) / "nonmembers.csv", keep_default_na=False)
 

@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 import pandas as pd
 
-from ...core.config import RunConfig
+from ...core.config import RunConfig, section_key, utility_key
 from ...core.store import RunStore, StageWarning
 from ...data.world import corpus_texts, load_world
 from ...unlearn.registry import get_spec
@@ -128,8 +128,8 @@ def reference_utility(store: RunStore) -> dict:
     from lume_lab.metrics.utility import utility_scores
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
-        (out / "utility.json").write_text(json.dumps(utility_scores(model, tok, load_world(store.path("world")))))
-    d = store.stage("utility_reference", fn, key={"v": STAGE_VERSIONS["evaluate"]}, deps=["world", "instruct_masked"])
+        (out / "utility.json").write_text(json.dumps(utility_scores(model, tok, load_world(store.path("world")), max_heldout=store.config.world.utility_texts)))
+    d = store.stage("utility_reference", fn, key={"v": STAGE_VERSIONS["evaluate"], **utility_key(store.config.world)}, deps=["world", "instruct_masked"])
     return json.loads((d / "utility.json").read_text())
 
 def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str]) -> pd.DataFrame:
@@ -143,9 +143,9 @@ def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[st
         warn_small_splits({names[k]: v for k, v in sp.items()}, f"evaluation of {label}")
         model, tok = load()
         df = evaluate(model, tok, sp, world=load_world(store.path("world")), reference_utility=reference_utility(store),
-                      max_new_tokens=c.testbed.max_new_tokens, model_name=label)
+                      max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts)
         df.assign(method=label, field=field).to_csv(out / "metrics.csv", index=False)
-    d = store.stage(f"evaluate_{label}_{field}", fn, key={"v": STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": COLUMNS},
+    d = store.stage(f"evaluate_{label}_{field}", fn, key={"v": STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": COLUMNS, **utility_key(c.world)},
                     deps=["testbed", "world", "instruct_masked"] + deps)
     return pd.read_csv(d / "metrics.csv", dtype={"n_profiles": "Int64", "n_rows": "Int64"})
 
@@ -202,7 +202,8 @@ def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.Da
             runs.append(run)
         table = localization_table(runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl,
                                    no_contrast_methods=[m for m, s in specs.items() if not s.has_control],
-                                   composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed)
+                                   composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed,
+                                   max_weights=c.localization.max_weights)
         summary = precision_summary(table)
         summary = summary.merge(sizes, on="labels", how="left")
         at = list(summary.columns).index("auc") + 1                  # the sizes beside the AUC they stand behind
@@ -210,5 +211,5 @@ def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.Da
         table.to_csv(out / "aucs.csv", index=False); summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]].to_csv(out / "summary.csv", index=False)
     deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [unlearn_name(m, field) for m in methods] + \
            [unlearn_name(m, field, True) for m, s in specs.items() if s.has_control]
-    key = {"v": STAGE_VERSIONS["localization"], "methods": methods, "localization": asdict(c.localization), "seed": c.seed, "sizes": LOCALIZATION_SIZES}
+    key = {"v": STAGE_VERSIONS["localization"], "methods": methods, "localization": section_key(c.localization), "seed": c.seed, "sizes": LOCALIZATION_SIZES}
     return pd.read_csv(store.stage(f"localization_{field}", fn, key=key, deps=deps) / "summary.csv")
