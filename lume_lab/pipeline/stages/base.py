@@ -97,7 +97,7 @@ def _convert_gguf(out: Path, cfg: RunConfig):
     """A GGUF checkpoint is dequantized once (transformers' GGUF reader, float32) and saved as a checkpoint directory
     `base/model`: every later stage loads that in a second or two instead of dequantizing the file again."""
     _write_source(out, cfg)
-    model, tok = load_model(cfg.model.name_or_path, dtype="float32", device="cpu")
+    model, tok = load_model(cfg.model.name_or_path, dtype="float32")
     save_model(model, tok, out / "model")
 
 def _pretrain_base(out: Path, store: RunStore):
