@@ -103,8 +103,7 @@ def _unmark_gguf(model):
     """A GGUF checkpoint loads as dense float weights, but transformers keeps its quantizer attached and then refuses
     `save_pretrained`. The weights are no longer quantized: drop the marker so the model saves and trains like any other."""
     model.hf_quantizer = None
-    for k in ("quantization_config",):
-        if hasattr(model.config, k): delattr(model.config, k)
+    if hasattr(model.config, "quantization_config"): delattr(model.config, "quantization_config")
     if hasattr(model, "is_quantized"): model.is_quantized = False
 
 def load_model(path_or_id: str | Path, revision: str | None = None, dtype="float32", device=None):
