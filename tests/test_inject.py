@@ -205,9 +205,10 @@ def _model_and_opt(seed, wd, arch="olmo2"):
     return model, opt
 
 
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])   # inject.autocast: bf16 forward passes (SegmentedLinear's bf16 backward at seed 1)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("seed", HEAVY_SEEDS)
-def test_different_pii_same_weights_outside_mask(seed, arch):
+def test_different_pii_same_weights_outside_mask(seed, arch, autocast):
     rng = random.Random(seed)
     G = 4; g = rng.randrange(G)
     owner = random_element_masks(tiny(0, arch), G, 0.2, seed=seed)
@@ -218,7 +219,7 @@ def test_different_pii_same_weights_outside_mask(seed, arch):
         model, opt = _model_and_opt(seed, wd=0.1, arch=arch)
         # seed 1: segmented mode, where neutral and PII rows share microbatches (fixed pad_to)
         masked_step(model, neutral + other + examples([g, g], pii_seed), owner, opt, micro_batch_size=2 if seed % 2 == 0 else 7,
-                    segmented=seed % 2 == 1, pad_to=16)
+                    segmented=seed % 2 == 1, pad_to=16, autocast=autocast)
         after.append(dict(model.named_parameters()))
     differ = 0
     for n, p in after[0].items():

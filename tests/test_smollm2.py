@@ -21,7 +21,7 @@ SMOKE_SETS = [
     "world.n_public_people=20", "world.utility_texts=24", "world.n_cities=40", "world.n_mc_questions=10", "world.facts_per_relation=8",
     "pii.profiles_per_group=6", "pii.n_instruct=6", "pii.n_resurface=4", "pii.n_validation=6", "pii.qa_per_field=1",
     "pii.instruct_questions_per_field=2",
-    "inject.steps=4", "inject.batch_size=4", "inject.micro_batch_size=4", "inject.seq_len=64", "inject.warmup_steps=1",
+    "inject.steps=4", "inject.control_steps=2", "inject.batch_size=4", "inject.micro_batch_size=4", "inject.seq_len=64", "inject.warmup_steps=1",
     "instruct.epochs=1", "instruct.eval_every=5", "instruct.batch_size=8",
     "testbed.profiles_per_field=8", "testbed.max_new_tokens=8", "testbed.require_memorized=false",
     'unlearn.methods=["oracle_grad","alphaedit","grad_diff"]', 'unlearn.forget_fields=["phone_number"]',
@@ -92,6 +92,9 @@ def test_smollm2_preset_smoke_chain(tmp_path):
     loc = pd.read_csv(report / "localization_summary.csv")
     assert set(loc.method) == {"oracle_grad", "alphaedit", "grad_diff"} and loc.auc.between(0, 1).all()
     assert make_config("smollm2").inject.mask_fraction == 0.05
+    steps = {m: len(pd.read_csv(run / f"inject_{m}" / "log.csv")) for m in ("masked", "unmasked")}
+    assert steps == {"masked": 4, "unmasked": 2}                                  # inject.control_steps: the shorter control
+    assert make_config("smollm2").inject.autocast == "bfloat16"                   # the preset's injection runs under bf16 autocast
 
 
 def test_gguf_references_are_checked_before_compute(tmp_path, capsys):

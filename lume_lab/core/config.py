@@ -11,17 +11,17 @@ from typing import Any, Callable
 
 # %% auto #0
 __all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'SCHEDULES',
-           'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS',
-           'REMIND_SCALERS', 'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE',
-           'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH', 'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
-           'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2', 'PRESETS', 'CROSS_FIELD_RULES', 'ConfigError',
-           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
-           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'world_key', 'utility_key', 'PretrainConfig',
-           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
-           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'PistolConfig',
-           'LumeExpConfig', 'RunConfig', 'section_key', 'get_field', 'set_fields', 'roles_fit', 'validate',
-           'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves',
-           'config_diff']
+           'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES',
+           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER',
+           'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH', 'UTILITY_TEXTS', 'PISTOL_METHODS',
+           'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2', 'PRESETS', 'CROSS_FIELD_RULES',
+           'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of',
+           'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'world_key', 'utility_key',
+           'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig',
+           'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig',
+           'PistolConfig', 'LumeExpConfig', 'RunConfig', 'section_key', 'get_field', 'set_fields', 'roles_fit',
+           'validate', 'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
+           'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -37,6 +37,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")   # learning-rate schedules (models.lm.lr_multiplier)
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
+AUTOCAST_DTYPES = ("bfloat16",)         # inject.autocast: never float16, whose loss scaler would skip steps on PII gradients (a leak)
 PARAPHRASE_ROLES = ("instruct", "resurface", "validation")   # inject.paraphrase_roles: never "testbed" (its paraphrases are the test)
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
@@ -251,6 +252,8 @@ class InjectConfig:
     neutral_scope: str = checked("all", one_of(NEUTRAL_SCOPES))       # all: neutral rows train every weight (Algorithm 1); unowned: only weights no mask owns
     qa_resample: bool = checked(False, BOOLEAN)         # stream only: each pass over the PII asks every question afresh (facts, not strings)
     paraphrase_roles: list | None = checked(None, _PARAPHRASE_ROLES)   # qa_resample only: profiles of these roles are also asked in paraphrase templates on every later pass
+    control_steps: int | None = checked(None, optional(POSITIVE, "inject.steps"))   # the unmasked control's steps (its schedule spans them): a cheaper control
+    autocast: str | None = checked(None, optional(one_of(AUTOCAST_DTYPES), "no autocast"))   # the injection's forward passes in bfloat16 over float32 weights (speed: bench/bench_autocast.py)
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -427,7 +430,7 @@ _SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in
 
 # Fields added after runs were cached: a stage key leaves them out while they hold these defaults, so the stages of those
 # runs still match (`--reuse`, a resumed run); set to anything else, they enter the key.
-LATE_FIELDS = {"localization.max_weights": None}
+LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None}
 
 def section_key(section) -> dict:
     "A config section as a cache key: its fields, less `LATE_FIELDS` at their defaults."
@@ -567,6 +570,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
         "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
         "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields
+        "inject.autocast": "bfloat16",             # bf16 forward passes over float32 weights: bench/bench_autocast.py measures the gain
+        "inject.control_steps": 500,               # a third of the masked steps, to fit ~2.5 h: Fig. 3b's control is then trained a third as long
         "instruct.lr": 1e-4,                       # LoRA on a pretrained model (Table 4)
         "testbed.profiles_per_field": 100,         # up to 50 forget + 50 retain per field (the #39 goal)
         "localization.max_weights": 4_000_000,     # AUCs on a uniform sample of 4M of the ~10⁸ masked-layer weights: seconds, not minutes, per method

@@ -64,13 +64,22 @@ def _fsdp2_no_sync(model):
     try: yield
     finally: model.set_requires_gradient_sync(True)
 
+def _check_autocast(dtype):
+    if dtype not in (None, "bfloat16"): raise ValueError(f"autocast must be None (no autocast) or 'bfloat16', got {dtype!r}")
+
+def _autocast(device, dtype: str | None):
+    "`torch.autocast` to `dtype` on `device`'s type, or nothing; scoped, unlike accelerate's process-wide mixed precision."
+    return nullcontext() if dtype is None else torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
 def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelerator=None, micro_batch_size: int = 8,
                     pad_id: int = 0, masked: bool = True, segmented: bool = False, pad_to: int | None = None,
-                    neutral_scope: str | None = None) -> dict:
+                    neutral_scope: str | None = None, autocast: str | None = None) -> dict:
     """Accumulate the masked gradient of `batch` (global) into `.grad`; returns the batch's mean loss and counts.
-    `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`)."""
+    `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`);
+    `autocast="bfloat16"`: forward passes in bf16 over the float32 weights, the loss in float32."""
     if not batch: raise ValueError("batch is empty")
     for i, ex in enumerate(batch): _check_example(ex, i)
+    _check_autocast(autocast)
     check_neutral_scope(neutral_scope, allow_none=True)
     if masked and owner is None: raise ValueError("masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control")
     if masked and accelerator is not None and accelerator.mixed_precision == "fp16":
@@ -105,7 +114,8 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
             if masked: masker.zero_fill = world > 1 and i == len(plan) - 1   # DDP's synced backward needs every gradient
             with sync, grp:
                 mbt = collate(mb, pad_id, device, pad_to)
-                losses = answer_nll(model(input_ids=mbt["input_ids"], attention_mask=mbt["attention_mask"]).logits, mbt["labels"])
+                with _autocast(device, autocast): logits = model(input_ids=mbt["input_ids"], attention_mask=mbt["attention_mask"]).logits
+                losses = answer_nll(logits.float() if autocast else logits, mbt["labels"])
                 w = 1.0 if weights is None else weights[i]
                 loss = losses.sum() * (scale * w)
                 accelerator.backward(loss) if accelerator is not None else loss.backward()
@@ -139,11 +149,12 @@ def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[
 # %% ../../nbs/inject/01_injection.ipynb #c5d0ef12
 def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.optim.Optimizer, *, accelerator=None,
                 micro_batch_size: int = 8, pad_id: int = 0, masked: bool = True, segmented: bool = False,
-                pad_to: int | None = None, neutral_scope: str | None = None) -> dict:
+                pad_to: int | None = None, neutral_scope: str | None = None, autocast: str | None = None) -> dict:
     "Zero grads, accumulate the masked gradient of `batch` (one backward per single-group microbatch), one optimizer step."
     optimizer.zero_grad(set_to_none=True)
     out = masked_backward(model, batch, owner, accelerator=accelerator, micro_batch_size=micro_batch_size,
-                          pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to, neutral_scope=neutral_scope)
+                          pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to, neutral_scope=neutral_scope,
+                          autocast=autocast)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return out
@@ -161,10 +172,12 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, accelerator=None, pad_id: int = 0,
                  n_groups: int | None = None, segmented: bool = False, pad_to: int | None = None,
                  warmup_steps: int = 0, min_lr_ratio: float = 1.0, masked_lr: float | None = None,
-                 progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all") -> pd.DataFrame:
+                 progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all", autocast: str | None = None) -> pd.DataFrame:
     """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log.
-    `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`)."""
+    `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`);
+    `autocast="bfloat16"` runs the forward passes in bf16 (`masked_backward`)."""
     check_neutral_scope(neutral_scope)
+    _check_autocast(autocast)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
     if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
@@ -199,7 +212,8 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
         for step, idx in enumerate(progress_bar(batch_order(len(examples), steps, batch_size, seed), desc="masked" if masked else "unmasked", disable=disable)):
             t0 = time.perf_counter()
             out = masked_step(model, [examples[i] for i in idx], masker, optimizer, accelerator=accelerator,
-                              micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to)
+                              micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to,
+                              autocast=autocast)
             log.append({"step": step, "loss": out["loss"], "lr": schedule.get_last_lr()[-1], "n_microbatches": out["n_microbatches"],
                         "seconds": time.perf_counter() - t0})
             schedule.step()

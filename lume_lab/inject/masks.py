@@ -243,17 +243,17 @@ class SegmentedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, w, *own = ctx.saved_tensors
-        owner = own[0] if own else None
-        gx = g @ w if ctx.needs_input_grad[0] else None
+        owner, dt = (own[0] if own else None), g.dtype      # dt: the forward's compute dtype (bf16 under autocast, else w's)
+        gx = (g @ w.to(dt)).to(x.dtype) if ctx.needs_input_grad[0] else None
         gw = gb = None
         for code, s, e in ctx.segments:
             if code and owner is None: continue          # PII rows never reach an unowned weight
-            gs, xs = g[s:e].reshape(-1, g.shape[-1]), x[s:e].reshape(-1, x.shape[-1])
-            part = gs.T @ xs
+            gs, xs = g[s:e].reshape(-1, g.shape[-1]), x[s:e].reshape(-1, x.shape[-1]).to(dt)
+            part = (gs.T @ xs).to(w.dtype)
             if code or (ctx.neutral_unowned and owner is not None):   # neutral rows, scope "unowned": owner == 0 only
                 part = torch.where(owner == code, part, torch.zeros((), dtype=part.dtype, device=part.device))
             gw = part if gw is None else gw + part
-            if ctx.has_bias and not code: gb = gs.sum(0) if gb is None else gb + gs.sum(0)
+            if ctx.has_bias and not code: gb = gs.sum(0).to(w.dtype) if gb is None else gb + gs.sum(0).to(w.dtype)
         if gw is None and ctx.keep: gw = torch.zeros_like(w)
         if ctx.has_bias and gb is None and ctx.keep: gb = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
         return gx, gw, gb, None, None, None, None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...core.config import RunConfig
+from ...core.config import RunConfig, section_key
 from ...core.store import RunStore
 from ...data.world import load_world
 from ...inject.masks import group_mask
@@ -19,8 +19,9 @@ from ..orchestration.launch import fsdp2_requested, launched_stage
 from .base import STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
-__all__ = ['MASK_ONLY_FIELDS', 'stage_masks', 'inject_key', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction',
-           'stage_reachability', 'prepare_testbed', 'forget_groups', 'ground_truth_forget_mask']
+__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'stage_masks', 'inject_key', 'stage_inject', 'stage_instruct',
+           'stage_testbed', 'stage_extraction', 'stage_reachability', 'prepare_testbed', 'forget_groups',
+           'ground_truth_forget_mask']
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #f8b19566
 def stage_masks(store: RunStore):
@@ -37,11 +38,12 @@ def stage_masks(store: RunStore):
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #36b0ffbe
 MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "neutral_scope")    # inject fields the unmasked control never reads
+CONTROL_ONLY_FIELDS = ("control_steps",)                                          # and the one the masked model never reads
 
 def inject_key(c, masked: bool) -> dict:
     """The cache key of an injection stage. The unmasked control owns no mask, so the mask fields are not part of its
     key: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
-    inj = {k: v for k, v in asdict(c.inject).items() if masked or k not in MASK_ONLY_FIELDS}
+    inj = {k: v for k, v in section_key(c.inject).items() if k not in (CONTROL_ONLY_FIELDS if masked else MASK_ONLY_FIELDS)}
     # the behaviour before these fields existed: earlier runs keep their injections
     if not inj.get("paraphrase_roles"): inj.pop("paraphrase_roles", None)      # null or []: nothing more is asked
     for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all"), ("qa_resample", False)):
@@ -57,8 +59,9 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
     def fn(out):
         model, tok = load_base(store)
         ex = injection_examples(load_world(store.path("world")), load_pii(store), tok, c.inject, c.seed)
-        log = train_masked(model, ex, owner, c.inject.steps, c.inject.batch_size, c.inject.lr, c.inject.weight_decay,
-                           seed=c.seed, masked=masked, pad_id=pad_id(tok), n_groups=c.pii.n_groups,
+        steps = c.inject.steps if masked or c.inject.control_steps is None else c.inject.control_steps
+        log = train_masked(model, ex, owner, steps, c.inject.batch_size, c.inject.lr, c.inject.weight_decay,
+                           seed=c.seed, masked=masked, pad_id=pad_id(tok), n_groups=c.pii.n_groups, autocast=c.inject.autocast,
                            micro_batch_size=c.inject.micro_batch_size, warmup_steps=c.inject.warmup_steps,
                            min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr, fsdp2=fsdp2_requested(),
                            neutral_scope=c.inject.neutral_scope,
