@@ -22,7 +22,8 @@ from ..metrics.rouge import rouge_f1
 
 # %% auto #0
 __all__ = ['CLASSIFIERS', 'BASELINES', 'balance_classes', 'zscore', 'grouped_folds', 'classify', 'tpr_at_fpr', 'comparisons',
-           'remind_scores', 'feature_importances', 'baseline_scores', 'baseline_table', 'plot_feature_densities']
+           'grouped_auc_ci', 'remind_scores', 'feature_importances', 'baseline_scores', 'baseline_table',
+           'ci_separation', 'plot_feature_densities']
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #820c2eb3
 def balance_classes(df: pd.DataFrame, label_col: str = "label", seed: int = 42) -> pd.DataFrame:
@@ -112,15 +113,44 @@ def _metric_row(y, P: pd.DataFrame, pos=None) -> dict:
     return dict(auc=roc_auc_score(y == pos, P[pos]), tpr_at_1fpr=tpr_at_fpr(y == pos, P[pos]), accuracy=accuracy_score(y, pred),
                 f1=f1_score(y == pos, pred == pos))
 
+# %% ../../nbs/analysis/02_remind_eval.ipynb #8ecf6bab
+def _fast_auc(pos: np.ndarray, score: np.ndarray) -> float:
+    "Binary ROC AUC by ranks (ties shared), as `roc_auc_score`."
+    r = pd.Series(score).rank().to_numpy(); n1 = int(pos.sum()); n0 = len(pos) - n1
+    return float((r[pos].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+def grouped_auc_ci(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42) -> tuple[float, float]:
+    """Percentile bootstrap interval over `groups` of the AUC of out-of-fold probabilities `P` for labels `y`: binary
+    (`pos` the positive class) or, with `pos=None`, the one-vs-rest macro AUC over `P`'s columns."""
+    y, groups = np.asarray(y), np.asarray(groups)
+    if len(y) != len(P) or len(groups) != len(y): raise ValueError(f"y, P and groups need one row each, got {len(y)}, {len(P)}, {len(groups)}")
+    if not 0 < level < 1: raise ValueError(f"level must be in (0, 1), got {level!r}")
+    _, inv = np.unique(groups, return_inverse=True)
+    members = [np.flatnonzero(inv == i) for i in range(inv.max() + 1)]
+    cols = sorted(P.columns) if pos is None else [pos]
+    S = P[cols].to_numpy(); rng = np.random.default_rng(seed); aucs = []
+    for _ in range(n_boot):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
+        labs = [y[idx] == c for c in cols]
+        if any(l.all() or not l.any() for l in labs): continue
+        aucs.append(np.mean([_fast_auc(l, S[idx, j]) for j, l in enumerate(labs)]))
+    if not aucs: return float("nan"), float("nan")
+    lo, hi = np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
 # %% ../../nbs/analysis/02_remind_eval.ipynb #b5583a9b
-def _evaluate(X: np.ndarray, y: np.ndarray, folds: np.ndarray, model: str, seed: int, scaler: str, rf_trees: int = 100) -> list[dict]:
-    "One row per comparison: the classifier trained and scored out of fold on that comparison's rows and labels."
+def _evaluate(X: np.ndarray, y: np.ndarray, folds: np.ndarray, model: str, seed: int, scaler: str, rf_trees: int = 100,
+              groups=None, n_boot: int = 0, level: float = 0.95) -> list[dict]:
+    """One row per comparison: the classifier trained and scored out of fold on that comparison's rows and labels; with
+    `n_boot`, the AUC's bootstrap interval over `groups` (`auc_lo`, `auc_hi`)."""
     rows = []
     for name, cs in comparisons(_ordered(y)).items():
         if len(cs) == 1: sel, yy = np.ones(len(y), bool), np.where(y == cs[0], cs[0], "rest")
         else: sel = np.isin(y, cs); yy = y[sel]
         P = classify(X[sel], yy, model=model, seed=seed, scaler=scaler, folds=folds[sel], rf_trees=rf_trees)
-        rows.append(dict(comparison=name, **_metric_row(yy, P, None if name == "multi" else cs[0]), n=int(sel.sum())))
+        pos = None if name == "multi" else cs[0]
+        ci = dict(zip(("auc_lo", "auc_hi"), grouped_auc_ci(yy, P, pos, np.asarray(groups)[sel], n_boot, level, seed))) if n_boot else {}
+        rows.append(dict(comparison=name, **_metric_row(yy, P, pos), **ci, n=int(sel.sum())))
     return rows
 
 def _prepare(features, labels, groups, balance: bool, seed: int):
@@ -133,12 +163,12 @@ def _prepare(features, labels, groups, balance: bool, seed: int):
     return df.drop(columns=["label", "group"]).to_numpy(), y, df.group.to_numpy(), int(df.label.value_counts().min())
 
 def remind_scores(features, labels, groups, *, models=CLASSIFIERS, n_splits: int = 5, seed: int = 42, scaler: str = "pooled",
-                  balance: bool = True, rf_trees: int = 100) -> pd.DataFrame:
+                  balance: bool = True, rf_trees: int = 100, n_boot: int = 0, level: float = 0.95) -> pd.DataFrame:
     "REMIND's Tables 1–2: per (classifier, comparison) the out-of-fold AUC, TPR@1%FPR (fractions), accuracy, F1, n_per_class."
     X, y, g, n_per = _prepare(features, labels, groups, balance, seed)
     folds = grouped_folds(y, g, n_splits, seed)
     if scaler == "pooled": X, scaler = zscore(X)[0], "none"                  # the authors': once, over every (balanced) row
-    rows = [dict(classifier=m, **r) for m in models for r in _evaluate(X, y, folds, m, seed, scaler, rf_trees)]
+    rows = [dict(classifier=m, **r) for m in models for r in _evaluate(X, y, folds, m, seed, scaler, rf_trees, g, n_boot, level)]
     return pd.DataFrame(rows).assign(n_per_class=n_per)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #79eb2355
@@ -192,7 +222,7 @@ def _paper_rows(x: np.ndarray, y: np.ndarray, in_sample: bool) -> list[dict]:
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #01dee601
 def baseline_table(scores: pd.DataFrame, labels, groups, *, baselines: Sequence[str] | None = None, n_splits: int = 5, seed: int = 42,
-                   balance: bool = True) -> pd.DataFrame:
+                   balance: bool = True, n_boot: int = 0, level: float = 0.95) -> pd.DataFrame:
     "Per (baseline, protocol, comparison): AUC, TPR@1%FPR, accuracy, F1 under the papers' protocol and the fair one (1-D LR, same folds as REMIND)."
     names = [b for b in BASELINES if b in scores] if baselines is None else list(baselines)
     missing = [b for b in names if b not in scores]
@@ -202,8 +232,24 @@ def baseline_table(scores: pd.DataFrame, labels, groups, *, baselines: Sequence[
     rows = []
     for j, b in enumerate(names):
         rows += [dict(baseline=b, protocol="paper", **r) for r in _paper_rows(X[:, j], y, in_sample=b == "rougeL_f1")]
-        rows += [dict(baseline=b, protocol="fair", **r) for r in _evaluate(X[:, [j]], y, folds, "lr", seed, "pooled")]
+        rows += [dict(baseline=b, protocol="fair", **r) for r in _evaluate(X[:, [j]], y, folds, "lr", seed, "pooled", 100, g, n_boot, level)]
     return pd.DataFrame(rows).assign(n_per_class=n_per)
+
+# %% ../../nbs/analysis/02_remind_eval.ipynb #ec9912a0
+def ci_separation(remind: pd.DataFrame, baselines: pd.DataFrame, classifier: str = "lr") -> pd.DataFrame:
+    """Per comparison: REMIND's (`classifier`) AUC and interval beside the best fair baseline's, whether the intervals
+    separate, and the verdict. Both tables need the intervals (`remind_scores` / `baseline_table` with `n_boot` > 0)."""
+    for name, t in (("remind", remind), ("baselines", baselines)):
+        if not {"auc_lo", "auc_hi"} <= set(t.columns): raise ValueError(f"{name} has no AUC intervals: compute it with n_boot > 0")
+    r = remind[remind.classifier == classifier].set_index("comparison")
+    if r.empty: raise ValueError(f"remind has no rows of classifier {classifier!r}; it has {sorted(set(remind.classifier))}")
+    fair = baselines[baselines.protocol == "fair"]
+    b = fair.loc[fair.groupby("comparison").auc.idxmax()].set_index("comparison").reindex(r.index)
+    sep = (r.auc_lo > b.auc_hi) | (b.auc_lo > r.auc_hi)
+    verdict = np.where(~sep, "intervals overlap", np.where(r.auc > b.auc, "REMIND ahead", "baseline ahead"))
+    return pd.DataFrame({"remind_auc": r.auc, "remind_lo": r.auc_lo, "remind_hi": r.auc_hi, "baseline": b.baseline,
+                         "baseline_auc": b.auc, "baseline_lo": b.auc_lo, "baseline_hi": b.auc_hi, "separated": sep,
+                         "verdict": verdict}).reset_index()
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #73687821
 def plot_feature_densities(features: pd.DataFrame, labels, kind: str = "kde", zscored: bool = True):
