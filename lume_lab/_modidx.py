@@ -265,6 +265,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'lume_lab.core.config.RemindConfig': ('core/config.html#remindconfig', 'lume_lab/core/config.py'),
                                       'lume_lab.core.config.ResurfaceConfig': ( 'core/config.html#resurfaceconfig',
                                                                                 'lume_lab/core/config.py'),
+                                      'lume_lab.core.config.RobustnessConfig': ( 'core/config.html#robustnessconfig',
+                                                                                 'lume_lab/core/config.py'),
                                       'lume_lab.core.config.RunConfig': ('core/config.html#runconfig', 'lume_lab/core/config.py'),
                                       'lume_lab.core.config.RunConfig.__getitem__': ( 'core/config.html#runconfig.__getitem__',
                                                                                       'lume_lab/core/config.py'),

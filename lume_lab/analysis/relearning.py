@@ -10,11 +10,12 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.config import RELEARN_ATTACKS
+
 # %% auto #0
-__all__ = ['RELEARN_ATTACKS', 'MIN_RELEARN_PROFILES', 'split_profiles', 'relearning_data', 'recovery', 'recovery_ci']
+__all__ = ['MIN_RELEARN_PROFILES', 'split_profiles', 'relearning_data', 'recovery', 'recovery_ci']
 
 # %% ../../nbs/analysis/07_relearning.ipynb #c8396b1f
-RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")
 MIN_RELEARN_PROFILES = 4   # forget_half needs two profiles on each side
 
 def split_profiles(profile_ids: Iterable, seed: int = 0) -> tuple[list, list]:

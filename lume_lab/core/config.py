@@ -12,16 +12,16 @@ from typing import Any, Callable
 # %% auto #0
 __all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'SCHEDULES',
            'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES',
-           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER',
-           'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH', 'UTILITY_TEXTS', 'PISTOL_METHODS',
-           'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2', 'PRESETS', 'CROSS_FIELD_RULES',
-           'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of',
-           'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'world_key', 'utility_key',
-           'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig',
-           'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig',
-           'PistolConfig', 'LumeExpConfig', 'RunConfig', 'section_key', 'get_field', 'set_fields', 'roles_fit',
-           'validate', 'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
-           'dotted_leaves', 'config_diff']
+           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES', 'POSITIVE',
+           'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
+           'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2',
+           'PRESETS', 'CROSS_FIELD_RULES', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most',
+           'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig',
+           'world_key', 'utility_key', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
+           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
+           'AttributionConfig', 'RobustnessConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'section_key',
+           'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
+           'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -42,6 +42,8 @@ PARAPHRASE_ROLES = ("instruct", "resurface", "validation")   # inject.paraphrase
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
 RESURFACE_FIELDS = ("all", "forget")
+RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")   # robustness.attacks (analysis/07_relearning)
+RELEARN_MODES = ("lora", "full")                                  # robustness.relearn_mode: the instruction-tuning LoRA, or every weight
 
 class ConfigError(ValueError):
     "A bad configuration value: the message names the field and what is allowed."
@@ -343,6 +345,24 @@ class AttributionConfig:
     signature_max_weights: int = checked(100_000, POSITIVE)          # uniform subsample of maskable weights for the mask-signature classifier
     signature_folds: int = checked(3, at_least(2))                   # stratified folds of its out-of-fold predictions
 
+_BITS = Check("a non-empty list of distinct ints in 2..8", lambda v: isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
+              and all(_is_int(b) and 2 <= b <= 8 for b in v))
+_ALPHAS = Check("a list of distinct numbers in [0, 1] holding 0 and 1", lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
+                and all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v) and {0, 1} <= set(v))
+
+@dataclass
+class RobustnessConfig:
+    "The stress tests of e10 (issue #40): quantization, relearning and retain-only relearning, weight-space diagnostics."
+    quant_bits: list = checked([4, 8], _BITS)                        # RTN bit widths (Zhang et al.: 4-bit restores, 8-bit mostly not)
+    group_size: int = checked(128, POSITIVE)                         # RTN group along the input width (the largest divisor at most this)
+    attacks: list = checked(list(RELEARN_ATTACKS), subset_of(RELEARN_ATTACKS))   # relearning attacks run
+    relearn_mode: str = checked("lora", one_of(RELEARN_MODES))       # lora: the instruction-tuning setup (Lacuna §3.2); full: every weight
+    relearn_epochs: int = checked(2, POSITIVE)                       # a small budget, as Hu et al.'s few steps
+    relearn_lr: float | None = checked(None, optional(POSITIVE_FLOAT, "instruct.lr"))
+    min_drop: float = checked(5.0, NON_NEGATIVE)                     # EM points unlearning must remove for recovery to be defined
+    lmc_alphas: list = checked([0, 0.25, 0.5, 0.75, 1], _ALPHAS)     # the linear path between the model before and after unlearning
+    n_boot: int = checked(1000, POSITIVE)                            # bootstrap draws of the recovery intervals (over profiles)
+
 # %% ../../nbs/core/00_config.ipynb #5f1e2a02
 PISTOL_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo")   # PISTOL's five baselines (§4), registry names
 PISTOL_STUDIES = ("degree", "density")                                 # Table 2 (Dataset 1, AB vs AC), Table 3 (Dataset 2)
@@ -419,6 +439,7 @@ class RunConfig:
     remind: RemindConfig = field(default_factory=RemindConfig)
     resurface: ResurfaceConfig = field(default_factory=ResurfaceConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
     pistol: PistolConfig = field(default_factory=PistolConfig)
     lume_exp: LumeExpConfig = field(default_factory=LumeExpConfig)
 
