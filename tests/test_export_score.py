@@ -67,7 +67,8 @@ def _stage(run, kind: str, name: str = "ga-copy") -> Path:
 
 def test_score_is_the_internal_path(run, ga_copy):
     """GradAscent's own output, scored as a checkpoint from outside, gets GradAscent's row: EM/ES/Prob/ROUGE and every other
-    per-split metric exactly, every localization AUC exactly, REMIND and the resurfacing attack exactly, utility to float tolerance."""
+    per-split metric exactly, every localization AUC exactly (with its control run; without one, every non-contrast score), REMIND and
+    the resurfacing attack exactly, utility to float tolerance."""
     st, f = run["store"], run["field"]
     ours = pd.read_csv(_stage(run, "evaluate") / "metrics.csv").set_index(["split", "metric"]).value
     ga = pd.read_csv(st.path(f"evaluate_grad_ascent_{f}") / "metrics.csv").set_index(["split", "metric"]).value
@@ -81,6 +82,11 @@ def test_score_is_the_internal_path(run, ga_copy):
     b = pd.read_csv(st.path(f"localization_{f}") / "aucs.csv").query("method == 'grad_ascent'").set_index(key)
     assert a.index.equals(b.index) and {"contrast", "composite", "raw"} <= set(a.index.get_level_values("score"))
     assert (a.auc == b.auc).all() and (a.best == b.best).all()                                    # exactly, the composite included
+    X.stage_external_checkpoint(st, "ga-alone", f, ga_copy)                              # no --control: no contrast scores, the rest equal
+    U.localization_source(st, X.external_source(st, "ga-alone", f))
+    alone = pd.read_csv(_stage(run, "localization", "ga-alone") / "aucs.csv").set_index(key)
+    plain = b[(b.family != "contrast") & (b.index.get_level_values("score") != "composite")]
+    assert len(plain) >= 6 and not (alone.family == "contrast").any() and (alone.auc.loc[plain.index] == plain.auc).all()
     s = pd.read_csv(_stage(run, "localization") / "summary.csv")
     assert s.method.unique().tolist() == ["external:ga-copy"] and (s.cast_share == 0).all() and (s.changed_share > 0).all()
     cols = ["input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n"]
