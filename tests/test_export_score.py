@@ -356,3 +356,8 @@ def test_external_rows_join_the_runs_report(run, ga_copy):
     assert card.index.tolist()[:2] == ["none", "grad_ascent"] and "external:ga-copy" in card.index
     assert card.at["external:ga-copy", "auc_forget"] == card.at["grad_ascent", "auc_forget"]
     assert card.at["external:ga-copy", "cast_share"] == 0 and pd.isna(card.at["grad_ascent", "cast_share"])
+    from lume_lab.pipeline.orchestration.cli import stage_entries                  # `lume-lab stage` (a multi-process attack) knows it too
+    fin = st.entry(f"external_ga-copy_resurface_{f}")["finished"]
+    got = stage_entries(st)[f"external_ga-copy_resurface_{f}"](st)                # a cache hit: the attack's tables, nothing rerun
+    pd.testing.assert_frame_equal(got["after"], pd.read_csv(_stage(run, "resurface") / "after.csv"))
+    assert st.entry(f"external_ga-copy_resurface_{f}")["finished"] == fin

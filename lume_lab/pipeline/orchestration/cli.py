@@ -109,6 +109,10 @@ def stage_entries(store: RunStore) -> dict[str, Callable[[RunStore], Path]]:
             if get_spec(m).has_control: out[unlearn_name(m, f, True)] = lambda s, m=m, f=f: stage_unlearn(s, m, f, True)
     for f in c.unlearn.forget_fields:
         for label in resurface_labels(c): out[f"resurface_{label}_{f}"] = lambda s, l=label, f=f: stage_resurface(s, l, f)
+    from lume_lab.pipeline.stages.external import external_source, scored_externals   # checkpoints scored with `lume-lab score`
+    from lume_lab.pipeline.stages.resurface import resurface_source
+    for n, f in scored_externals(store):
+        out[external_source(store, n, f).result_stage("resurface")] = lambda s, n=n, f=f: resurface_source(s, external_source(s, n, f))
     return out
 
 def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None) -> Path:
