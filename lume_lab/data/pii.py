@@ -13,8 +13,8 @@ from ..core.config import TARGET_FIELDS, CONTENT_TYPES, QA_ATTRIBUTES, roles_fit
 
 # %% auto #0
 __all__ = ['ATTRIBUTES', 'ROLES', 'REFERENCE_DATE', 'PUBLIC_PREFIX', 'make_profiles', 'render_documents', 'format_prompt',
-           'format_answer', 'render_qa', 'assign_roles', 'pii_records', 'build_pii', 'load_pii', 'pii_fingerprint',
-           'render_public_people']
+           'format_answer', 'render_qa', 'question_template', 'assign_roles', 'pii_records', 'build_pii', 'load_pii',
+           'pii_fingerprint', 'render_public_people']
 
 # %% ../../nbs/data/01_pii.ipynb #7ceabd89
 ATTRIBUTES = (
@@ -443,6 +443,18 @@ def render_qa(profile: dict, fields: Iterable[str], n_per_field: int, rng: rando
             out.append({"prompt": format_prompt(q), "answer": format_answer(profile[f]), "question": q, "field": f,
                         "profile_id": profile["profile_id"], "paraphrase": paraphrase})
     return out
+
+# %% ../../nbs/data/01_pii.ipynb #246bc701
+def question_template(profile: dict, field: str, question: str) -> str | None:
+    "The App. B question template (original or paraphrase) that `question` about `profile` on `field` was rendered from; None if none."
+    if field not in _QA: raise ValueError(f"unknown QA field {field!r}; allowed: {', '.join(QA_ATTRIBUTES)}")
+    slots = _slots(profile, random.Random(0))
+    found = []
+    for t in _QA[field][1] + _QA[field][2]:
+        for subject in (profile["first_name"], f"{profile['first_name']} {profile['last_name']}"):
+            q = t.format(**{**slots, "subject": subject})
+            if question.endswith(q[0].lower() + q[1:]): found.append((len(q), t))
+    return max(found)[1] if found else None
 
 # %% ../../nbs/data/01_pii.ipynb #df6db372
 def _check_count(name: str, v, lo: int = 0) -> None:

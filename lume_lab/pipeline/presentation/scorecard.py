@@ -96,6 +96,7 @@ METRICS = {
     "leak_before":     Metric("leak before", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
     "leak_after":      Metric("leak after", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
     "heldout_pii_nll": Metric("held-out PII NLL", 2, None, "closer", "none", 0.1, None, "e06"),
+    "cast_share":      Metric("cast-only Δ %", 1, None, "lower", 0.0, 0.0, None, "e04"),   # external checkpoints: weights rounding alone changes
 }
 
 SAMPLE_SIZES = {  # n column -> (label on the page, the rows column shown after " / ", shown before the metrics)
@@ -183,11 +184,13 @@ def read_output_metrics(run_dir) -> pd.DataFrame | None:
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #1f657ebc
 def read_localization(run_dir) -> pd.DataFrame | None:
-    "e04's best localization AUC per (field, method): `auc_forget` (labels m^F) and `auc_unified` (m^F ∪ m^R)."
+    "e04's best localization AUC per (field, method): `auc_forget` (labels m^F) and `auc_unified` (m^F ∪ m^R); an external checkpoint's `cast_share`."
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
-    s = pd.read_csv(p).set_index(["field", "method", "labels"]).auc.unstack("labels")
-    return s.rename(columns=lambda c: f"auc_{c}")[[f"auc_{c}" for c in ("forget", "unified") if c in s.columns]]
+    t = pd.read_csv(p)
+    s = t.set_index(["field", "method", "labels"]).auc.unstack("labels")
+    s = s.rename(columns=lambda c: f"auc_{c}")[[f"auc_{c}" for c in ("forget", "unified") if c in s.columns]]
+    return s.join(t.groupby(["field", "method"]).cast_share.first()) if "cast_share" in t else s
 
 def read_remind(run_dir) -> pd.DataFrame | None:
     "e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model: logistic regression and random forest."
@@ -217,12 +220,13 @@ def read_resurfacing(run_dir) -> pd.DataFrame | None:
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #72b92c09
 def run_scorecard(run_dir) -> pd.DataFrame:
-    "The scorecard of one run, indexed by (field, method): every column its files hold; empty if none."
+    "The scorecard of one run, indexed by (field, method): every column its files hold; empty if none. Checkpoints scored with `lume-lab score` (`external:<name>`) come after the methods."
     cfg = run_config(run_dir)
     parts = [r for r in (read_output_metrics(run_dir), read_localization(run_dir), read_remind(run_dir), read_resurfacing(run_dir)) if r is not None]
     if not parts: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))
     card = pd.concat(parts, axis=1, join="outer")
     methods = ["none", *(cfg["unlearn"]["methods"] or [])]
+    methods += [m for m in dict.fromkeys(card.index.get_level_values("method")) if str(m).startswith("external:")]   # `lume-lab score`
     fields = list(dict.fromkeys([*(cfg["unlearn"]["forget_fields"] or []), *card.index.get_level_values("field")]))
     card = card[card.index.get_level_values("method").isin(methods)]
     order = sorted(card.index, key=lambda fm: (fields.index(fm[0]), methods.index(fm[1])))

@@ -25,7 +25,8 @@ __all__ = ['STAGE_VERSIONS', 'stage_world', 'check_checkpoint', 'stage_tokenizer
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #2a57b2e7
 STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1,
-                  "masks": 1, "inject": 2, "instruct": 1, "testbed": 1, "reachability": 1, "unlearn": 1, "evaluate": 1, "localization": 1, "remind": 1, "resurface": 1}
+                  "masks": 1, "inject": 2, "instruct": 1, "testbed": 1, "reachability": 1, "unlearn": 1, "evaluate": 1, "localization": 1, "remind": 1, "resurface": 1,
+                  "external": 1}
 
 def _uses_hf_checkpoint(cfg: RunConfig) -> bool: return cfg.model.name_or_path is not None
 

@@ -18,14 +18,23 @@ from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
 # %% auto #0
-__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'remind_examples', 'remind_models', 'stage_remind_inputs', 'load_remind_inputs',
-           'score_model', 'remind_class_sizes', 'stage_remind', 'load_remind_features', 'ablation_method',
-           'stage_remind_ablation', 'remind_report']
+__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'holdout_qa', 'remind_examples', 'remind_models', 'stage_remind_inputs',
+           'load_remind_inputs', 'score_model', 'remind_class_sizes', 'stage_remind', 'remind_source',
+           'load_remind_features', 'ablation_method', 'stage_remind_ablation', 'remind_report']
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #af288d47
+def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
+    "(never-injected profiles, their questions, their paraphrased questions) on `field`: REMIND's holdout class, the export's holdout split."
+    from lume_lab.data.pii import make_profiles, render_qa
+    c, pii = store.config, load_pii(store)
+    fresh = make_profiles(c.remind.n_holdout, c.seed, exclude_names=set(pii["profiles"]["full_name"]), id_prefix="h")
+    rng = random.Random(f"remind-holdout:{c.seed}:{field}")
+    hold = [q for p in fresh for q in render_qa(p, [field], c.pii.qa_per_field, rng)]
+    hold_r = [q for p in fresh for q in render_qa(p, [field], c.pii.paraphrases_per_field, rng, paraphrase=True)]
+    return fresh, hold, hold_r
+
 def remind_examples(store: RunStore, field: str) -> pd.DataFrame:
     "One row per QA input of `field`'s classes: class, input (orig / reph), prompt, question, answer, profile_id."
-    from lume_lab.data.pii import make_profiles, render_qa
     from lume_lab.inject.testbed import field_split_names
     c, tb, pii = store.config, stage_testbed(store), load_pii(store)
     names = field_split_names(field)
@@ -35,10 +44,7 @@ def remind_examples(store: RunStore, field: str) -> pd.DataFrame:
     memorized = mem.memorized | (not c.testbed.require_memorized)   # as the testbed's splits: smoke takes every profile
     kept = set(mem[(mem.role == "testbed") & (mem.side == "retain") & (mem.field == field) & memorized].profile_id)
     def of(split): return [r for r in pii[split] if r["field"] == field and r["profile_id"] in kept]
-    fresh = make_profiles(c.remind.n_holdout, c.seed, exclude_names=set(pii["profiles"]["full_name"]), id_prefix="h")
-    rng = random.Random(f"remind-holdout:{c.seed}:{field}")
-    hold = [q for p in fresh for q in render_qa(p, [field], c.pii.qa_per_field, rng)]
-    hold_r = [q for p in fresh for q in render_qa(p, [field], c.pii.paraphrases_per_field, rng, paraphrase=True)]
+    _, hold, hold_r = holdout_qa(store, field)
     parts = [frame(tb[names["forget"]], "forgotten", "orig"), frame(tb[names["forget"] + "_paraphrase"], "forgotten", "reph"),
              frame(of("qa_train"), "retained", "orig"), frame(of("qa_paraphrase"), "retained", "reph"),
              frame(hold, "holdout", "orig"), frame(hold_r, "holdout", "reph")]
@@ -112,38 +118,61 @@ def remind_class_sizes(examples: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame([{k: e[k] for k in ("class", "input", "profile_id")} for e in examples])
     return df.groupby(["input", "class"]).profile_id.agg(profiles="nunique", rows="size").reset_index()
 
-def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
-    "REMIND and the baselines on every compared model of `field` (stage `remind_<field>`); None when a class is too small."
-    import warnings
-    from lume_lab.pipeline.stages.unlearn import EmptySplitWarning
-    c, exs = store.config, load_remind_inputs(store, field)
+def _remind_folds(c, exs: list[dict]) -> tuple[int, pd.Series, pd.DataFrame]:
+    "(profile-grouped folds, profiles per class of the original inputs, class sizes) of REMIND's examples."
     sizes = remind_class_sizes(exs)
     orig = sizes[sizes.input == "orig"].set_index("class").profiles.reindex(["retained", "forgotten", "holdout"]).fillna(0)
-    n_splits = int(min(c.remind.n_splits, orig.min()))
+    return int(min(c.remind.n_splits, orig.min())), orig, sizes
+
+def _too_few_folds(c, field: str, n_splits: int, orig: pd.Series, out: Path) -> bool:
+    "Warn (recorded by the stage) when a class is too small for the folds; True, with `skipped.json` written, when REMIND cannot run."
+    import warnings
+    from lume_lab.pipeline.stages.unlearn import EmptySplitWarning
+    if n_splits < 2:
+        warnings.warn(EmptySplitWarning(f"SKIPPED REMIND on {field!r}: a class has fewer than 2 profiles ({orig.to_dict()}); "
+                                        f"profile-grouped folds need at least 2 per class", field=field, **{k: int(v) for k, v in orig.items()}))
+        (out / "skipped.json").write_text(json.dumps(orig.to_dict())); return True
+    if n_splits < c.remind.n_splits:
+        warnings.warn(EmptySplitWarning(f"REMIND on {field!r}: {n_splits} folds instead of remind.n_splits={c.remind.n_splits} "
+                                        f"(the smallest class has {int(orig.min())} profiles)", field=field, n_splits=n_splits))
+    return False
+
+def _score_models(store: RunStore, field: str, loaders: dict, exs: list[dict], n_splits: int, sizes: pd.DataFrame, out: Path) -> None:
+    "Features and scores (`score_model`) of every model `loaders` names, written to `out`."
+    from lume_lab.models.accel import progress
+    c, tok = store.config, load_stage_model(store, "instruct_masked")[1]
+    feats, scores = [], []
+    for label, load in progress(list(loaders.items()), desc=f"REMIND {field}"):
+        f_, s_ = score_model(load().eval(), tok, exs, label, n_splits=n_splits, seed=c.seed, scaler=c.remind.scaler,
+                             max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees)
+        feats.append(f_); scores.append(s_)
+    pd.concat(feats, ignore_index=True).to_csv(out / "features.csv", index=False)
+    pd.concat(scores, ignore_index=True).assign(n_splits=n_splits).to_csv(out / "scores.csv", index=False)
+    sizes.to_csv(out / "class_sizes.csv", index=False)
+
+def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
+    "REMIND and the baselines on every compared model of `field` (stage `remind_<field>`); None when a class is too small."
+    c, exs = store.config, load_remind_inputs(store, field)
+    n_splits, orig, sizes = _remind_folds(c, exs)
     loaders = remind_models(store, field)
     for m in run_methods(c): stage_unlearn(store, m, field)        # REMIND reads the masked runs, not the controls
     def fn(out):
-        if n_splits < 2:
-            warnings.warn(EmptySplitWarning(f"SKIPPED REMIND on {field!r}: a class has fewer than 2 profiles ({orig.to_dict()}); "
-                                            f"profile-grouped folds need at least 2 per class", field=field, **{k: int(v) for k, v in orig.items()}))
-            (out / "skipped.json").write_text(json.dumps(orig.to_dict())); return
-        if n_splits < c.remind.n_splits:
-            warnings.warn(EmptySplitWarning(f"REMIND on {field!r}: {n_splits} folds instead of remind.n_splits={c.remind.n_splits} "
-                                            f"(the smallest class has {int(orig.min())} profiles)", field=field, n_splits=n_splits))
-        tok = load_stage_model(store, "instruct_masked")[1]
-        feats, scores = [], []
-        from lume_lab.models.accel import progress
-        for label, load in progress(list(loaders.items()), desc=f"REMIND {field}"):
-            f_, s_ = score_model(load().eval(), tok, exs, label, n_splits=n_splits, seed=c.seed, scaler=c.remind.scaler,
-                                 max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees)
-            feats.append(f_); scores.append(s_)
-        pd.concat(feats, ignore_index=True).to_csv(out / "features.csv", index=False)
-        pd.concat(scores, ignore_index=True).assign(n_splits=n_splits).to_csv(out / "scores.csv", index=False)
-        sizes.to_csv(out / "class_sizes.csv", index=False)
+        if not _too_few_folds(c, field, n_splits, orig, out): _score_models(store, field, loaders, exs, n_splits, sizes, out)
     deps = [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [unlearn_name(m, field) for m in run_methods(c)]
     key = {"v": STAGE_VERSIONS["remind"], "remind": asdict(c.remind), "methods": run_methods(c), "seed": c.seed,
            "max_new_tokens": c.testbed.max_new_tokens}
     d = store.stage(f"remind_{field}", fn, key=key, deps=deps)
+    return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
+
+def remind_source(store: RunStore, src) -> pd.DataFrame | None:
+    """REMIND and the baselines on one more model, a `stages.unlearn.ModelSource` (e.g. an external checkpoint), with the
+    inputs, folds and seed of `stage_remind`: stage `src.result_stage('remind')`; None when a class is too small."""
+    c, exs = store.config, load_remind_inputs(store, src.field)
+    n_splits, orig, sizes = _remind_folds(c, exs)
+    def fn(out):
+        if not _too_few_folds(c, src.field, n_splits, orig, out): _score_models(store, src.field, {src.label: lambda: src.load()[0]}, exs, n_splits, sizes, out)
+    key = {"v": STAGE_VERSIONS["remind"], "remind": asdict(c.remind), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+    d = store.stage(src.result_stage("remind"), fn, key=key, deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
 def load_remind_features(store: RunStore, field: str) -> pd.DataFrame:

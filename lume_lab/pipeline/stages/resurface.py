@@ -19,8 +19,8 @@ from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 from ...unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['REFERENCE_MODELS', 'stage_instruct_floor', 'attack_rows', 'attempt_rows', 'stage_resurface', 'resurface_labels',
-           'resurface_results', 'attack_summary']
+__all__ = ['REFERENCE_MODELS', 'stage_instruct_floor', 'attack_rows', 'attempt_rows', 'stage_resurface', 'resurface_source',
+           'resurface_labels', 'resurface_results', 'attack_summary']
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #464b64bb
 def stage_instruct_floor(store: RunStore) -> Path:
@@ -74,17 +74,13 @@ def _loader(store: RunStore, label: str, field: str):
             lambda m: spec.load(store.path(unlearn_name(label, field)), lambda: m, tok, store.config.model.dtype))
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #eb095045
-def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.DataFrame]:
-    "Leaked profiles of `label` (a method, `none` or `floor`) on `field` before and after the attack: {'before': …, 'after': …}."
+def _resurface_stage(store: RunStore, label: str, field: str, name: str, load, rewrap, deps: list[str]) -> dict[str, pd.DataFrame]:
+    "Attack the model `load()` returns (prompted as `rewrap(model)`), as stage `name`: leaked profiles before and after."
     from lume_lab.analysis.resurfacing import leakage_attempts, leaked_profiles, sampling_config
     from lume_lab.inject.instruct import instruction_tune
     c = store.config
-    if label not in REFERENCE_MODELS: get_spec(label)                    # an unknown method fails before any compute
     rows, counts = attempt_rows(store, field)
     attack = attack_rows(store, field)
-    if label == "floor": stage_instruct_floor(store)
-    elif label not in REFERENCE_MODELS: stage_unlearn(store, label, field)
-    load, rewrap = _loader(store, label, field)
     tok = load_stage_model(store, "instruct_masked")[1]
     r = c.resurface
     icfg = replace(c.instruct, lr=c.instruct.lr if r.lr is None else r.lr, epochs=c.instruct.epochs if r.epochs is None else r.epochs)
@@ -96,33 +92,50 @@ def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.Dat
         after = leaked_profiles(rows, leakage_attempts(rewrap(attacked).eval(), tok, rows, **kw))
         before.to_csv(out / "before.csv", index=False); after.to_csv(out / "after.csv", index=False)
         log.to_csv(out / "attack_log.csv", index=False); counts.to_csv(out / "attempts.csv", index=False)
-    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", unlearn_name(label, field)])
     # the attack's effective recipe is `icfg`; `epochs` is left out of the resurface part so runs made before it existed stay cached
     key = {"v": STAGE_VERSIONS["resurface"], "resurface": {k: v for k, v in asdict(r).items() if k != "epochs"}, "instruct": asdict(icfg), "label": label,
            "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
-    d = launched_stage(store, f"resurface_{label}_{field}", fn, key=key, deps=["testbed", "pii"] + src)   # the attack's fine-tune: DDP with --num-processes
+    d = launched_stage(store, name, fn, key=key, deps=["testbed", "pii"] + deps)   # the attack's fine-tune: DDP with --num-processes
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("before", "after")}
+
+def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.DataFrame]:
+    "Leaked profiles of `label` (a method, `none` or `floor`) on `field` before and after the attack: {'before': …, 'after': …}."
+    if label not in REFERENCE_MODELS: get_spec(label)                    # an unknown method fails before any compute
+    if label == "floor": stage_instruct_floor(store)
+    elif label not in REFERENCE_MODELS: stage_unlearn(store, label, field)
+    load, rewrap = _loader(store, label, field)
+    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", unlearn_name(label, field)])
+    return _resurface_stage(store, label, field, f"resurface_{label}_{field}", load, rewrap, src)
+
+def resurface_source(store: RunStore, src) -> dict[str, pd.DataFrame]:
+    "The same attack on one more model, a `stages.unlearn.ModelSource` (e.g. an external checkpoint): stage `src.result_stage('resurface')`."
+    return _resurface_stage(store, src.label, src.field, src.result_stage("resurface"), lambda: src.load()[0], lambda m: m,
+                            ["instruct_masked", src.stage])
 
 def resurface_labels(cfg) -> list[str]:
     "Every model the attack runs on: the references, then the run's methods."
     return [*REFERENCE_MODELS, *run_methods(cfg)]
 
-def resurface_results(store: RunStore, field: str) -> pd.DataFrame:
-    "Leakage table (`analysis.resurfacing.leakage_table`) of every label before and after the attack on `field`."
+def resurface_results(store: RunStore, field: str, sources=()) -> pd.DataFrame:
+    "Leakage table (`analysis.resurfacing.leakage_table`) of every label, then of each of `sources` on `field`, before and after the attack."
     from lume_lab.analysis.resurfacing import leakage_table
     res = {lab: stage_resurface(store, lab, field) for lab in resurface_labels(store.config)}
+    res |= {s.label: resurface_source(store, s) for s in sources if s.field == field}
     return pd.concat([leakage_table({lab: r[when] for lab, r in res.items()}).rename(columns={"label": "method"}).assign(stage=when, field=field)
                       for when in ("before", "after")], ignore_index=True)
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #d86effa7
-def attack_summary(store: RunStore, field: str) -> pd.DataFrame:
-    "Per attacked label of `field`: attack-set size, its answer NLL before the attack, and the attack's validation loss at step 0 and kept."
+def attack_summary(store: RunStore, field: str, sources=()) -> pd.DataFrame:
+    "Per attacked label of `field` (then each of `sources`): attack-set size, its answer NLL before the attack, and the attack's validation loss at step 0 and kept."
     from lume_lab.models.ops import qa_nll
     rows, tok, out = attack_rows(store, field), load_stage_model(store, "instruct_masked")[1], []
-    for lab in resurface_labels(store.config):
-        stage_resurface(store, lab, field)                                   # cached: the attack and its log
-        log = pd.read_csv(store.path(f"resurface_{lab}_{field}") / "attack_log.csv")
-        load, rewrap = _loader(store, lab, field)
+    attacked = [(lab, lambda lab=lab: stage_resurface(store, lab, field), f"resurface_{lab}_{field}", *_loader(store, lab, field))
+                for lab in resurface_labels(store.config)]          # (label, its attack, its stage, load, rewrap)
+    attacked += [(s.label, lambda s=s: resurface_source(store, s), s.result_stage("resurface"), lambda s=s: s.load()[0], lambda m: m)
+                 for s in sources if s.field == field]
+    for lab, attack, stage, load, rewrap in attacked:
+        attack()                                                             # cached: the attack and its log
+        log = pd.read_csv(store.path(stage) / "attack_log.csv")
         kept = log[log.is_best.astype(bool)].iloc[-1]
         out.append(dict(field=field, method=lab, attack_rows=len(rows), attack_profiles=len({r["profile_id"] for r in rows}),
                         nll_before=qa_nll(rewrap(load().eval()), tok, rows), val_start=float(log.val_loss.iloc[0]),

@@ -5,7 +5,7 @@
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #638b00b5
 from __future__ import annotations
 import json, warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -23,8 +23,9 @@ from ..orchestration.launch import launched_stage
 # %% auto #0
 __all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'input_deps', 'ensure_inputs', 'method_inputs', 'unlearn_jobs',
            'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields', 'stage_forget_fields', 'stage_unlearn',
-           'load_unlearned', 'reference_utility', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes',
-           'stage_localization']
+           'load_unlearned', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate',
+           'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
+           'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 INPUT_PROVIDERS = {   # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -122,6 +123,46 @@ def load_unlearned(store: RunStore, method: str, field: str, control: bool = Fal
     model = spec.load(store.path(unlearn_name(method, field, control)), load_src, tok, store.config.model.dtype)
     return model.eval(), tok
 
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #44b011ae
+def _state_dict(model) -> dict: return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+def _weights(model_dir: Path, load: Callable) -> Mapping:
+    """The weights saved in `model_dir`, read tensor by tensor when asked for (localization of a 7B model never holds
+    its five models in memory); when nothing is saved there (a hub base model, a method without weights), `load()`'s."""
+    from lume_lab.analysis.localization import SafetensorsStateDict
+    if (model_dir / "model.safetensors").exists() or (model_dir / "model.safetensors.index.json").exists():
+        return SafetensorsStateDict(model_dir)
+    return _state_dict(load()[0])
+
+@dataclass(frozen=True)
+class ModelSource:
+    "One unlearned model as the stages after unlearning see it: a registered method's run, or a checkpoint made elsewhere."
+    label: str                                  # its name in every table: the method, or `external:<name>`
+    field: str                                  # the forget field it unlearned
+    stage: str                                  # the stage holding it: its hash enters the key of every stage reading it
+    load: Callable                              # () -> (model, tokenizer), eval mode
+    weights: Callable                           # () -> name -> tensor, read lazily (localization)
+    control_weights: Callable | None = None     # the same unlearning from the unmasked control (contrast scores), if any
+    control_stage: str | None = None            # the stage holding that control run, when it is not `stage` itself
+    prefix: str = ""                            # '': results in `<kind>_<label>_<field>`; else `<prefix><kind>_<field>`
+    summary_columns: Callable | None = None     # () -> {column: value} its localization summary adds (a checkpoint's precision)
+
+    def result_stage(self, kind: str) -> str:
+        "The stage holding this model's `kind` results (evaluate, localization, remind, resurface)."
+        return f"{self.prefix}{kind}_{self.field}" if self.prefix else f"{kind}_{self.label}_{self.field}"
+
+def method_source(store: RunStore, method: str, field: str) -> ModelSource:
+    "The model `method` unlearned on `field` (stage `unlearn_<method>_<field>`), with its control run when its spec has one."
+    s = get_spec(method)                                   # an unknown method fails here
+    W = lambda stage, load: _weights(store.path(stage) / "model", load)
+    testbed = lambda st: W(st, lambda: load_stage_model(store, st))
+    unl = (lambda: W(unlearn_name(method, field), lambda: load_unlearned(store, method, field))) if s.changes_weights else \
+          (lambda: testbed("instruct_masked"))          # ULD: the testbed's own weights (localization: not applicable)
+    ctl = ((lambda: W(unlearn_name(method, field, True), lambda: load_unlearned(store, method, field, control=True)))
+           if s.changes_weights else (lambda: testbed("instruct_unmasked"))) if s.has_control else None
+    return ModelSource(method, field, unlearn_name(method, field), lambda: load_unlearned(store, method, field), unl, ctl,
+                       unlearn_name(method, field, True) if s.has_control else None)
+
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #dc0b069e
 def reference_utility(store: RunStore) -> dict:
     "`metrics.utility.utility_scores` of the testbed model before unlearning (the reference of Utility Δ), cached."
@@ -132,8 +173,8 @@ def reference_utility(store: RunStore) -> dict:
     d = store.stage("utility_reference", fn, key={"v": STAGE_VERSIONS["evaluate"], **utility_key(store.config.world)}, deps=["world", "instruct_masked"])
     return json.loads((d / "utility.json").read_text())
 
-def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str]) -> pd.DataFrame:
-    "Table 2 rows of the model `load()` returns on `field`, cached as stage `evaluate_<label>_<field>`."
+def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str], name: str | None = None) -> pd.DataFrame:
+    "Table 2 rows of the model `load()` returns on `field`, cached as stage `name` (default `evaluate_<label>_<field>`)."
     from lume_lab.metrics.evaluate import COLUMNS, evaluate
     from lume_lab.inject.testbed import field_split_names, field_splits, warn_small_splits
     c, names = store.config, field_split_names(field)
@@ -145,30 +186,23 @@ def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[st
         df = evaluate(model, tok, sp, world=load_world(store.path("world")), reference_utility=reference_utility(store),
                       max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts)
         df.assign(method=label, field=field).to_csv(out / "metrics.csv", index=False)
-    d = store.stage(f"evaluate_{label}_{field}", fn, key={"v": STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": COLUMNS, **utility_key(c.world)},
+    d = store.stage(name or f"evaluate_{label}_{field}", fn, key={"v": STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": COLUMNS, **utility_key(c.world)},
                     deps=["testbed", "world", "instruct_masked"] + deps)
     return pd.read_csv(d / "metrics.csv", dtype={"n_profiles": "Int64", "n_rows": "Int64"})
 
+def evaluate_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
+    "Lacuna Table 2 rows (forget / retain / paraphrases / utility and Δ) of one model source, stage `src.result_stage('evaluate')`."
+    return _evaluate_stage(store, src.label, src.field, src.load, [src.stage], name=src.result_stage("evaluate"))
+
 def stage_evaluate(store: RunStore, method: str, field: str) -> pd.DataFrame:
     "Lacuna Table 2 rows (forget / retain / paraphrases / utility and Δ) of `method` on `field`, after unlearning."
-    get_spec(method)                                        # an unknown method fails before any compute
-    return _evaluate_stage(store, method, field, lambda: load_unlearned(store, method, field), [unlearn_name(method, field)])
+    return evaluate_source(store, method_source(store, method, field))   # an unknown method fails before any compute
 
 def stage_evaluate_before(store: RunStore, field: str) -> pd.DataFrame:
     "The same rows for the testbed model before unlearning, labelled `none` (a name the registry reserves)."
     return _evaluate_stage(store, "none", field, lambda: load_stage_model(store, "instruct_masked"), [])
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #8ca1558f
-def _state_dict(model) -> dict: return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-
-def _weights(model_dir: Path, load: Callable) -> Mapping:
-    """The weights saved in `model_dir`, read tensor by tensor when asked for (localization of a 7B model never holds
-    its five models in memory); when nothing is saved there (a hub base model, a method without weights), `load()`'s."""
-    from lume_lab.analysis.localization import SafetensorsStateDict
-    if (model_dir / "model.safetensors").exists() or (model_dir / "model.safetensors.index.json").exists():
-        return SafetensorsStateDict(model_dir)
-    return _state_dict(load()[0])
-
 LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
 
 def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFrame:
@@ -180,36 +214,49 @@ def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFr
                          for lab, gs in (("forget", F), ("unified", F + R))], columns=["labels"] + LOCALIZATION_SIZES)
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #6a600d6b
-def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.DataFrame:
-    "Localization precision (App. E scores, composite, exact AUC) of every method on `field`, vs m^F and m^F ∪ m^R."
+def localization_frames(store: RunStore, field: str, sources: list[ModelSource]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "(every score's AUC, best AUC per source and label set with the sizes behind it) of `sources` on `field` (`analysis.localization`)."
     from lume_lab.analysis.localization import localization_table, precision_summary
     from lume_lab.inject.testbed import field_split_names, warn_small_splits
     from lume_lab.pipeline.stages.base import load_pii
-    c, specs, name = store.config, {m: get_spec(m) for m in methods}, field_split_names(field)["forget"]
+    c, name = store.config, field_split_names(field)["forget"]
     forget = stage_testbed(store)[name]
+    warn_small_splits({name: forget}, "localization")
+    sizes = localization_sizes(forget, load_pii(store)["profiles"]["group"], c.pii.n_groups)
+    W = lambda stage: _weights(store.path(stage) / "model", lambda: load_base(store) if stage == "base" else load_stage_model(store, stage))
+    pre, inj, inj_ctrl = W("base"), W("instruct_masked"), W("instruct_unmasked")
+    runs = []
+    for s in sources:
+        run = {"field": field, "method": s.label, "unl": s.weights()}
+        if s.control_weights is not None: run["unl_ctrl"] = s.control_weights()
+        runs.append(run)
+    table = localization_table(runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl,
+                               no_contrast_methods=[s.label for s in sources if s.control_weights is None],
+                               composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed,
+                               max_weights=c.localization.max_weights)
+    summary = precision_summary(table).merge(sizes, on="labels", how="left")
+    at = list(summary.columns).index("auc") + 1                  # the sizes beside the AUC they stand behind
+    cols = [k for k in summary.columns if k not in LOCALIZATION_SIZES]
+    return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]]
+
+def _localization_key(c) -> dict:
+    return {"v": STAGE_VERSIONS["localization"], "localization": section_key(c.localization), "seed": c.seed, "sizes": LOCALIZATION_SIZES}
+
+def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.DataFrame:
+    "Localization precision (App. E scores, composite, exact AUC) of every method on `field`, vs m^F and m^F ∪ m^R."
+    sources = [method_source(store, m, field) for m in methods]
     def fn(out):
-        warn_small_splits({name: forget}, "localization")
-        sizes = localization_sizes(forget, load_pii(store)["profiles"]["group"], c.pii.n_groups)
-        W = lambda stage, load: _weights(store.path(stage) / "model", load)
-        pre = W("base", lambda: load_base(store))
-        inj, inj_ctrl = (W(st, lambda st=st: load_stage_model(store, st)) for st in ("instruct_masked", "instruct_unmasked"))
-        runs = []
-        for m, s in specs.items():
-            unl = W(unlearn_name(m, field), lambda: load_unlearned(store, m, field)) if s.changes_weights else inj
-            run = {"field": field, "method": m, "unl": unl}
-            if s.has_control:
-                run["unl_ctrl"] = W(unlearn_name(m, field, True), lambda: load_unlearned(store, m, field, control=True)) if s.changes_weights else inj_ctrl
-            runs.append(run)
-        table = localization_table(runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl,
-                                   no_contrast_methods=[m for m, s in specs.items() if not s.has_control],
-                                   composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed,
-                                   max_weights=c.localization.max_weights)
-        summary = precision_summary(table)
-        summary = summary.merge(sizes, on="labels", how="left")
-        at = list(summary.columns).index("auc") + 1                  # the sizes beside the AUC they stand behind
-        cols = [k for k in summary.columns if k not in LOCALIZATION_SIZES]
-        table.to_csv(out / "aucs.csv", index=False); summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]].to_csv(out / "summary.csv", index=False)
-    deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [unlearn_name(m, field) for m in methods] + \
-           [unlearn_name(m, field, True) for m, s in specs.items() if s.has_control]
-    key = {"v": STAGE_VERSIONS["localization"], "methods": methods, "localization": section_key(c.localization), "seed": c.seed, "sizes": LOCALIZATION_SIZES}
+        table, summary = localization_frames(store, field, sources)
+        table.to_csv(out / "aucs.csv", index=False); summary.to_csv(out / "summary.csv", index=False)
+    deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [s.stage for s in sources] + [s.control_stage for s in sources if s.control_stage]
+    key = {"v": STAGE_VERSIONS["localization"], "methods": methods, **{k: v for k, v in _localization_key(store.config).items() if k != "v"}}
     return pd.read_csv(store.stage(f"localization_{field}", fn, key=key, deps=deps) / "summary.csv")
+
+def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
+    "The same for one model source, alone, as stage `src.result_stage('localization')` (with its `summary_columns`)."
+    def fn(out):
+        table, summary = localization_frames(store, src.field, [src])
+        table.to_csv(out / "aucs.csv", index=False)
+        summary.assign(**(src.summary_columns() if src.summary_columns else {})).to_csv(out / "summary.csv", index=False)
+    deps = ["base", "instruct_masked", "instruct_unmasked", "masks", src.stage] + ([src.control_stage] if src.control_stage else [])
+    return pd.read_csv(store.stage(src.result_stage("localization"), fn, key=_localization_key(store.config), deps=deps) / "summary.csv")

@@ -1,0 +1,363 @@
+"""Bring your own method (issue #41): `lume-lab export` writes the testbed for any framework, `lume-lab score` judges any
+checkpoint through the stages a registered method goes through. One smoke run (GradAscent only) serves every test."""
+import json, os, shutil, subprocess, sys, textwrap, warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lume_lab.core.config import make_config
+from lume_lab.core.store import open_run
+from lume_lab.inject.masks import group_mask, load_masks, masks_equal
+from lume_lab.inject.testbed import field_splits
+from lume_lab.pipeline.orchestration.cli import main
+from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.pipeline.stages import external as X, remind as R, resurface as S, testbed as T, unlearn as U
+from lume_lab.pipeline.stages.base import load_pii
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = "byom"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    "A smoke run with GradAscent's unlearning (and control), evaluation, localization, REMIND and resurfacing done."
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("runs")
+    cfg = resolve_config(make_config("smoke", {"pretrain.steps": 16, "pretrain.checkpoint_every": 8, "unlearn.methods": ["grad_ascent"]}))
+    store = open_run(RUN, cfg, root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        T.prepare_testbed(store)
+        (field,) = U.stage_forget_fields(store)
+        for m, f, ctl in U.unlearn_jobs(cfg, [field]): U.stage_unlearn(store, m, f, ctl)
+        U.stage_evaluate_before(store, field); U.stage_evaluate(store, "grad_ascent", field)
+        U.stage_localization(store, field, ["grad_ascent"]); R.stage_remind(store, field); S.stage_resurface(store, "grad_ascent", field)
+    return {"store": store, "root": root, "field": field, "cfg": cfg}
+
+
+def _score(run, ckpt, name, *extra, report=False) -> int:
+    "`lume-lab score` on the shared run, then the fixture's store re-reads the manifest the command wrote."
+    rc = main(["score", RUN, "--checkpoint", str(ckpt), "--name", name, "--runs-root", str(run["root"]), *extra,
+               *([] if report else ["--no-report"])])
+    run["store"].reload()
+    return rc
+
+
+def _copy_model(src: Path, dst: Path) -> Path:
+    "A plain checkpoint directory: what a framework's save_pretrained leaves (config, safetensors, tokenizer)."
+    shutil.copytree(src, dst); return dst
+
+
+@pytest.fixture(scope="module")
+def ga_copy(run, tmp_path_factory):
+    "GradAscent's output (and its control run) saved as plain checkpoint directories, then scored as `external:ga-copy`."
+    st, f, d = run["store"], run["field"], tmp_path_factory.mktemp("ckpt")
+    ckpt = _copy_model(st.path(U.unlearn_name("grad_ascent", f)) / "model", d / "ga")
+    ctl = _copy_model(st.path(U.unlearn_name("grad_ascent", f, True)) / "model", d / "ga_control")
+    assert _score(run, ckpt, "ga-copy", "--control", str(ctl)) == 0
+    return ckpt
+
+
+def _stage(run, kind: str, name: str = "ga-copy") -> Path:
+    return run["store"].path(f"external_{name}_{kind}_{run['field']}")
+
+
+def test_score_is_the_internal_path(run, ga_copy):
+    """GradAscent's own output, scored as a checkpoint from outside, gets GradAscent's row: EM/ES/Prob/ROUGE and every other
+    per-split metric exactly, every localization AUC exactly (with its control run; without one, every non-contrast score), REMIND and
+    the resurfacing attack exactly, utility to float tolerance."""
+    st, f = run["store"], run["field"]
+    ours = pd.read_csv(_stage(run, "evaluate") / "metrics.csv").set_index(["split", "metric"]).value
+    ga = pd.read_csv(st.path(f"evaluate_grad_ascent_{f}") / "metrics.csv").set_index(["split", "metric"]).value
+    assert ours.index.equals(ga.index) and len(ours) > 30
+    util = ours.index.get_level_values("split").str.startswith("utility")
+    assert {"em", "es", "prob", "rouge1", "rougeL", "accuracy"} <= set(ours.index.get_level_values("metric"))
+    assert (ours[~util] == ga[~util]).all(), pd.concat([ours, ga], axis=1)[ours != ga]           # exactly
+    assert ((ours[util] - ga[util]).abs() <= 1e-9 * (1 + ga[util].abs())).all()
+    key = ["labels", "score"]
+    a = pd.read_csv(_stage(run, "localization") / "aucs.csv").set_index(key)
+    b = pd.read_csv(st.path(f"localization_{f}") / "aucs.csv").query("method == 'grad_ascent'").set_index(key)
+    assert a.index.equals(b.index) and {"contrast", "composite", "raw"} <= set(a.index.get_level_values("score"))
+    assert (a.auc == b.auc).all() and (a.best == b.best).all()                                    # exactly, the composite included
+    X.stage_external_checkpoint(st, "ga-alone", f, ga_copy)                              # no --control: no contrast scores, the rest equal
+    U.localization_source(st, X.external_source(st, "ga-alone", f))
+    alone = pd.read_csv(_stage(run, "localization", "ga-alone") / "aucs.csv").set_index(key)
+    plain = b[(b.family != "contrast") & (b.index.get_level_values("score") != "composite")]
+    assert len(plain) >= 6 and not (alone.family == "contrast").any() and (alone.auc.loc[plain.index] == plain.auc).all()
+    s = pd.read_csv(_stage(run, "localization") / "summary.csv")
+    assert s.method.unique().tolist() == ["external:ga-copy"] and (s.cast_share == 0).all() and (s.changed_share > 0).all()
+    cols = ["input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n"]
+    ra = pd.read_csv(_stage(run, "remind") / "scores.csv")[cols]
+    rb = pd.read_csv(st.path(f"remind_{f}") / "scores.csv").query("model == 'grad_ascent'")[cols].reset_index(drop=True)
+    pd.testing.assert_frame_equal(ra, rb, check_exact=True)
+    for when in ("before", "after"):
+        pd.testing.assert_frame_equal(pd.read_csv(_stage(run, "resurface") / f"{when}.csv"),
+                                      pd.read_csv(st.path(f"resurface_grad_ascent_{f}") / f"{when}.csv"), check_exact=True)
+
+
+def test_scoring_is_cached_by_content(run, ga_copy, tmp_path):
+    "The same files again, from another directory: every stage a cache hit; other files under the same name replace the results."
+    st = run["store"]
+    stages = [f"external_ga-copy_{k}_{run['field']}" for k in ("checkpoint", "evaluate", "localization", "remind", "resurface")]
+    before = {k: st.entry(k)["finished"] for k in stages}
+    moved = _copy_model(ga_copy, tmp_path / "elsewhere")
+    ctl = st.path(U.unlearn_name("grad_ascent", run["field"], True)) / "model"
+    assert _score(run, moved, "ga-copy", "--control", str(ctl)) == 0
+    assert {k: st.entry(k)["finished"] for k in stages} == before and all(st.entry(k)["cache_hits"] >= 1 for k in stages)
+
+
+def _testbed_weights(run) -> dict:
+    return load_file(str(run["store"].path("instruct_masked") / "model" / "model.safetensors"))
+
+
+def _hand_built(run, d: Path, change) -> Path:
+    "The testbed model with `change(name, tensor, owner or None)` applied to every weight, saved beside the testbed's config and tokenizer."
+    owner = T.stage_masks(run["store"])
+    w = {n: change(n, t.clone(), owner.get(n)) for n, t in _testbed_weights(run).items()}
+    shutil.copytree(run["store"].path("instruct_masked") / "model", d)
+    save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+def _aucs(run, name):
+    return pd.read_csv(_stage(run, "localization", name) / "aucs.csv").set_index(["labels", "score"]).auc
+
+
+def test_known_answers(run, ga_copy, tmp_path):
+    """Hand-built checkpoints with known changed weights: every weight of m^F moved → AUC vs m^F exactly 1; every weight outside
+    every mask moved → AUC 0.5 × |other masks| / |other masks ∪ unmasked| < 0.5 (magnitude score); a bfloat16 copy of the unchanged
+    testbed model → the rounding share reported, no weight changed beyond it, no forgetting, and a warning."""
+    st, f, cfg = run["store"], run["field"], run["cfg"]
+    F = T.forget_groups(cfg)
+    in_f = lambda n, t, o: t + 0.01 * group_mask(o, F) if o is not None else t
+    assert _score(run, _hand_built(run, tmp_path / "in_f", in_f), "in-f") == 0
+    a = _aucs(run, "in-f")
+    assert a[("forget", "raw")] == 1.0 and pd.read_csv(_stage(run, "localization", "in-f") / "summary.csv").set_index("labels").auc["forget"] == 1.0
+    out = lambda n, t, o: t + 0.01 * (o == 0) if o is not None else t
+    assert _score(run, _hand_built(run, tmp_path / "out", out), "outside") == 0
+    owner = T.stage_masks(st)
+    n_other = sum(int((group_mask(o, range(cfg.pii.n_groups)) & ~group_mask(o, F)).sum()) for o in owner.values())
+    n_out = sum(int((o == 0).sum()) for o in owner.values())
+    b = _aucs(run, "outside")
+    assert b[("forget", "raw")] == pytest.approx(0.5 * n_other / (n_other + n_out), abs=1e-12) and b[("forget", "raw")] < 0.45
+    # bfloat16: the testbed model itself, rounded
+    d = _copy_model(st.path("instruct_masked") / "model", tmp_path / "bf16")
+    save_file({n: t.to(torch.bfloat16) for n, t in _testbed_weights(run).items()}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    assert _score(run, d, "bf16") == 0
+    info = json.loads((_stage(run, "checkpoint", "bf16") / "checkpoint.json").read_text())["precision"]
+    assert info["dtypes"] == ["bfloat16"] and info["cast_share"] > 0.5 and info["changed_share"] == 0 and not info["identical"]
+    summ = pd.read_csv(_stage(run, "localization", "bf16") / "summary.csv")
+    assert summ.cast_share.iloc[0] == pytest.approx(100 * info["cast_share"]) and summ.changed_share.eq(0).all()
+    assert summ.auc.isna().all() and not summ.applicable.any()                       # rounding is not read as unlearning
+    w = st.entry(f"external_bf16_checkpoint_{f}")["warnings"]
+    assert [x["category"] for x in w] == ["NothingUnlearnedWarning"] and "only by rounding" in w[0]["message"]
+    from lume_lab.models.ops import qa_nll                                            # no forgetting: the answers' NLL is the testbed's
+    sp = field_splits(T.stage_testbed(st), f)
+    models = [U.load_stage_model(st, "instruct_masked"), X.external_source(st, "bf16", f).load(), X.external_source(st, "ga-copy", f).load()]
+    for k in ("forget", "retain"):
+        nll = [qa_nll(m, tok, list(sp[k])) for m, tok in models]
+        assert abs(nll[1] - nll[0]) < 0.05 and nll[2] - nll[0] > 1.0, (k, nll)      # (rounding moves it ~1e-3; GradAscent by nats)
+    # bitwise the testbed model: warned as such
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        X.stage_external_checkpoint(st, "same", f, _copy_model(st.path("instruct_masked") / "model", tmp_path / "same"))
+    assert any("equals the testbed model bitwise: nothing was unlearned" in str(x.message) for x in seen)
+
+
+def test_a_peft_adapter_is_merged_first(run, tmp_path):
+    "A LoRA adapter of the testbed model (what PEFT saves) is merged into it before any stage: its weights are the merged model's."
+    from peft import LoraConfig, get_peft_model
+    from lume_lab.models.lm import load_model
+    st, f = run["store"], run["field"]
+    model, tok = load_model(st.path("instruct_masked") / "model")
+    torch.manual_seed(0)
+    peft = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    peft.save_pretrained(str(tmp_path / "adapter"))
+    merged = {k: v.detach().clone() for k, v in peft.merge_and_unload().state_dict().items()}
+    d = X.stage_external_checkpoint(st, "lora", f, tmp_path / "adapter")
+    got = load_file(str(d / "model" / "model.safetensors"))
+    assert json.loads((d / "checkpoint.json").read_text())["kind"] == "adapter"
+    assert all(torch.equal(got[k], merged[k]) for k in got) and not torch.equal(got["model.layers.0.self_attn.q_proj.weight"],
+                                                                               _testbed_weights(run)["model.layers.0.self_attn.q_proj.weight"])
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "testbed"
+    assert main(["export", RUN, "--out", str(out), "--runs-root", str(run["root"])]) == 0
+    return out
+
+
+def test_export_splits_masks_and_keys(run, exported):
+    """The splits load with `datasets.load_dataset` from the card, with the keys open-unlearning's QADataset reads (its configs
+    name them); forget and retain are the testbed's rows; holdout people were never injected; the masks are the run's, bitwise."""
+    import datasets, yaml
+    st, f = run["store"], run["field"]
+    sp = field_splits(T.stage_testbed(st), f)
+    keys = ["question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field", "template"]
+    rows = {}
+    for split in ("forget", "retain", "holdout"):
+        ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}")["train"]
+        assert ds.column_names == keys and len(ds) > 0
+        rows[split] = ds.to_list()
+        cfg = yaml.safe_load((exported / "open-unlearning" / "configs" / "data" / "datasets" / f"LUME_QA_{split}_{f}.yaml").read_text())
+        args = cfg[f"LUME_QA_{split}_{f}"]["args"]
+        assert cfg[f"LUME_QA_{split}_{f}"]["handler"] == "QADataset" and args["hf_args"]["path"] == "json"
+        assert Path(args["hf_args"]["data_files"]) == exported / "data" / f"{split}_{f}.jsonl"
+        assert {args["question_key"], args["answer_key"]} <= set(ds.column_names)
+    for split in ("forget", "retain"):
+        assert [(r["question"], r["answer"], r["profile_id"]) for r in rows[split]] == [(r["question"], r["answer"], r["profile_id"]) for r in sp[split]]
+    assert all(len(r["perturbed_answer"]) == 3 and r["answer"] not in r["perturbed_answer"] and r["template"] for s in rows.values() for r in s)
+    pii = load_pii(st)["profiles"]
+    injected = {role: {p["profile_id"] for p in pii if p["role"] == role} for role in ("testbed", "instruct", "resurface", "validation")}
+    held = {r["profile_id"] for r in rows["holdout"]}
+    assert held and all(not (held & ids) for ids in injected.values()) and sum(map(len, injected.values())) == len(pii)
+    from lume_lab.data.pii import _QA
+    assert {r["template"] for r in rows["holdout"]} <= set(_QA[f][1] + _QA[f][2])           # asked with the injected people's templates
+    ou = exported / "open-unlearning" / "configs"                       # the experiment composes files that exist, in Hydra's defaults form
+    for exp, handler in ((f, "QADataset"), (f"{f}_idk", "QAwithIdkDataset")):
+        text = (ou / "experiment" / "unlearn" / "lume" / f"{exp}.yaml").read_text()
+        assert text.startswith("# @package _global_\n")
+        d = {k: v for x in yaml.safe_load(text)["defaults"] for k, v in x.items()}
+        assert d["override /model"] == "LUME_testbed" and d["override /eval"] is None and (ou / "model" / "LUME_testbed.yaml").exists()
+        for k in ("override /data/datasets@data.forget", "override /data/datasets@data.retain"):
+            c = yaml.safe_load((ou / "data" / "datasets" / f"{d[k]}.yaml").read_text())[d[k]]
+            assert c["handler"] == (handler if k.endswith("forget") else "QADataset") and Path(c["args"]["hf_args"]["data_files"]).exists()
+    assert yaml.safe_load((ou / "model" / "LUME_testbed.yaml").read_text())["model_args"]["pretrained_model_name_or_path"] == str(exported / "model")
+    idk = datasets.load_dataset(str(exported / "data"), "idk")["train"]
+    assert len(idk) >= 10 and (exported / "data" / "idk.jsonl").read_text().count("\n") == len(idk)
+    masks, _ = load_masks(exported / "masks" / "masks.safetensors")
+    assert masks_equal(masks, T.stage_masks(st))
+    for src, dst in (("instruct_masked", "model"), ("instruct_unmasked", "model_control")):
+        assert (exported / dst / "model.safetensors").read_bytes() == (st.path(src) / "model" / "model.safetensors").read_bytes()
+    man = json.loads((exported / "manifest.json").read_text())
+    assert man["config_hash"] == st.manifest["config_hash"] and man["fields"] == [f]
+    assert {r["split"]: r["n_rows"] for r in man["splits"]} == {f"{k}_{f}": len(v) for k, v in rows.items()}
+    assert man["prompt_format"]["prompt"] == "Question: {question}\nAnswer:"
+
+
+def test_auc_snippet_reproduces_localization(run, exported, ga_copy):
+    "The 20-line reference snippet of masks/README.md, run on the exported model and GradAscent's output: the run's magnitude AUC."
+    code = (exported / "masks" / "README.md").read_text().split("```python\n")[1].split("```")[0]
+    ns = {}; exec(code.split("\nprint(")[0], ns)
+    want = pd.read_csv(run["store"].path(f"localization_{run['field']}") / "aucs.csv").query("method == 'grad_ascent' and score == 'raw'").set_index("labels").auc
+    for labels in ("forget", "unified"):
+        assert ns["localization_auc"](exported / "model", ga_copy, exported / "masks", labels=labels) == pytest.approx(want[labels], abs=1e-9)
+
+
+OUTSIDE = textwrap.dedent('''
+    # a framework that knows nothing of lume_lab: torch, transformers, datasets only
+    import json, sys, torch, datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    exp, out = sys.argv[1], sys.argv[2]
+    man = json.load(open(f"{exp}/manifest.json")); fmt = man["prompt_format"]
+    tok = AutoTokenizer.from_pretrained(f"{exp}/model"); model = AutoModelForCausalLM.from_pretrained(f"{exp}/model")
+    forget = datasets.load_dataset(f"{exp}/data", f"forget_{man['fields'][0]}")["train"]
+    torch.manual_seed(0); opt = torch.optim.SGD(model.parameters(), lr=0.02); model.train()
+    for step in range(4):                                   # gradient ascent on the forget answers
+        for r in forget:
+            p = tok(fmt["prompt"].format(question=r["question"]), add_special_tokens=False)["input_ids"]
+            a = tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            ids = torch.tensor([p + a]); labels = torch.tensor([[-100] * len(p) + a])
+            (-model(input_ids=ids, labels=labels).loss).backward()
+        opt.step(); opt.zero_grad()
+    model.save_pretrained(out); tok.save_pretrained(out)
+    assert not any(m == "lume_lab" or m.startswith("lume_lab.") for m in sys.modules)
+    print("ok")
+''')
+
+
+def test_round_trip_from_outside(run, exported, tmp_path):
+    "A script with torch, transformers and datasets only unlearns the exported model offline; `lume-lab score` takes the result, whose forget NLL rose."
+    from lume_lab.models.ops import qa_nll
+    script, out = tmp_path / "outside.py", tmp_path / "unlearned"
+    script.write_text(OUTSIDE)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    r = subprocess.run([sys.executable, str(script), str(exported), str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    assert _score(run, out, "outside-ga") == 0
+    st, f = run["store"], run["field"]
+    forget = list(field_splits(T.stage_testbed(st), f)["forget"])
+    before = qa_nll(*U.load_stage_model(st, "instruct_masked"), forget)
+    after = qa_nll(*X.external_source(st, "outside-ga", f).load(), forget)
+    assert after > before + 0.5, (before, after)
+
+
+def _other_width(run, d: Path) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    ref = run["store"].path("instruct_masked") / "model"
+    c = AutoConfig.from_pretrained(ref); c.hidden_size, c.intermediate_size = 32, 64
+    AutoModelForCausalLM.from_config(c).save_pretrained(d)
+    for t in ("tokenizer.json", "tokenizer_config.json"): shutil.copy(ref / t, d / t)
+    return d
+
+
+def _other_vocab(run, d: Path) -> Path:
+    from transformers import AutoTokenizer
+    _copy_model(run["store"].path("instruct_masked") / "model", d)
+    tok = AutoTokenizer.from_pretrained(d); tok.add_tokens(["<not-in-the-testbed>"]); tok.save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("make, extra, msg", [
+    (_other_width, (), "parameter shapes differ from the testbed model's"),
+    (_other_vocab, (), "tokenizer differs from the testbed model's (vocabulary hash"),
+    (lambda run, d: (d.mkdir(), d)[1], (), "is an empty directory"),
+    (lambda run, d: d, (), "does not exist"),
+    (lambda run, d: _copy_model(run["store"].path("instruct_masked") / "model", d), ("--field", "birth_city"),
+     "has no forget field 'birth_city': allowed email_address"),
+    (lambda run, d: _copy_model(run["store"].path("instruct_masked") / "model", d), ("--name", "my_npo"), "--name must be"),
+])
+def test_bad_input_is_refused_before_compute(run, tmp_path, capsys, make, extra, msg):
+    "Each bad checkpoint or argument: exit 2, one message naming the problem, nothing written to the run."
+    d = make(run, tmp_path / "ckpt")
+    rd = run["store"].dir
+    snap = ((rd / "manifest.json").read_bytes(), sorted(p.name for p in rd.iterdir()))
+    name = ["--name", "bad"] if "--name" not in extra else []
+    assert main(["score", RUN, "--checkpoint", str(d), *name, *extra, "--runs-root", str(run["root"]), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("lume-lab: error:")]
+    assert len(lines) == 1 and msg in lines[0], err
+    assert ((rd / "manifest.json").read_bytes(), sorted(p.name for p in rd.iterdir())) == snap
+
+
+def test_export_refuses_and_never_leaves_a_half_export(run, tmp_path, capsys, monkeypatch):
+    "An unknown field or a non-empty --out is refused; an export interrupted midway leaves no folder that looks finished."
+    from lume_lab.pipeline.orchestration import export as E
+    assert main(["export", RUN, "--out", str(tmp_path / "x"), "--field", "phone_number", "--runs-root", str(run["root"])]) == 2
+    assert "has no forget field 'phone_number'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    (tmp_path / "full").mkdir(); (tmp_path / "full" / "f").write_text("x")
+    assert main(["export", RUN, "--out", str(tmp_path / "full"), "--runs-root", str(run["root"])]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    def boom(*a, **k): raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(E, "groups_info", boom)
+    with pytest.raises(KeyboardInterrupt): E.export_run(RUN, tmp_path / "half", run["root"])
+    assert not (tmp_path / "half").exists()
+    monkeypatch.undo()
+    assert main(["export", RUN, "--out", str(tmp_path / "half"), "--runs-root", str(run["root"])]) == 0
+    assert (tmp_path / "half" / "manifest.json").exists() and not (tmp_path / ".half.partial").exists()
+
+
+def test_external_rows_join_the_runs_report(run, ga_copy):
+    "After `score`, the run's experiments (re-executed by score for those it had run) show external:ga-copy beside the methods."
+    from lume_lab.pipeline.orchestration.runner import experiment_notebooks, run_notebook
+    from lume_lab.pipeline.orchestration.score import refresh_report
+    from lume_lab.pipeline.presentation.scorecard import scorecard
+    st, f = run["store"], run["field"]
+    for nb in experiment_notebooks(["e03", "e04"]): st.record_experiment(nb.stem, 0.0)    # as if `lume-lab run` had run them
+    assert refresh_report(st, run["root"], log=lambda *a: None) == ["e03_unlearn", "e04_localization"]
+    t = pd.read_csv(st.dir / "report" / f"table2_{f}.csv", index_col=[0, 1])
+    assert {"none", "grad_ascent", "external:ga-copy"} <= set(t.columns)
+    assert (t["external:ga-copy"].loc[["forget", "retain"]] == t["grad_ascent"].loc[["forget", "retain"]]).all()
+    card = scorecard([st.dir]).set_index("method")
+    assert card.index.tolist()[:2] == ["none", "grad_ascent"] and "external:ga-copy" in card.index
+    assert card.at["external:ga-copy", "auc_forget"] == card.at["grad_ascent", "auc_forget"]
+    assert card.at["external:ga-copy", "cast_share"] == 0 and pd.isna(card.at["grad_ascent", "cast_share"])
+    from lume_lab.pipeline.orchestration.cli import stage_entries                  # `lume-lab stage` (a multi-process attack) knows it too
+    fin = st.entry(f"external_ga-copy_resurface_{f}")["finished"]
+    got = stage_entries(st)[f"external_ga-copy_resurface_{f}"](st)                # a cache hit: the attack's tables, nothing rerun
+    pd.testing.assert_frame_equal(got["after"], pd.read_csv(_stage(run, "resurface") / "after.csv"))
+    assert st.entry(f"external_ga-copy_resurface_{f}")["finished"] == fin
