@@ -50,7 +50,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert list(secs)[:2] == ["Verdict", "Scorecard"] and after_e03["checked"] > 0
     assert "not yet run" not in secs["Unlearning (Fig. 4a)"] and "<img" in secs["Unlearning (Fig. 4a)"]
     for title, exp in (("Localization precision (Fig. 4b)", "e04_localization"), ("REMIND: residual memorization", "e05_remind"),
-                       ("Resurfacing attack (Fig. 5)", "e06_resurfacing"), ("Attribution against the ground truth (e09)", "e09_attribution")):
+                       ("Resurfacing attack (Fig. 5)", "e06_resurfacing"), ("Attribution against the ground truth (e09)", "e09_attribution"),
+                       ("Robustness: quantization, relearning, weight space (e10)", "e10_robustness")):
         assert f"{exp}: not yet run" in secs[title], title
     assert "not yet run" not in (run / "report" / "index.html").read_text()      # e99's final page: nothing left to come
     man = json.loads((run / "manifest.json").read_text())
@@ -107,6 +108,16 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert set(lg.method) == {"none", "grad_diff", "simnpo", "oracle_grad", "localized_graddiff"}
     assert lg[lg.method != "none"].auc_forget.between(0, 1).all() and lg[lg.method == "none"].auc_forget.isna().all()
     assert (report / "attribution.png").exists()
+    # e10: every weight-changing method through quantization, the three relearning attacks and the weight-space diagnostics
+    robust = {m for m in METHODS if get_spec(m).changes_weights}
+    assert {f"robust_{k}_{m}_{field}" for k in ("scores", "quant", "weights") for m in robust} <= set(done)
+    rob = pd.read_csv(report / f"robustness_{field}.csv")
+    assert set(rob.method) == robust and (report / "robustness_recovery.png").exists()
+    rec = rob[rob.test.str.endswith("_recovery")]
+    assert (rec.value.notna() | rec.note.notna()).all()                     # a value, or the reason there is none
+    card = pd.read_csv(report / "scorecard.csv")
+    cols = ["quant4_recovery", "quant8_recovery", "relearn_half_recovery", "relearn_other_recovery", "relearn_retain_recovery", "robust_profiles"]
+    assert set(cols) <= set(card.columns) and card[card.method.isin(robust)].robust_profiles.notna().all()
     # e07: PISTOL's fine-tuning, degree (Table 2) and density (Table 3) stages and tables; DS of the ROUGE-1 means shown
     from lume_lab.core.config import PISTOL_METHODS
     from lume_lab.data.pistol import DENSITIES

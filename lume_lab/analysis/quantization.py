@@ -4,7 +4,7 @@
 
 # %% ../../nbs/analysis/06_quantization.ipynb #915b50ab
 from __future__ import annotations
-import copy, logging
+import copy
 from typing import Mapping
 
 import pandas as pd
@@ -55,8 +55,7 @@ def rtn(w: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
 
 # %% ../../nbs/analysis/06_quantization.ipynb #97468285
 def _torchao():
-    "torchao's quantization primitives, imported without its CPU-only warnings (no CUDA kernels to load here)."
-    for name in ("torchao", "torch.utils._pytree"): logging.getLogger(name).setLevel(logging.ERROR)
+    "torchao's quantization primitives (imported when first used)."
     from torchao.quantization import quant_primitives as qp
     return qp
 

@@ -69,5 +69,5 @@ def recovery_ci(per_profile: pd.DataFrame, n_boot: int = 1000, level: float = 0.
     drop = m[:, 0] - m[:, 1]
     draws = np.where(drop >= min_drop, (m[:, 2] - m[:, 1]) / np.where(drop == 0, 1, drop), np.nan)
     ok = draws[~np.isnan(draws)]
-    lo, hi = (np.quantile(ok, [(1 - level) / 2, (1 + level) / 2]) if len(ok) else (np.nan, np.nan))
+    lo, hi = (np.quantile(ok, [(1 - level) / 2, (1 + level) / 2]) if len(ok) and not math.isnan(point) else (np.nan, np.nan))
     return {"recovery": point, "lo": float(lo), "hi": float(hi), "n_profiles": len(x), "n_valid": int(len(ok))}

@@ -151,6 +151,21 @@ def _resurfacing_section(rep: Path) -> list:
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
     return blocks
 
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #4ded6be6
+def _robustness_section(rep: Path) -> list:
+    "e10: each method's recovery under quantization and relearning, with intervals, and where its update lies (issue #40)."
+    blocks = []
+    for f in [p.stem.removeprefix("robustness_") for p in sorted(rep.glob("robustness_*.csv"))]:
+        t = pd.read_csv(rep / f"robustness_{f}.csv")
+        ci = lambda r: "" if pd.isna(r.lo) else f"[{r.lo:.2f}, {r.hi:.2f}]"
+        t = t.assign(interval=[ci(r) for r in t.itertuples()], value=t.value.round(3))
+        blocks += [paragraph(f"{f}: recovery = (EM after − EM unlearned) / (EM before − EM unlearned), 95 % interval over the scored "
+                             "profiles; survival = share of the update's changed weights that leave their RTN bucket; L2 inside m^F and "
+                             "outside every mask; LMC barrier of the answer NLL."),
+                   table(t[["method", "test", "value", "interval", "n", "note"]])]
+    blocks += _fig(rep, "robustness_recovery.png", "Recovery of forget EM under each attack (95 % intervals over profiles)")
+    return blocks
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6a7b2c02
 def _attribution_section(rep: Path) -> list:
     "e09: AUC vs m^F of each attribution score per number of forget examples, the mask-signature check, localized GradDiff."
@@ -268,6 +283,8 @@ register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_su
 register_section("REMIND: residual memorization", ("e05",), ("remind_*.csv", "remind_*.png"), _remind_section)
 register_section("Resurfacing attack (Fig. 5)", ("e06",), ("resurfacing.csv", "resurfacing_leakage.png", "resurfacing_attack.csv",
                  "resurfacing_attack.png", "resurfacing_jaccard_*.csv", "resurfacing_jaccard_*.png"), _resurfacing_section)
+register_section("Robustness: quantization, relearning, weight space (e10)", ("e10",), ("robustness_*.csv", "robustness_recovery.png"),
+                 _robustness_section)
 register_section("PISTOL: structural unlearning (Tables 2 and 3)", ("e07",), ("pistol_finetune.csv", "pistol_lr.csv", "pistol_table2.csv",
                  "pistol_degree_gap.csv", "pistol_degree.png", "pistol_table3.csv", "pistol_density_trend.csv", "pistol_density.png"),
                  _pistol_section)
@@ -295,7 +312,7 @@ def write_report_file(store, name: str, obj, *, index: bool = False, **savefig) 
     return atomic_write_bytes(report_dir(getattr(store, "dir", store)) / name, data)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #8f4539ab
-VERDICT = ("forget_em", "retain_em", "utility_delta", "auc_forget", "remind_auc_rf", "leak_after")
+VERDICT = ("forget_em", "retain_em", "utility_delta", "auc_forget", "remind_auc_rf", "leak_after", "quant4_recovery", "relearn_half_recovery")
 ARROWS = {"lower": "↓", "higher": "↑", "closer": "→ before"}
 
 def verdict_marks(card: pd.DataFrame, columns=VERDICT) -> pd.DataFrame:

@@ -15,10 +15,11 @@ from ...analysis.localization import PAPER_PRECISION_OLMO2_1B
 from ...core.config import config_diff
 
 # %% auto #0
-__all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'METRICS', 'SAMPLE_SIZES', 'BETTER', 'OUTPUT_COLUMNS', 'DIRECTION_CHECKS',
-           'N_COLUMNS', 'METRIC_COLUMNS', 'paper_table2', 'Metric', 'check_metric', 'metrics_table', 'paper_scorecard',
-           'report_dir', 'run_config', 'run_manifest', 'read_output_metrics', 'read_localization', 'read_remind',
-           'read_resurfacing', 'run_scorecard', 'direction', 'direction_mismatch', 'n_after', 'scorecard', 'toy_run']
+__all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'METRICS', 'SAMPLE_SIZES', 'BETTER', 'OUTPUT_COLUMNS', 'ROBUST_TESTS',
+           'DIRECTION_CHECKS', 'N_COLUMNS', 'METRIC_COLUMNS', 'paper_table2', 'Metric', 'check_metric', 'metrics_table',
+           'paper_scorecard', 'report_dir', 'run_config', 'run_manifest', 'read_output_metrics', 'read_localization',
+           'read_remind', 'read_resurfacing', 'read_robustness', 'run_scorecard', 'direction', 'direction_mismatch',
+           'n_after', 'scorecard', 'toy_run']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -96,6 +97,11 @@ METRICS = {
     "leak_before":     Metric("leak before", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
     "leak_after":      Metric("leak after", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
     "heldout_pii_nll": Metric("held-out PII NLL", 2, None, "closer", "none", 0.1, None, "e06"),
+    "quant4_recovery": Metric("4-bit recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
+    "quant8_recovery": Metric("8-bit recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
+    "relearn_half_recovery": Metric("relearn ½ recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
+    "relearn_other_recovery": Metric("other-fields recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
+    "relearn_retain_recovery": Metric("retain-only recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
     "cast_share":      Metric("cast-only Δ %", 1, None, "lower", 0.0, 0.0, None, "e04"),   # external checkpoints: weights rounding alone changes
 }
 
@@ -105,6 +111,7 @@ SAMPLE_SIZES = {  # n column -> (label on the page, the rows column shown after 
     "utility_n": ("n utility (MC questions)", None, False),
     "remind_n_per_class": ("n REMIND (per class)", None, False),
     "leak_profiles": ("n leak (profiles)", None, False),
+    "robust_profiles": ("n robustness (forget profiles)", None, False),
 }
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #86e29f7d
@@ -218,11 +225,27 @@ def read_resurfacing(run_dir) -> pd.DataFrame | None:
     if a.exists(): w = w.join(pd.read_csv(a).set_index(["field", "method"]).nll_before.rename("heldout_pii_nll"))
     return w
 
+ROBUST_TESTS = {"quant4_recovery": "quant4_recovery", "quant8_recovery": "quant8_recovery", "relearn_forget_half_recovery": "relearn_half_recovery",
+                "relearn_other_fields_recovery": "relearn_other_recovery", "relearn_retain_only_recovery": "relearn_retain_recovery"}
+
+def read_robustness(run_dir) -> pd.DataFrame | None:
+    "e10's recoveries (`robustness_<field>.csv`: tests named in `ROBUST_TESTS`) and the forget profiles behind them (`robust_profiles`)."
+    parts = []
+    for p in sorted(report_dir(run_dir).glob("robustness_*.csv")):
+        t = pd.read_csv(p)
+        t = t[t.test.isin(list(ROBUST_TESTS))]
+        if t.empty: continue
+        w = t.pivot_table(index=["field", "method"], columns="test", values="value", aggfunc="first", sort=False, dropna=False).rename(columns=ROBUST_TESTS)
+        n = t[t.test.str.startswith("quant")].groupby(["field", "method"]).n.first()
+        parts.append(w.assign(robust_profiles=n))
+    return pd.concat(parts) if parts else None
+
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #72b92c09
 def run_scorecard(run_dir) -> pd.DataFrame:
     "The scorecard of one run, indexed by (field, method): every column its files hold; empty if none. Checkpoints scored with `lume-lab score` (`external:<name>`) come after the methods."
     cfg = run_config(run_dir)
-    parts = [r for r in (read_output_metrics(run_dir), read_localization(run_dir), read_remind(run_dir), read_resurfacing(run_dir)) if r is not None]
+    parts = [r for r in (read_output_metrics(run_dir), read_localization(run_dir), read_remind(run_dir), read_resurfacing(run_dir),
+                         read_robustness(run_dir)) if r is not None]
     if not parts: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))
     card = pd.concat(parts, axis=1, join="outer")
     methods = ["none", *(cfg["unlearn"]["methods"] or [])]
