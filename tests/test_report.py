@@ -180,7 +180,8 @@ def test_verdict_first_and_small_split_banner(tmp_path):
     page = R.write_report([run]).read_text()
     assert _h2(page)[0] == "Verdict"
     card = pd.read_csv(run / "report" / "scorecard.csv")
-    assert assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(R.VERDICT)
+    present = [c for c in R.VERDICT if c in card]       # the copied mini run predates e10: its robustness columns are absent
+    assert len(present) >= 6 and assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(present)
     small = card.groupby("field", sort=False)[["forget_profiles", "retain_profiles"]].min()
     assert (small.forget_profiles < 10).any()                       # the mini run's own split sizes: the precondition of the banner
     banner = re.search(r'<div class="banner"[^>]*>([^<]+)</div>', page)
@@ -194,7 +195,8 @@ def test_verdict_first_and_small_split_banner(tmp_path):
     marks, shown = R.verdict_marks(S.scorecard([run])), re.findall(r'<td class="(better|worse|same|ref)">', h2_sections(page)["Verdict"])
     for cls, v in (("better", 1), ("same", 0), ("worse", -1)): assert shown.count(cls) == int((marks == v).sum().sum()), cls
     assert (marks == 1).sum().sum() > 0 and (marks == -1).sum().sum() > 0
-    assert shown.count("ref") == (card.method == "none").sum() * (len(R.VERDICT) - 1)   # every verdict column but AUC (against chance)
+    n_ref = sum(S.METRICS[c].reference == "none" for c in present)          # every verdict column measured against `none` (not AUC: chance)
+    assert n_ref >= 5 and shown.count("ref") == (card.method == "none").sum() * n_ref
     # every split at 10 or more: no banner (constructed from the same run)
     _set_split_sizes(run, 10, 12)
     page = R.write_report([run]).read_text()
