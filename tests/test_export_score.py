@@ -98,6 +98,20 @@ def test_score_is_the_internal_path(run, ga_copy):
                                       pd.read_csv(st.path(f"resurface_grad_ascent_{f}") / f"{when}.csv"), check_exact=True)
 
 
+def test_e10_treats_a_checkpoint_as_the_method_it_copies(run, ga_copy):
+    "e10's stages on `external:ga-copy` give GradAscent's own: per-example scores, quantized scores, bucket survival, distances, LMC."
+    from lume_lab.pipeline.stages import robustness as B
+    st, f = run["store"], run["field"]
+    ext, ga = X.external_source(st, "ga-copy", f), U.method_source(st, "grad_ascent", f)
+    assert ext.label in [s.label for s in B.robust_sources(st, f)]
+    assert B.stage_robust_scores(st, ext).equals(B.stage_robust_scores(st, ga))
+    qe, qg = B.stage_quantization(st, ext), B.stage_quantization(st, ga)
+    assert qe["examples"].equals(qg["examples"]) and qe["survival"].equals(qg["survival"]) and qe["survival"].changed.sum() > 0
+    we, wg = B.stage_weightspace(st, ext), B.stage_weightspace(st, ga)
+    assert we["distances"].equals(wg["distances"]) and we["lmc"].equals(wg["lmc"])
+    assert st.is_done(ext.result_stage("robust_quant")) and ext.result_stage("robust_quant").startswith("external_ga-copy_")
+
+
 def test_scoring_is_cached_by_content(run, ga_copy, tmp_path):
     "The same files again, from another directory: every stage a cache hit; other files under the same name replace the results."
     st = run["store"]

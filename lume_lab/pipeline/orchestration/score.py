@@ -56,11 +56,11 @@ def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: 
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #19f1c6c2
 SCORE_KINDS = ("evaluate", "localization", "remind", "resurface")
-REPORT_EXPERIMENTS = ("e03", "e04", "e05", "e06", "e99")   # the experiments whose tables and page gain the external rows
+REPORT_EXPERIMENTS = ("e03", "e04", "e05", "e06", "e10", "e99")   # the experiments whose tables and page gain the external rows (e10: its attacks run then)
 
 def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = None, control=None, root=None,
                      report: bool = True, log=print) -> pd.DataFrame:
-    "Score `checkpoint` in run `run_id` as `external:<name>` (see above); its scorecard row. `report`: re-execute the run's e03–e06, e99 after."
+    "Score `checkpoint` in run `run_id` as `external:<name>` (see above); its scorecard row. `report`: re-execute the run's e03–e06, e10, e99 after."
     from lume_lab.pipeline.stages.external import external_source, stage_external_checkpoint
     from lume_lab.pipeline.stages.remind import remind_source
     from lume_lab.pipeline.stages.resurface import resurface_source
@@ -110,7 +110,7 @@ def add_score_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--field", default=None, help="the forget field it unlearned (default: the run's only one)")
     p.add_argument("--control", default=None, help="optional: the same unlearning run from model_control/ (localization's contrast scores)")
     p.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
-    p.add_argument("--no-report", action="store_true", help="do not re-execute the run's e03-e06, e99 to add the rows to its report")
+    p.add_argument("--no-report", action="store_true", help="do not re-execute the run's e03-e06, e10, e99 to add the rows to its report")
     return p
 
 def score_main(a) -> int:
