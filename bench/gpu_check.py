@@ -224,14 +224,22 @@ def _batch(B: int, T: int, vocab: int, seed: int) -> list[dict]:
             for i in range(B)]
 
 def _mode_fns(model, batch, masker, owner, T, autocast):
-    from lume_lab.inject.injection import masked_backward, per_sample_reference_grads
+    from lume_lab.inject.injection import masked_backward
     B = len(batch)
     kw = dict(micro_batch_size=B, autocast=autocast)
     return {"unmasked": lambda: masked_backward(model, batch, None, masked=False, **kw),
             "masked": lambda: masked_backward(model, batch, masker, **kw),
             "segmented": lambda: masked_backward(model, batch, masker, segmented=True, pad_to=T, **kw),
             "grouped": lambda: masked_backward(model, batch, masker, segmented=True, pad_to=T, grouped=True, **kw),
-            "per-sample": lambda: per_sample_reference_grads(model, batch, owner)}
+            "per-sample": lambda: _per_sample(model, batch, owner, autocast)}
+
+def _per_sample(model, batch, owner, autocast):
+    "The per-sample loop under the same autocast as the other modes (its function takes none: a bf16 forward, timed fairly)."
+    from contextlib import nullcontext
+    from lume_lab.inject.injection import per_sample_reference_grads
+    dev = next(model.parameters()).device
+    with torch.autocast(dev.type, dtype=torch.bfloat16) if autocast else nullcontext():
+        return per_sample_reference_grads(model, batch, owner)
 
 def part_injection(rep: Report, device, shape: dict, budget: Budget, reps: int, batches: list[int]):
     from transformers import Olmo2ForCausalLM
