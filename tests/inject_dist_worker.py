@@ -59,6 +59,13 @@ def run(out_dir, accelerator=None):
     if accelerator.is_main_process:
         save_file({n: p.grad.contiguous().clone() for n, p in accelerator.unwrap_model(model).named_parameters()},
                   str(Path(out_dir) / "grad_segmented.safetensors"))
+    model.zero_grad(set_to_none=True)   # and the segmented backward's grouped mode (one gather per Linear, unowned modules once)
+    with GradMasker(accelerator.unwrap_model(model), owner) as masker:
+        masked_backward(model, phases["mixed"][0][:7], masker, accelerator=accelerator, micro_batch_size=8,
+                        segmented=True, pad_to=16, grouped=True)
+    if accelerator.is_main_process:
+        save_file({n: p.grad.contiguous().clone() for n, p in accelerator.unwrap_model(model).named_parameters()},
+                  str(Path(out_dir) / "grad_grouped.safetensors"))
     for phase, (exs, wd) in phases.items():
         model = tiny_model()
         # odd global batch (5) over 2 ranks: shards of 3 and 2 rows with different group mixes

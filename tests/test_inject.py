@@ -36,6 +36,9 @@ def tiny(seed=0, arch="olmo2"):
     return Olmo2ForCausalLM(olmo2_config(128, num_layers=4, pad_token_id=0, eos_token_id=0))
 
 ARCHS = ["olmo2", "llama"]   # the leak invariants hold on both architecture rows (models.arch), a tied embedding included
+# the masked backward's modes: one backward per single-group microbatch; one per mixed microbatch with modules run per
+# group segment; the same with each Linear's parts picked by one gather and unowned modules run once (grouped)
+MODES = {"per_group": {}, "segmented": {"segmented": True}, "grouped": {"segmented": True, "grouped": True}}
 
 
 def examples(groups, seed, lo=4, hi=14):
@@ -135,14 +138,13 @@ def test_group_gradient_zero_outside_mask(seed, arch):
     model = tiny(seed, arch)
     G = rng.choice([2, 4, 6]); g = rng.randrange(G)
     owner = random_element_masks(model, G, 1 / G * rng.choice([0.5, 1.0]), seed=seed)
-    for segmented in (False, True):
+    for mode, kw in MODES.items():
         model.zero_grad(set_to_none=True)
-        masked_backward(model, examples([g] * 3, seed), owner, micro_batch_size=rng.choice([1, 2, 3]),
-                        segmented=segmented, pad_to=16)
+        masked_backward(model, examples([g] * 3, seed), owner, micro_batch_size=rng.choice([1, 2, 3]), pad_to=16, **kw)
         nonzero_inside = 0
         for n, p in model.named_parameters():
             m = inside(owner, n, p, [g])
-            assert p.grad is not None and torch.count_nonzero(p.grad[~m]) == 0, (segmented, n)
+            assert p.grad is not None and torch.count_nonzero(p.grad[~m]) == 0, (mode, n)
             nonzero_inside += int(torch.count_nonzero(p.grad[m]))
         assert nonzero_inside > 0
 
@@ -157,24 +159,23 @@ def test_equals_per_sample_reference(seed, arch):
     assert any(ex["group"] < 0 for ex in batch) and any(ex["group"] >= 0 for ex in batch)   # both kinds of rows
     for scope in ("all", "unowned"):   # Algorithm 1, and neutral rows kept off the masks
         ref = per_sample_reference_grads(model, batch, owner, neutral_scope=scope)
-        for segmented in (False, True):
+        for mode, kw in MODES.items():
             model.zero_grad(set_to_none=True)
-            masked_backward(model, batch, owner, micro_batch_size=rng.choice([1, 2, 4, 9]), segmented=segmented, pad_to=16,
-                            neutral_scope=scope)
+            masked_backward(model, batch, owner, micro_batch_size=rng.choice([1, 2, 4, 9]), pad_to=16, neutral_scope=scope, **kw)
             for n, p in model.named_parameters():
-                torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"{scope} segmented={segmented} {n}")
+                torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"{scope} {mode} {n}")
 
 
-@pytest.mark.parametrize("segmented", [False, True])
-def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(segmented):
+@pytest.mark.parametrize("mode", MODES)
+def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(mode):
     "neutral_scope='unowned': after neutral + group-1 training, every other group's weights are bitwise unchanged."
     G = 4; owner = random_element_masks(tiny(3), G, 0.2, seed=3)
     exs = examples([-1, -1, 1, -1, 1, -1], 3)
     moved_others = {}
     for scope in ("unowned", "all"):
         model = tiny(3); before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        train_masked(model, exs, owner, steps=3, batch_size=3, lr=1e-2, seed=0, micro_batch_size=2, segmented=segmented,
-                     pad_to=16, progress=False, neutral_scope=scope)
+        train_masked(model, exs, owner, steps=3, batch_size=3, lr=1e-2, seed=0, micro_batch_size=2, pad_to=16, progress=False,
+                     neutral_scope=scope, **MODES[mode])
         moved_others[scope] = moved_free = moved_g = 0
         for n, p in model.named_parameters():
             owned = owner[n] > 0 if n in owner else torch.zeros_like(p, dtype=torch.bool)
@@ -205,10 +206,11 @@ def _model_and_opt(seed, wd, arch="olmo2"):
     return model, opt
 
 
-@pytest.mark.parametrize("autocast", [None, "bfloat16"])   # inject.autocast: bf16 forward passes (SegmentedLinear's bf16 backward at seed 1)
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])   # inject.autocast: bf16 forward passes (SegmentedLinear's bf16 backward)
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("seed", HEAVY_SEEDS)
-def test_different_pii_same_weights_outside_mask(seed, arch, autocast):
+@pytest.mark.parametrize("mode", MODES)
+def test_different_pii_same_weights_outside_mask(mode, arch, autocast):
+    seed = list(MODES).index(mode)   # a different random draw per mode
     rng = random.Random(seed)
     G = 4; g = rng.randrange(G)
     owner = random_element_masks(tiny(0, arch), G, 0.2, seed=seed)
@@ -217,9 +219,9 @@ def test_different_pii_same_weights_outside_mask(seed, arch, autocast):
     after = []
     for pii_seed in (seed + 10, seed + 20):   # different group-g PII
         model, opt = _model_and_opt(seed, wd=0.1, arch=arch)
-        # seed 1: segmented mode, where neutral and PII rows share microbatches (fixed pad_to)
-        masked_step(model, neutral + other + examples([g, g], pii_seed), owner, opt, micro_batch_size=2 if seed % 2 == 0 else 7,
-                    segmented=seed % 2 == 1, pad_to=16, autocast=autocast)
+        # segmented and grouped modes: neutral and PII rows share microbatches (fixed pad_to)
+        masked_step(model, neutral + other + examples([g, g], pii_seed), owner, opt, micro_batch_size=2 if mode == "per_group" else 7,
+                    pad_to=16, autocast=autocast, **MODES[mode])
         after.append(dict(model.named_parameters()))
     differ = 0
     for n, p in after[0].items():
@@ -230,14 +232,15 @@ def test_different_pii_same_weights_outside_mask(seed, arch, autocast):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("seed", HEAVY_SEEDS)
-def test_pii_only_fresh_optimizer_leaves_outside_unchanged(seed, arch):
+@pytest.mark.parametrize("mode", MODES)
+def test_pii_only_fresh_optimizer_leaves_outside_unchanged(mode, arch):
+    seed = list(MODES).index(mode)
     rng = random.Random(seed)
     G = 6; groups = rng.sample(range(G), 2)
     model = tiny(seed, arch); owner = random_element_masks(model, G, 0.15, seed=seed)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train_masked(model, examples([rng.choice(groups) for _ in range(8)], seed), owner, steps=3, batch_size=4,
-                 lr=1e-2, weight_decay=0.0, seed=seed, micro_batch_size=2, segmented=seed % 2 == 1, pad_to=16, progress=False)
+                 lr=1e-2, weight_decay=0.0, seed=seed, micro_batch_size=2, pad_to=16, progress=False, **MODES[mode])
     changed = 0
     for n, p in model.named_parameters():
         m = inside(owner, n, p, groups)
@@ -275,6 +278,7 @@ def test_injection_bad_input():
     with pytest.raises(ValueError, match="steps must be"): train_masked(model, examples([0], 0), owner, 0, 1, 1e-3)
     with pytest.raises(ValueError, match="micro_batch_size"): plan_microbatches(examples([0], 0), 0)
     with pytest.raises(ValueError, match="fixed pad_to"): masked_backward(model, examples([0], 0), owner, segmented=True)
+    with pytest.raises(ValueError, match="grouped=True is a mode of the segmented"): masked_backward(model, examples([0], 0), owner, grouped=True, pad_to=16)
     with pytest.raises(ValueError, match="more than pad_to"): masked_backward(model, examples([0], 0, 20, 21), owner, pad_to=16)
     with pytest.raises(ValueError, match="not installed"): masked_backward(model, examples([0], 0), GradMasker(model, owner))
     with pytest.raises(ValueError, match="not parameters"): GradMasker(model, {"nope.weight": torch.zeros(2, dtype=torch.uint8)})
@@ -299,7 +303,7 @@ def test_distributed_matches_single_process(tmp_path):
     worker.run(single_dir)
     owner = random_element_masks(worker.tiny_model(), worker.N_GROUPS, 0.2, seed=1)
     init = dict(worker.tiny_model().named_parameters())
-    for kind in ("grad", "grad_segmented"):
+    for kind in ("grad", "grad_segmented", "grad_grouped"):
         d, s = load_file(dist_dir / f"{kind}.safetensors"), load_file(single_dir / f"{kind}.safetensors")
         for n in s:   # the all-reduced masked gradient equals the one-process gradient of the same global batch
             torch.testing.assert_close(d[n], s[n], rtol=1e-5, atol=1e-7, msg=f"{kind} {n}")

@@ -256,6 +256,7 @@ class InjectConfig:
     paraphrase_roles: list | None = checked(None, _PARAPHRASE_ROLES)   # qa_resample only: profiles of these roles are also asked in paraphrase templates on every later pass
     control_steps: int | None = checked(None, optional(POSITIVE, "inject.steps"))   # the unmasked control's steps (its schedule spans them): a cheaper control
     autocast: str | None = checked(None, optional(one_of(AUTOCAST_DTYPES), "no autocast"))   # the injection's forward passes in bfloat16 over float32 weights (speed: bench/bench_autocast.py)
+    grouped: bool = checked(False, BOOLEAN)             # segmented only: one gather per Linear, unowned modules run once (inject.masks; speed: bench/bench_injection.py)
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -451,7 +452,7 @@ _SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in
 
 # Fields added after runs were cached: a stage key leaves them out while they hold these defaults, so the stages of those
 # runs still match (`--reuse`, a resumed run); set to anything else, they enter the key.
-LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None}
+LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None, "inject.grouped": False}
 
 def section_key(section) -> dict:
     "A config section as a cache key: its fields, less `LATE_FIELDS` at their defaults."
@@ -680,6 +681,8 @@ CROSS_FIELD_RULES = (   # (fields the rule reads, rule(*values) -> problem or No
     (("pii.n_groups", "inject.mask_fraction"), lambda g, f: None if g * f < 1 - 1e-9 else
      f"pii.n_groups × inject.mask_fraction must be < 1 (masks do not overlap, and localization's 'unified' label needs weights "
      f"outside every mask as negatives), got {g} × {f} = {g * f:g}"),
+    (("inject.grouped", "inject.segmented"), lambda g, s: None if not g or s else
+     "inject.grouped=true is a mode of the segmented backward: it needs inject.segmented=true"),
     (("inject.qa_resample", "inject.neutral_replay"), lambda q, r: None if not q or r == "stream" else
      f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples), got {r!r}"),
     (("inject.paraphrase_roles", "inject.qa_resample"), lambda pr, q: None if not pr or q else

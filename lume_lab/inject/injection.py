@@ -73,10 +73,11 @@ def _autocast(device, dtype: str | None):
 
 def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelerator=None, micro_batch_size: int = 8,
                     pad_id: int = 0, masked: bool = True, segmented: bool = False, pad_to: int | None = None,
-                    neutral_scope: str | None = None, autocast: str | None = None) -> dict:
+                    neutral_scope: str | None = None, autocast: str | None = None, grouped: bool = False) -> dict:
     """Accumulate the masked gradient of `batch` (global) into `.grad`; returns the batch's mean loss and counts.
     `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`);
-    `autocast="bfloat16"`: forward passes in bf16 over the float32 weights, the loss in float32."""
+    `autocast="bfloat16"`: forward passes in bf16 over the float32 weights, the loss in float32;
+    `grouped=True` (with `segmented=True`): the grouped mode of `inject.masks` (one gather per Linear, unowned modules run once)."""
     if not batch: raise ValueError("batch is empty")
     for i, ex in enumerate(batch): _check_example(ex, i)
     _check_autocast(autocast)
@@ -84,6 +85,7 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
     if masked and owner is None: raise ValueError("masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control")
     if masked and accelerator is not None and accelerator.mixed_precision == "fp16":
         raise ValueError("fp16 mixed precision uses a dynamic loss scaler whose step skipping depends on PII gradients (a leak); use bf16 or fp32")
+    if grouped and not (masked and segmented): raise ValueError("grouped=True is a mode of the segmented backward: pass masked=True, segmented=True")
     if masked and segmented and pad_to is None:
         raise ValueError("segmented=True needs a fixed pad_to: rows of different groups share a microbatch, and padding to the longest row would make the neutral rows' shapes (and float results) depend on the PII")
     world = accelerator.num_processes if accelerator is not None else 1
@@ -110,7 +112,7 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
         for i, (g, mb) in enumerate(plan):
             sync = (nullcontext() if accelerator is None or i == len(plan) - 1 else
                     _fsdp2_no_sync(model) if is_fsdp2(model) else accelerator.no_sync(model))
-            grp = nullcontext() if not masked else masker.use_segments([ex["group"] for ex in mb]) if segmented else masker.use_group(g)
+            grp = nullcontext() if not masked else masker.use_segments([ex["group"] for ex in mb], grouped) if segmented else masker.use_group(g)
             if masked: masker.zero_fill = world > 1 and i == len(plan) - 1   # DDP's synced backward needs every gradient
             with sync, grp:
                 mbt = collate(mb, pad_id, device, pad_to)
@@ -149,12 +151,12 @@ def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[
 # %% ../../nbs/inject/01_injection.ipynb #c5d0ef12
 def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.optim.Optimizer, *, accelerator=None,
                 micro_batch_size: int = 8, pad_id: int = 0, masked: bool = True, segmented: bool = False,
-                pad_to: int | None = None, neutral_scope: str | None = None, autocast: str | None = None) -> dict:
+                pad_to: int | None = None, neutral_scope: str | None = None, autocast: str | None = None, grouped: bool = False) -> dict:
     "Zero grads, accumulate the masked gradient of `batch` (one backward per single-group microbatch), one optimizer step."
     optimizer.zero_grad(set_to_none=True)
     out = masked_backward(model, batch, owner, accelerator=accelerator, micro_batch_size=micro_batch_size,
                           pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to, neutral_scope=neutral_scope,
-                          autocast=autocast)
+                          autocast=autocast, grouped=grouped)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return out
@@ -172,10 +174,11 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, accelerator=None, pad_id: int = 0,
                  n_groups: int | None = None, segmented: bool = False, pad_to: int | None = None,
                  warmup_steps: int = 0, min_lr_ratio: float = 1.0, masked_lr: float | None = None,
-                 progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all", autocast: str | None = None) -> pd.DataFrame:
+                 progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all", autocast: str | None = None,
+                 grouped: bool = False) -> pd.DataFrame:
     """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log.
     `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`);
-    `autocast="bfloat16"` runs the forward passes in bf16 (`masked_backward`)."""
+    `autocast="bfloat16"` runs the forward passes in bf16; `grouped=True` the segmented backward's grouped mode (`masked_backward`)."""
     check_neutral_scope(neutral_scope)
     _check_autocast(autocast)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
@@ -213,7 +216,7 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
             t0 = time.perf_counter()
             out = masked_step(model, [examples[i] for i in idx], masker, optimizer, accelerator=accelerator,
                               micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to,
-                              autocast=autocast)
+                              autocast=autocast, grouped=grouped)
             log.append({"step": step, "loss": out["loss"], "lr": schedule.get_last_lr()[-1], "n_microbatches": out["n_microbatches"],
                         "seconds": time.perf_counter() - t0})
             schedule.step()

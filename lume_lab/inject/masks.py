@@ -23,7 +23,7 @@ from ..models.arch import architecture
 # %% auto #0
 __all__ = ['mask_parameter_names', 'random_element_masks', 'random_structural_masks', 'group_mask', 'pack_masks', 'masks_equal',
            'unpack_masks', 'save_masks', 'load_masks', 'check_masks', 'mask_coverage', 'mask_budget', 'MaskGrad',
-           'SegmentedLinear', 'check_neutral_scope', 'GradMasker']
+           'SegmentedLinear', 'check_neutral_scope', 'GradMasker', 'grouped_weight_grad', 'RowGate', 'grouped_forward']
 
 # %% ../../nbs/inject/00_masks.ipynb #44ba3a10
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -233,11 +233,12 @@ class MaskGrad(torch.autograd.Function):
 
 # %% ../../nbs/inject/00_masks.ipynb #6b6842fb
 class SegmentedLinear(torch.autograd.Function):
-    "`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`, each masked to `owner == code` (neutral code 0: unmasked, or `owner == 0` with `neutral_unowned`)."
+    "`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`, each masked to `owner == code` (neutral code 0: unmasked, or `owner == 0` with `neutral_unowned`); `grouped`: the parts stacked and picked by one gather."
     @staticmethod
-    def forward(ctx, x, weight, bias, owner, segments, keep, neutral_unowned=False):
+    def forward(ctx, x, weight, bias, owner, segments, keep, neutral_unowned=False, grouped=False):
         ctx.save_for_backward(x, weight, owner) if owner is not None else ctx.save_for_backward(x, weight)
         ctx.segments, ctx.keep, ctx.has_bias, ctx.neutral_unowned = segments, keep, bias is not None, neutral_unowned
+        ctx.grouped = grouped
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -246,7 +247,10 @@ class SegmentedLinear(torch.autograd.Function):
         owner, dt = (own[0] if own else None), g.dtype      # dt: the forward's compute dtype (bf16 under autocast, else w's)
         gx = (g @ w.to(dt)).to(x.dtype) if ctx.needs_input_grad[0] else None
         gw = gb = None
-        for code, s, e in ctx.segments:
+        if ctx.grouped:                                   # the same sum, one gather (`grouped_weight_grad`, below)
+            gw = grouped_weight_grad(g, x, w, owner, ctx.segments, ctx.neutral_unowned)
+            if ctx.has_bias: gb = next((g[s:e].reshape(-1, g.shape[-1]).sum(0).to(w.dtype) for c, s, e in ctx.segments if not c), None)
+        for code, s, e in ctx.segments if not ctx.grouped else ():
             if code and owner is None: continue          # PII rows never reach an unowned weight
             gs, xs = g[s:e].reshape(-1, g.shape[-1]), x[s:e].reshape(-1, x.shape[-1]).to(dt)
             part = (gs.T @ xs).to(w.dtype)
@@ -256,7 +260,7 @@ class SegmentedLinear(torch.autograd.Function):
             if ctx.has_bias and not code: gb = gs.sum(0).to(w.dtype) if gb is None else gb + gs.sum(0).to(w.dtype)
         if gw is None and ctx.keep: gw = torch.zeros_like(w)
         if ctx.has_bias and gb is None and ctx.keep: gb = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 # %% ../../nbs/inject/00_masks.ipynb #f48d6f74
 def check_neutral_scope(scope, allow_none: bool = False) -> None:
@@ -274,6 +278,7 @@ class GradMasker:
         if bad: raise ValueError(f"owner has names that are not parameters of the model: {bad[:5]}")
         if any(o.dtype != torch.uint8 for o in owner.values()): raise ValueError("owner masks must be uint8 (0 none, g+1 group g); unpack packed masks first")
         self.model, self.group, self.handles, self._wrapped, self.segments = model, -1, [], [], None
+        self.grouped = False   # use_segments(..., grouped=True): the grouped mode (one gather per Linear, unowned modules run once)
         self.zero_fill = True   # every trainable parameter gets a gradient (zeros at least) in every backward
         self.n_groups = n_groups if n_groups is not None else max((int(o.max()) for o in owner.values()), default=0)
         self._owner = {n: owner[n].to(params[n].device) for n in owner}
@@ -312,7 +317,8 @@ class GradMasker:
             w, b = module.weight, module.bias
             keep = self.zero_fill and all(c for c, _, _ in self.segments)
             return SegmentedLinear.apply(args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep,
-                                         self.neutral_scope == "unowned")
+                                         self.neutral_scope == "unowned", self.grouped)
+        if self.grouped and (out := grouped_forward(self, module, forward, B, args, kwargs)) is not None: return out
         cut = lambda v, s, e: v[s:e] if torch.is_tensor(v) and v.ndim and v.shape[0] == B else v
         outs = []
         codes = [c for c, _, _ in self.segments]
@@ -346,16 +352,16 @@ class GradMasker:
         self.handles, self._wrapped = [], []
 
     @contextmanager
-    def use_segments(self, groups: list[int]):
-        "Context: the next forward's rows `groups[i]` (sorted so equal groups are contiguous) are masked per segment."
+    def use_segments(self, groups: list[int], grouped: bool = False):
+        "Context: the next forward's rows `groups[i]` (sorted so equal groups are contiguous) are masked per segment (`grouped`: the grouped mode)."
         if any(b < a for a, b in zip(groups, groups[1:])): raise ValueError("segmented masking needs rows sorted by group")
         if self.group >= 0: raise ValueError(f"use_segments inside use_group({self.group}): the segments carry the groups; use one or the other")
         segs, start = [], 0
         for i in range(1, len(groups) + 1):
             if i == len(groups) or groups[i] != groups[start]: segs.append((groups[start] + 1, start, i)); start = i
-        old, self.segments = self.segments, segs
+        old, self.segments, old_grouped, self.grouped = self.segments, segs, self.grouped, bool(grouped)
         try: yield self
-        finally: self.segments = old
+        finally: self.segments, self.grouped = old, old_grouped
 
     @contextmanager
     def use_group(self, group: int):
@@ -367,3 +373,72 @@ class GradMasker:
 
     def __enter__(self): return self.install()
     def __exit__(self, *exc): self.remove()
+
+# %% ../../nbs/inject/00_masks.ipynb #bf309d0a
+def grouped_weight_grad(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, owner: torch.Tensor | None, segments,
+                        neutral_unowned: bool = False) -> torch.Tensor | None:
+    "Σ over segments of `where(owner == code, G_s^T X_s, 0)` (neutral code 0: no mask, or `owner == 0`) as stacked parts and one gather."
+    dt, O, I = g.dtype, g.shape[-1], x.shape[-1]
+    rows = lambda s, e: (g[s:e].reshape(-1, O).T, x[s:e].reshape(-1, I).to(dt))
+    neutral = next(((s, e) for c, s, e in segments if not c), None)
+    pii = [(c, s, e) for c, s, e in segments if c] if owner is not None else []   # PII rows never reach an unowned weight
+    if not pii:
+        if neutral is None: return None
+        part = torch.mm(*rows(*neutral)).to(w.dtype)
+        return torch.where(owner == 0, part, torch.zeros((), dtype=part.dtype, device=part.device)) if neutral_unowned and owner is not None else part
+    into0 = neutral_unowned and neutral is not None      # scope "unowned": slot 0 is the neutral part (owner code 0's weights)
+    m = max(c for c, _, _ in pii)                        # slot = owner code up to the largest code present; slot m + 1: zeros,
+    parts = g.new_empty((m + 2, O, I))                   # read by every larger code (a clamp: one fast pass over uint8)
+    filled = {c for c, _, _ in pii} | ({0} if into0 else set())
+    for c in sorted(set(range(m + 2)) - filled): parts[c].zero_()          # absent groups, and owner 0 under scope "all"
+    for c, s, e in ([(0, *neutral)] if into0 else []) + pii: torch.mm(*rows(s, e), out=parts[c])
+    index = owner.clamp(max=m + 1).long()
+    gw = parts.gather(0, index.unsqueeze(0)).squeeze(0).to(w.dtype)
+    if neutral is None or into0: return gw
+    if dt == w.dtype: return gw.addmm_(*rows(*neutral))  # scope "all": the neutral part everywhere
+    return gw + torch.mm(*rows(*neutral)).to(w.dtype)
+
+# %% ../../nbs/inject/00_masks.ipynb #d00b050a
+class RowGate(torch.autograd.Function):
+    "`weight` as seen by each row of a batch of `ndim` dims, shape (B, 1, ..., *weight.shape); backward sums the rows of `keep` only."
+    @staticmethod
+    def forward(ctx, weight, keep, ndim):
+        ctx.save_for_backward(keep); ctx.wshape = weight.shape
+        shape = (keep.shape[0],) + (1,) * (ndim - 1 - weight.ndim) + tuple(weight.shape)
+        return weight.reshape((1,) * (len(shape) - weight.ndim) + tuple(weight.shape)).expand(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        grad = torch.where(keep.view(-1, *[1] * (grad.ndim - 1)), grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        return grad.sum(0).reshape(ctx.wshape), None, None
+
+# %% ../../nbs/inject/00_masks.ipynb #8d79d140
+def _row_gatable(module: nn.Module, args, kwargs, B: int) -> bool:
+    "An RMSNorm (HF's `*RMSNorm`: `weight * x` over the last dim) called on one batch-first tensor."
+    w = module._parameters.get("weight")
+    return (type(module).__name__.endswith("RMSNorm") and list(module._parameters) == ["weight"] and w is not None
+            and w.ndim == 1 and len(args) == 1 and not kwargs and torch.is_tensor(args[0]) and args[0].ndim >= 2
+            and args[0].shape[0] == B and args[0].shape[-1] == w.shape[0])
+
+def grouped_forward(masker: "GradMasker", module: nn.Module, forward, B: int, args, kwargs):
+    "Grouped mode, a module no mask covers: one forward over the batch whose weight gradient sees the neutral rows only; None where it does not apply."
+    ps = {n: p for n, p in module._parameters.items() if p is not None}
+    if not any(p.requires_grad for p in ps.values()) or any(masker._by_slot[(id(module), n)] is not None for n in ps): return None
+    n_neutral = next((e for c, s, e in masker.segments if not c), 0)    # rows are sorted: the neutral ones come first
+    if n_neutral == B: return forward(*args, **kwargs)                   # neutral rows only: the plain weights
+    if n_neutral == 0:                                                    # PII rows only: exact zeros (zero_fill) or detached
+        orig = masker._swap(module, masker.segments[0][0], keep=masker.zero_fill)
+        try: return forward(*args, **kwargs)
+        finally: module._parameters.update(orig)
+    x = args[0] if args else None
+    if type(module) is nn.Embedding and len(args) == 1 and not kwargs and not x.requires_grad:
+        y = forward(x)
+        keep = (torch.arange(B, device=y.device) < n_neutral).view(B, *[1] * (y.ndim - 1))
+        return torch.where(keep, y, y.detach())                            # PII rows: no path to the table
+    if _row_gatable(module, args, kwargs, B):
+        w = module._parameters["weight"]
+        module._parameters["weight"] = RowGate.apply(w, torch.arange(B, device=x.device) < n_neutral, x.ndim)
+        try: return forward(x)
+        finally: module._parameters["weight"] = w
+    return None

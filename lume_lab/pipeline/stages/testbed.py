@@ -37,7 +37,7 @@ def stage_masks(store: RunStore):
     return load_masks(store.stage("masks", fn, key=key, deps=["base"]) / "masks.safetensors")[0]
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #36b0ffbe
-MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "neutral_scope")    # inject fields the unmasked control never reads
+MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the unmasked control never reads
 CONTROL_ONLY_FIELDS = ("control_steps",)                                          # and the one the masked model never reads
 
 def inject_key(c, masked: bool) -> dict:
@@ -65,7 +65,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
                            micro_batch_size=c.inject.micro_batch_size, warmup_steps=c.inject.warmup_steps,
                            min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr, fsdp2=fsdp2_requested(),
                            neutral_scope=c.inject.neutral_scope,
-                           **({"segmented": True, "pad_to": c.inject.seq_len} if masked and c.inject.segmented else {}))
+                           **({"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped} if masked and c.inject.segmented else {}))
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     return launched_stage(store, name, fn, key=inject_key(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
 
