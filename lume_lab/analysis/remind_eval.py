@@ -15,6 +15,7 @@ from sklearn.metrics import accuracy_score, f1_score, roc_auc_score, roc_curve
 from sklearn.model_selection import StratifiedGroupKFold
 from sklearn.multiclass import OneVsRestClassifier
 
+from .localization import exact_auc
 from .remind import CLASSES, FEATURES
 from ..metrics.memorization import answer_token_stats, example_columns
 from ..metrics.mia import min_k_pp_score, min_k_score, zlib_score
@@ -114,11 +115,6 @@ def _metric_row(y, P: pd.DataFrame, pos=None) -> dict:
                 f1=f1_score(y == pos, pred == pos))
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #8ecf6bab
-def _fast_auc(pos: np.ndarray, score: np.ndarray) -> float:
-    "Binary ROC AUC by ranks (ties shared), as `roc_auc_score`."
-    r = pd.Series(score).rank().to_numpy(); n1 = int(pos.sum()); n0 = len(pos) - n1
-    return float((r[pos].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
-
 def grouped_auc_ci(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42) -> tuple[float, float]:
     """Percentile bootstrap interval over `groups` of the AUC of out-of-fold probabilities `P` for labels `y`: binary
     (`pos` the positive class) or, with `pos=None`, the one-vs-rest macro AUC over `P`'s columns."""
@@ -133,7 +129,7 @@ def grouped_auc_ci(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: f
         idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
         labs = [y[idx] == c for c in cols]
         if any(l.all() or not l.any() for l in labs): continue
-        aucs.append(np.mean([_fast_auc(l, S[idx, j]) for j, l in enumerate(labs)]))
+        aucs.append(np.mean([exact_auc(S[idx, j], l) for j, l in enumerate(labs)]))
     if not aucs: return float("nan"), float("nan")
     lo, hi = np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)

@@ -21,7 +21,7 @@ from ...unlearn.registry import get_spec
 
 # %% auto #0
 __all__ = ['PAPER_MODELS', 'DEGREE_EDGES', 'PAPER_TABLE2_DS', 'PAPER_TABLE3_DS', 'SCORE_COLUMNS', 'prepare_pistol', 'pistol_qa',
-           'eval_sample', 'pistol_scores', 'score_summary', 'PistolFinetuneWarning', 'finetune_qa',
+           'eval_sample', 'pistol_scores', 'score_summary', 'PistolFinetuneWarning', 'descent_step', 'finetune_qa',
            'stage_pistol_finetune', 'finetune_log', 'pistol_hparams', 'unlearn_edge', 'choose_lr',
            'stage_pistol_degree', 'chosen_lr', 'density_draws', 'stage_pistol_density', 'before_rows', 'pistol_table',
            'degree_gap', 'density_trend', 'plot_ds']
@@ -83,7 +83,7 @@ def score_summary(scores: pd.DataFrame) -> dict:
 class PistolFinetuneWarning(StageWarning):
     "The fine-tuned model did not reach `pistol.finetune_target` within `pistol.finetune_epochs`."
 
-def _descent_step(model, batch, ref, hp):
+def descent_step(model, batch, ref, hp):
     "The fine-tuning objective: the answer NLL of the batch (the loop calls its examples 'forget')."
     nll = batch_nll(model, batch["forget"])
     return {"loss": nll, "forget_nll": nll}
@@ -94,7 +94,7 @@ def finetune_qa(model, tokenizer, rows: list[dict], pcfg, seed: int, max_new_tok
     log, done = [], 0
     while done < pcfg.finetune_epochs:
         hp["epochs"] = min(pcfg.finetune_check_every, pcfg.finetune_epochs - done)
-        model, steps = unlearn_loop(model, tokenizer, rows, None, _descent_step, hp, seed=seed + done, desc="pistol finetune")
+        model, steps = unlearn_loop(model, tokenizer, rows, None, descent_step, hp, seed=seed + done, desc="pistol finetune")
         done += hp["epochs"]
         r1 = rouge_scores(model, tokenizer, rows, max_new_tokens=max_new_tokens or pcfg.max_new_tokens)["rouge1"]
         log.append({"epoch": done, "train_nll": float(steps.forget_nll.tail(len(steps) // hp["epochs"] or 1).mean()),

@@ -95,18 +95,12 @@ def stage_quantization(store: RunStore, src: ModelSource) -> dict[str, pd.DataFr
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #33bcc031
 def full_finetune(model, tok, rows: list[dict], lr: float, epochs: int, batch_size: int, seed: int):
-    "AdamW on every weight over QA `rows` (answer tokens only), `epochs` passes in a seeded order; returns (model, log)."
-    from lume_lab.models.ops import collate_qa, lm_inputs, model_device, to_device, token_mean_nll
-    opt, gen, log = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0), torch.Generator().manual_seed(seed), []
-    model.train()
-    for ep in range(epochs):
-        order = torch.randperm(len(rows), generator=gen).tolist()
-        for i in range(0, len(rows), batch_size):
-            b = to_device(collate_qa(tok, [rows[j] for j in order[i:i + batch_size]], add_eos=True), model_device(model))
-            loss = token_mean_nll(model(**lm_inputs(b)).logits, b["labels"])
-            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
-            log.append({"epoch": ep, "step": len(log) + 1, "train_loss": loss.item()})
-    return model.eval(), pd.DataFrame(log)
+    "Every weight trained on the answer NLL of QA `rows` by the shared loop (`unlearn_loop`, as PISTOL's fine-tune); returns (model, log)."
+    from lume_lab.pipeline.stages.pistol import descent_step
+    from lume_lab.unlearn.base import BASE_HPARAMS, unlearn_loop
+    hp = {**BASE_HPARAMS, "lr": lr, "batch_size": batch_size, "epochs": epochs}
+    model, log = unlearn_loop(model, tok, rows, None, descent_step, hp, seed=seed, desc="relearn")
+    return model.eval(), log
 
 def relearn(model, tok, rows: list[dict], cfg):
     "Fine-tune `model` on `rows` as `cfg.robustness` says (`lora` or `full`); returns (model, log)."
@@ -168,6 +162,7 @@ def _recovery_row(method, test, before, unl, after, r, n_boot_seed) -> dict:
 def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
     "Every stress test of `field`, one row per (method, test): value, interval, n and a note."
     from lume_lab.analysis.relearning import MIN_RELEARN_PROFILES
+    from lume_lab.analysis.weightspace import lmc_barrier
     c, r, rows = store.config, store.config.robustness, []
     none, *sources = robust_sources(store, field)
     ref = stage_robust_scores(store, none)
@@ -193,7 +188,6 @@ def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
             ids = list(after.profile_id.unique())
             rows.append(_recovery_row(m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids), _per_profile(unl).reindex(ids),
                                       _per_profile(after), r, c.seed))
-        from lume_lab.analysis.weightspace import lmc_barrier
         w = stage_weightspace(store, src)
         d = w["distances"].set_index("region")
         rows.append({"method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None, "n": int(d.loc["forget", "weights"]), "note": ""})
