@@ -406,7 +406,7 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
     for masked in (True, False):
         name = "inject_masked" if masked else "inject_unmasked"
         d = row(name, lambda m=masked: st.stage_inject(store, m), budget, steps=_log_steps,
-                note=("segmented" if cfg.inject.segmented else "per-group") + f", batch {cfg.inject.batch_size} x {cfg.inject.seq_len}")
+                note=("grouped" if cfg.inject.grouped else "segmented" if cfg.inject.segmented else "per-group") + f", batch {cfg.inject.batch_size} x {cfg.inject.seq_len}")
         if d is not None:
             n, s, fixed = _inject_step_s(d); r = p["rows"][-1]
             r.update(steps=n, s_per_step=s, fixed_s=r["seconds"] - fixed, note=r["note"] + "; s/step from the log (median, first step out)")

@@ -470,6 +470,7 @@ _OLMO = {   # what both OLMo checkpoints share: Lacuna's setup (Table 4) and LUM
     "inject.mask_fraction": 0.05,                  # the paper's 5 % masks
     "inject.lr": 1e-5,                             # a pretrained model continues at a fine-tuning rate
     "inject.seq_len": 1024,                        # long sequences: the GPU's budget
+    "inject.grouped": True,                       # the faster masked path on a GPU (docs/results/gpu-h200-2026-11-27.md)
     "inject.steps": 20000,                         # enough passes for a 1B/7B model to memorize
     "instruct.lr": 1e-4,                           # LoRA on a pretrained model (Table 4)
     "testbed.profiles_per_field": 200,             # up to 100 forget + 100 retain per field (Lacuna §3.4)
