@@ -39,9 +39,9 @@ $(GGUF_STAMP): $(STAMP)
 run: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID)
 
-# PISTOL (e07) and LUME (e08) on the same run: they reuse its base model and add their sections to the report.
+# PISTOL (e07), LUME (e08) and the dose-response (e11) on the same run: they reuse its models and add their sections to the report.
 run-companions: setup
-	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID) --only e07 e08 e99
+	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID) --only e07 e08 e11 e99
 
 # CI fails when the notebooks and lume_lab/ disagree (new untracked modules included).
 check-export: setup

@@ -140,6 +140,21 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert set(ep[ep.label == "npo"].epoch) == set(range(make_config("smoke").lume_exp.epochs + 1))
     assert set(pd.read_csv(report / "lume_summary.csv").label) == set(ep.label)
     assert all((report / f"lume_{f}.png").exists() for f in ("fig2", "fig3_mia", "fig4_utility", "fig6_tasks"))
+    # e11: the dose-response points beside the run's weight-changing methods, OracleGrad's bitwise twin at q = 1, the page section
+    from lume_lab.pipeline.stages.dose import dose_points
+    pts = dose_points(make_config("smoke"))
+    assert {f"{p.label}_unlearn_{field}" for p in pts} <= set(done)
+    dp, dm = pd.read_csv(report / f"dose_points_{field}.csv"), pd.read_csv(report / f"dose_methods_{field}.csv")
+    assert set(dp.method) == {p.label for p in pts} and set(dm.method) == robust
+    need = {"forget_em", "retain_em", "auc_forget", "share_in_forget", "leak_after", "quant4_recovery", "relearn_retain_only_recovery"}
+    assert all(need <= set(g.measure) for _, g in dp.groupby("method")) and all(need <= set(g.measure) for _, g in dm.groupby("method"))
+    q1 = dp[(dp.kind == "precision") & (dp.level == "1")].set_index("measure").value
+    og = dm[dm.method == "oracle_grad"].set_index("measure").value
+    assert abs(q1["forget_em"] - og["forget_em"]) < 1e-9 and abs(q1["share_in_forget"] - 1) < 1e-9   # q = 1, the run's seed: OracleGrad
+    summ = pd.read_csv(report / f"dose_summary_{field}.csv")
+    assert len(summ) == len({(p.kind, p.level_name) for p in pts}) and {"precision", "recall", "forget_em", "forget_em_sd"} <= set(summ.columns)
+    assert (report / f"dose_curves_{field}.png").exists() and (report / "dose_scatter.png").exists()
+    assert "Dose-response over mask precision (e11)" in (report / "index.html").read_text()
     # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
     from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
     assert assert_self_contained((report / "index.html").read_text()) >= 8

@@ -19,9 +19,9 @@ __all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 
            'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig',
            'world_key', 'utility_key', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
            'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'RobustnessConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'section_key',
-           'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
-           'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
+           'section_key', 'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config',
+           'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -364,6 +364,23 @@ class RobustnessConfig:
     lmc_alphas: list = checked([0, 0.25, 0.5, 0.75, 1], _ALPHAS)     # the linear path between the model before and after unlearning
     n_boot: int = checked(1000, POSITIVE)                            # bootstrap draws of the recovery intervals (over profiles)
 
+_is_level = lambda x, lo_open: _is_num(x) and (x > 0 if lo_open else x >= 0) and x <= 1
+_PRECISIONS = Check('a non-empty list of distinct numbers in [0, 1] or "base"', lambda v: isinstance(v, (list, tuple)) and bool(v)
+                    and len(set(v)) == len(v) and all(x == "base" or _is_level(x, False) for x in v))
+_RECALLS = Check("a list of distinct numbers in (0, 1]", lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
+                 and all(_is_level(x, True) for x in v))
+_SEEDS = Check("a non-empty list of distinct ints >= 0", lambda v: isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
+               and all(_is_int(s) and s >= 0 for s in v))
+
+@dataclass
+class DoseConfig:
+    "The dose-response companion e11 (issue #40): OracleGrad's GradDiff confined to masks of controlled precision and recall."
+    precisions: list = checked(["base", 0.25, 0.5, 0.75, 1.0], _PRECISIONS)   # q: share of the mask inside m^F; "base": |m^F| / maskable, a random mask
+    recalls: list = checked([0.25, 0.5], _RECALLS)                   # r: the share of m^F a mask inside it keeps (r = 1 is q = 1)
+    seeds: list = checked([0, 1, 2], _SEEDS)                         # each draws the mask and the unlearning data order
+    fields: list | None = checked(None, optional(subset_of(TARGET_FIELDS), "the first forget field e03 unlearns"))
+    attacks: bool = checked(True, BOOLEAN)                           # e10's attacks and e06's resurfacing on every point
+
 # %% ../../nbs/core/00_config.ipynb #5f1e2a02
 PISTOL_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo")   # PISTOL's five baselines (§4), registry names
 PISTOL_STUDIES = ("degree", "density")                                 # Table 2 (Dataset 1, AB vs AC), Table 3 (Dataset 2)
@@ -441,6 +458,7 @@ class RunConfig:
     resurface: ResurfaceConfig = field(default_factory=ResurfaceConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
+    dose: DoseConfig = field(default_factory=DoseConfig)
     pistol: PistolConfig = field(default_factory=PistolConfig)
     lume_exp: LumeExpConfig = field(default_factory=LumeExpConfig)
 
@@ -540,6 +558,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "remind.n_holdout": 6, "remind.n_splits": 3, "remind.rf_trees": 10, "remind.variants": 5,   # REMIND at test size
         "remind.ablation_variants": [1, 5], "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation
         "resurface.attempts": 4,                   # four prompts per profile
+        "dose.precisions": ["base", 1.0], "dose.recalls": [0.5], "dose.seeds": [0],   # three dose-response points
         "attribution.counts": [1, "all"], "attribution.signature_max_weights": 20_000,   # two estimate sizes, a small subsample
         "pistol.questions_per_contract": 1,        # one question per contract
         "pistol.finetune_lr": 3e-3, "pistol.finetune_epochs": 200,   # a high rate and room to reach the target

@@ -134,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     one.add_argument("--seed", type=int, default=0)
     one.add_argument("--seeds", default=None, metavar="0,1,2", help="one run per seed (a sweep): runs/<run-id>/seed=N/, run id default <preset>_seeds")
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override, repeatable")
-    r.add_argument("--only", nargs="*", default=None, help="experiment name prefixes to run (e.g. e00); default: the main chain; all: every experiment, PISTOL (e07) and LUME (e08) included")
+    r.add_argument("--only", nargs="*", default=None, help="experiment name prefixes to run (e.g. e00); default: the main chain; all: every experiment, the companions PISTOL (e07), LUME (e08) and the dose-response (e11) included")
     r.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
     r.add_argument("--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1")
     r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS, help="accelerate on GPUs, torchrun on CPU (default torchrun)")

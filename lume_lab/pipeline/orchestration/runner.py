@@ -89,7 +89,7 @@ def experiments_dir() -> Path:
         raise FileNotFoundError("experiment notebooks not found: lume_lab must be installed from its repository (pip install -e .)")
     return r / "nbs" / "experiments"
 
-COMPANION_EXPERIMENTS = ("e07", "e08")   # PISTOL and LUME: other papers' datasets, run on request
+COMPANION_EXPERIMENTS = ("e07", "e08", "e11")   # PISTOL and LUME (other papers' datasets), the dose-response: run on request
 
 def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
     """The main chain `e00…` in order (the Lacuna testbed and the report, without `COMPANION_EXPERIMENTS`), every `e*`

@@ -166,6 +166,20 @@ def _robustness_section(rep: Path) -> list:
     blocks += _fig(rep, "robustness_recovery.png", "Recovery of forget EM under each attack (95 % intervals over profiles)")
     return blocks
 
+def _dose_section(rep: Path) -> list:
+    "e11: GradDiff in masks of controlled precision and recall, per field: the means over seeds, the curves, the localization-robustness scatter."
+    blocks = [paragraph("OracleGrad's GradDiff confined to masks of |m^F| weights with a share q inside m^F (precision; q = 1 is "
+                        "OracleGrad, base a random mask) or to a share r of m^F (recall); mean over the seeds, sd beside it. EM, "
+                        "utility Δ and leak rates in points, recoveries as fractions.")]
+    for p in sorted(rep.glob("dose_summary_*.csv")):
+        f, t = p.stem.removeprefix("dose_summary_"), pd.read_csv(p)
+        cols = [c for c in ("kind", "level", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget", "share_in_forget",
+                            "quant4_recovery", "relearn_forget_half_recovery", "relearn_retain_only_recovery", "leak_after") if c in t]
+        blocks += [paragraph(f"{f}:"), table(t[cols].round(3))]
+        blocks += _fig(rep, f"dose_curves_{f}.png", f"{f}: each measure against the achieved precision and recall; dashed: the run's methods")
+    blocks += _fig(rep, "dose_scatter.png", "Share of the weight change inside m^F against each attack's recovery, every unlearned model")
+    return blocks
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6a7b2c02
 def _attribution_section(rep: Path) -> list:
     "e09: AUC vs m^F of each attribution score per number of forget examples, the mask-signature check, localized GradDiff."
@@ -290,6 +304,8 @@ register_section("PISTOL: structural unlearning (Tables 2 and 3)", ("e07",), ("p
                  _pistol_section)
 register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",), ("lume_epochs.csv", "lume_references.csv", "lume_summary.csv",
                  "lume_fig*.png"), _lume_section)
+register_section("Dose-response over mask precision (e11)", ("e11",), ("dose_points_*.csv", "dose_methods_*.csv", "dose_summary_*.csv",
+                 "dose_curves_*.png", "dose_scatter.png"), _dose_section)
 register_section("Attribution against the ground truth (e09)", ("e09",), ("attribution_*.csv", "attribution.png", "mask_signature.csv"),
                  _attribution_section)
 

@@ -18,9 +18,9 @@ from .unlearn import ModelSource, _weights, method_source, stage_unlearn
 from ...unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['ROBUST_VERSION', 'SCORED', 'robust_labels', 'none_source', 'robust_sources', 'example_scores', 'stage_robust_scores',
-           'stage_quantization', 'full_finetune', 'relearn', 'stage_relearning', 'stage_weightspace',
-           'robustness_table']
+__all__ = ['ROBUST_VERSION', 'SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores',
+           'stage_robust_scores', 'stage_quantization', 'full_finetune', 'relearn', 'stage_relearning',
+           'stage_weightspace', 'robustness_rows', 'robustness_table']
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #1eeb66e3
 ROBUST_VERSION = 1   # the robustness stages' cache version
@@ -159,40 +159,46 @@ def _recovery_row(method, test, before, unl, after, r, n_boot_seed) -> dict:
     return {"method": method, "test": test, "value": ci["recovery"], "lo": ci["lo"], "hi": ci["hi"], "n": ci["n_profiles"],
             "note": "" if not math.isnan(ci["recovery"]) else f"n/a: unlearning lowered EM by < {r.min_drop:g} points"}
 
-def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
-    "Every stress test of `field`, one row per (method, test): value, interval, n and a note."
+ROBUST_COLUMNS = ["method", "test", "value", "lo", "hi", "n", "note"]
+
+def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> list[dict]:
+    "Every stress test of one unlearned model `src`, against `ref` (the per-example scores of `none`): rows of `ROBUST_COLUMNS`."
     from lume_lab.analysis.relearning import MIN_RELEARN_PROFILES
     from lume_lab.analysis.weightspace import lmc_barrier
-    c, r, rows = store.config, store.config.robustness, []
+    c, r, rows, field = store.config, store.config.robustness, [], src.field
+    n_forget = ref[ref.split == "forget"].profile_id.nunique()
+    m = src.label
+    unl = stage_robust_scores(store, src)
+    q = stage_quantization(store, src)
+    for bits in r.quant_bits:
+        qe = q["examples"][q["examples"].bits == bits]
+        rows.append(_recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed))
+        s = q["survival"][q["survival"].bits == bits].set_index("region")
+        for region in ("forget", "other_masks"):
+            rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"], "lo": None, "hi": None,
+                         "n": int(s.loc[region, "changed"]), "note": "share of changed weights that leave their bucket"})
+    for attack in r.attacks:
+        if attack == "forget_half" and n_forget < MIN_RELEARN_PROFILES:
+            warnings.warn(f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half needs; skipped")
+            rows.append({"method": m, "test": f"relearn_{attack}_recovery", "value": None, "lo": None, "hi": None, "n": n_forget,
+                         "note": f"skipped: {n_forget} forget profiles < {MIN_RELEARN_PROFILES}"})
+            continue
+        after = stage_relearning(store, src, attack)
+        ids = list(after.profile_id.unique())
+        rows.append(_recovery_row(m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids), _per_profile(unl).reindex(ids),
+                                  _per_profile(after), r, c.seed))
+    w = stage_weightspace(store, src)
+    d = w["distances"].set_index("region")
+    rows.append({"method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None, "n": int(d.loc["forget", "weights"]), "note": ""})
+    out = d.loc[["unowned", "unmasked"]]
+    rows.append({"method": m, "test": "l2_outside", "value": float((out.l2 ** 2).sum() ** 0.5), "lo": None, "hi": None, "n": int(out.weights.sum()), "note": ""})
+    for k, v in lmc_barrier(w["lmc"]).items():
+        rows.append({"method": m, "test": f"lmc_barrier_{k}", "value": v, "lo": None, "hi": None, "n": len(w["lmc"].alpha.unique()), "note": "answer NLL"})
+    return rows
+
+def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
+    "Every stress test of `field`, one row per (method, test): value, interval, n and a note."
     none, *sources = robust_sources(store, field)
     ref = stage_robust_scores(store, none)
-    n_forget = ref[ref.split == "forget"].profile_id.nunique()
-    for src in sources:
-        m = src.label
-        unl = stage_robust_scores(store, src)
-        q = stage_quantization(store, src)
-        for bits in r.quant_bits:
-            qe = q["examples"][q["examples"].bits == bits]
-            rows.append(_recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed))
-            s = q["survival"][q["survival"].bits == bits].set_index("region")
-            for region in ("forget", "other_masks"):
-                rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"], "lo": None, "hi": None,
-                             "n": int(s.loc[region, "changed"]), "note": "share of changed weights that leave their bucket"})
-        for attack in r.attacks:
-            if attack == "forget_half" and n_forget < MIN_RELEARN_PROFILES:
-                warnings.warn(f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half needs; skipped")
-                rows.append({"method": m, "test": f"relearn_{attack}_recovery", "value": None, "lo": None, "hi": None, "n": n_forget,
-                             "note": f"skipped: {n_forget} forget profiles < {MIN_RELEARN_PROFILES}"})
-                continue
-            after = stage_relearning(store, src, attack)
-            ids = list(after.profile_id.unique())
-            rows.append(_recovery_row(m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids), _per_profile(unl).reindex(ids),
-                                      _per_profile(after), r, c.seed))
-        w = stage_weightspace(store, src)
-        d = w["distances"].set_index("region")
-        rows.append({"method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None, "n": int(d.loc["forget", "weights"]), "note": ""})
-        out = d.loc[["unowned", "unmasked"]]
-        rows.append({"method": m, "test": "l2_outside", "value": float((out.l2 ** 2).sum() ** 0.5), "lo": None, "hi": None, "n": int(out.weights.sum()), "note": ""})
-        for k, v in lmc_barrier(w["lmc"]).items():
-            rows.append({"method": m, "test": f"lmc_barrier_{k}", "value": v, "lo": None, "hi": None, "n": len(w["lmc"].alpha.unique()), "note": "answer NLL"})
-    return pd.DataFrame(rows, columns=["method", "test", "value", "lo", "hi", "n", "note"]).assign(field=field)
+    rows = [row for src in sources for row in robustness_rows(store, src, ref)]
+    return pd.DataFrame(rows, columns=ROBUST_COLUMNS).assign(field=field)
