@@ -50,7 +50,7 @@ def source_card(run_dir) -> pd.DataFrame:
     if (p := rep / "localization_summary.csv").exists():
         for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, f"auc_{r.labels}", r.auc)
     for p in rep.glob("remind_*.csv"):
-        if p.stem.startswith(("remind_ablation_", "remind_importances_")): continue
+        if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         t = pd.read_csv(p)
         for _, r in t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])].iterrows():
             f = p.stem.removeprefix("remind_")

@@ -65,6 +65,29 @@ def _stage(run, kind: str, name: str = "ga-copy") -> Path:
     return run["store"].path(f"external_{name}_{kind}_{run['field']}")
 
 
+def test_remind_intervals_reuse_the_cached_stage(run):
+    """e05's noise bars on the shared run: `stage_remind_ci` recomputes every fair AUC of `remind_<field>` exactly from its features and
+    puts an interval around each, `separated` is the non-overlap of REMIND's interval and the best fair baseline's, and the number of
+    draws is no part of REMIND's own key (the stage made at the config's `n_boot` is a cache hit at another)."""
+    st, f = run["store"], run["field"]
+    done, n_boot = st.entry(f"remind_{f}")["finished"], st.config.remind.n_boot
+    st.config.remind.n_boot = 100                              # fewer draws: a quick test, and a number the REMIND stage never saw
+    try: ci, sep = R.stage_remind_ci(st, f)
+    finally: st.config.remind.n_boot = n_boot
+    assert st.entry(f"remind_{f}")["finished"] == done and st.entry(f"remind_ci_{f}")["warnings"] == []
+    sc = pd.read_csv(st.path(f"remind_{f}") / "scores.csv").query("protocol == 'fair'")
+    j = sc.merge(ci, on=["model", "input", "detector", "comparison"], suffixes=("", "_ci"))
+    assert len(j) == len(sc) == len(ci) and (j.auc - j.auc_ci).abs().max() < 1e-12          # the cached AUCs, recomputed
+    assert {"remind_lr", "remind_rf", "loss", "min_k", "rougeL_f1"} <= set(ci.detector)
+    assert (ci.auc_lo <= ci.auc).all() and (ci.auc <= ci.auc_hi).all() and (ci.auc_lo < ci.auc_hi).any()
+    assert set(sep.classifier) == {"lr", "rf"} and len(sep) == 2 * (sc.detector == "remind_lr").sum()
+    assert sep.separated.tolist() == ((sep.remind_lo > sep.baseline_hi) | (sep.baseline_lo > sep.remind_hi)).tolist()
+    best = ci[~ci.detector.str.startswith("remind_")].groupby(["model", "input", "comparison"]).auc.max()
+    assert (sep.set_index(["model", "input", "comparison"]).baseline_auc == best.reindex(sep.set_index(["model", "input", "comparison"]).index)).all()
+    assert set(sep.verdict) <= {"REMIND ahead", "baseline ahead", "intervals overlap"}
+    assert (sep.verdict == "intervals overlap").tolist() == (~sep.separated).tolist()
+
+
 def test_score_is_the_internal_path(run, ga_copy):
     """GradAscent's own output, scored as a checkpoint from outside, gets GradAscent's row: EM/ES/Prob/ROUGE and every other
     per-split metric exactly, every localization AUC exactly (with its control run; without one, every non-contrast score), REMIND and

@@ -1,6 +1,6 @@
 """The report page (`pipeline.presentation.report`): its tables equal the CSVs they come from, it is one offline file, sections follow the
 stages present, seeds aggregate to mean ± std, and a failed write leaves the previous page intact."""
-import json, re, shutil
+import html, json, re, shutil
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from lume_lab.pipeline.presentation import report as R, scorecard as S
+from lume_lab.pipeline.presentation.report import read_html_tables
 from lume_lab.pipeline.orchestration.cli import main
 from report_checks import (assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, assert_verdict_matches,
                            h2_sections, names_looked_at, scorecard_tables, undeclared)
@@ -297,3 +298,44 @@ def test_write_report_file(tmp_path):
     with pytest.raises(ValueError, match=r"with \['dpi'\]"): R.write_report_file(run, "data_sizes.csv", t, dpi=90)
     with pytest.raises(ValueError, match="the page's own files"): R.register_section("x", ("e10",), ("*.html",), lambda rep: [])
     assert "x" not in [s.title for s in R.SECTIONS]
+
+
+def _separation(remind: pd.DataFrame, half_width: float) -> pd.DataFrame:
+    """A remind_separation_<field>.csv as e05 writes it: REMIND's fair multi-class AUCs of a remind_<field>.csv (the mini fixture keeps
+    REMIND's rows only) against a made-up best baseline at 50, 53, 56, ... %, every interval ± `half_width`."""
+    t = remind[(remind.input == "orig") & (remind.protocol == "fair")]
+    rows = []
+    for i, (m, d) in enumerate(t.groupby("model", sort=False)):
+        b = 50.0 + 3 * i
+        for k in ("lr", "rf"):
+            r = d[d.detector == f"remind_{k}"].multi.iloc[0]
+            sep = abs(r - b) > 2 * half_width
+            rows.append(dict(model=m, input="orig", classifier=k, comparison="multi", remind_auc=r, remind_lo=r - half_width, remind_hi=r + half_width,
+                             baseline="min_k", baseline_auc=b, baseline_lo=b - half_width, baseline_hi=b + half_width,
+                             separated=sep, verdict="intervals overlap" if not sep else "REMIND ahead" if r > b else "baseline ahead"))
+    return pd.DataFrame(rows)
+
+
+def test_remind_intervals_on_the_page(tmp_path):
+    """e05's separation file reaches the REMIND section: per model REMIND LR / RF and the best fair baseline as 'AUC [lo, hi]', the
+    verdict per classifier, and how many models LR leads and separates on; the interval files leave the scorecard untouched."""
+    run = _copy_run(tmp_path / "mini")
+    rep = run / "report"
+    sep = _separation(pd.read_csv(rep / "remind_phone_number.csv"), 2.0)
+    sep.to_csv(rep / "remind_separation_phone_number.csv", index=False)
+    sep.head(3).rename(columns={"remind_auc": "auc"}).to_csv(rep / "remind_ci_phone_number.csv", index=False)   # not a Table 1 file
+    page = R.write_report([run]).read_text()
+    assert assert_report_matches_csvs(run) > 300                               # the scorecard reads neither interval file
+    t = next(t for t in read_html_tables(page) if "REMIND LR % [95% CI]" in t.columns).set_index("model")
+    assert list(t.index) == list(dict.fromkeys(sep.model))
+    for _, r in sep.iterrows():
+        assert t.at[r.model, f"REMIND {r.classifier.upper()} % [95% CI]"] == f"{r.remind_auc:.1f} [{r.remind_lo:.1f}, {r.remind_hi:.1f}]"
+        assert t.at[r.model, f"{r.classifier.upper()} vs baseline"] == r.verdict
+        assert t.at[r.model, "best fair baseline % [95% CI]"] == f"{r.baseline} {r.baseline_auc:.1f} [{r.baseline_lo:.1f}, {r.baseline_hi:.1f}]"
+    lr = sep[sep.classifier == "lr"]
+    assert 0 < lr.separated.sum() < len(lr)                                      # the fixture has both verdicts
+    n = lambda v: (lr.verdict == v).sum()
+    assert (f"REMIND LR is ahead of the best fair baseline on {(lr.remind_auc > lr.baseline_auc).sum()} of {len(lr)} models; its 95 % interval "
+            f"(bootstrap over profiles) lies above the baseline's on {n('REMIND ahead')}, below on {n('baseline ahead')}, and overlaps it "
+            f"(no reading either way) on {n('intervals overlap')}") in html.unescape(h2_sections(page)["REMIND: residual memorization"])
+    assert sum("REMIND LR % [95% CI]" in t.columns for t in read_html_tables(page)) == 1   # email_address has no intervals: no table

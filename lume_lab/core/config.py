@@ -318,6 +318,7 @@ class RemindConfig:
     n_splits: int = checked(5, at_least(2))                # stratified group K-fold (by profile), out-of-fold probabilities
     scaler: str = checked("pooled", one_of(REMIND_SCALERS)) # z-scores over all classes, as the authors do; "train": training folds only
     rf_trees: int = checked(100, POSITIVE)                 # trees of the random forest (the authors': 100)
+    n_boot: int = checked(1000, POSITIVE)                  # bootstrap draws (over profiles) of the AUC intervals; not in the scoring stages' key
     ablation_variants: list = checked([1, 2, 5, 15], Check("a list of ints >= 1 (empty: no ablation)",
                                                            lambda v: isinstance(v, (list, tuple)) and all(_is_int(k) and k >= 1 for k in v)))
     ablation_replace_probs: list = checked([0.1, 0.3, 0.6], Check("a list of numbers in (0, 1] (empty: no ablation)",

@@ -203,7 +203,7 @@ def read_remind(run_dir) -> pd.DataFrame | None:
     "e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model: logistic regression and random forest."
     parts = []
     for p in sorted(report_dir(run_dir).glob("remind_*.csv")):
-        if p.stem.startswith(("remind_ablation_", "remind_importances_")): continue
+        if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         t = pd.read_csv(p)
         t = t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])]
         w = t.pivot(index="model", columns="detector", values="multi").rename(columns=lambda c: c.replace("remind_", "remind_auc_"))

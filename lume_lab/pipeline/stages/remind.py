@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #a64951e7
 from __future__ import annotations
-import json, random
+import json, random, warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,9 +18,10 @@ from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
 # %% auto #0
-__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'holdout_qa', 'remind_examples', 'remind_models', 'stage_remind_inputs',
-           'load_remind_inputs', 'score_model', 'remind_class_sizes', 'stage_remind', 'remind_source',
-           'load_remind_features', 'ablation_method', 'stage_remind_ablation', 'remind_report']
+__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'CI_LEVEL', 'REMIND_CI_VERSION', 'CI_COLUMNS', 'holdout_qa', 'remind_examples',
+           'remind_models', 'remind_key', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
+           'remind_class_sizes', 'stage_remind', 'remind_source', 'load_remind_features', 'ablation_method',
+           'stage_remind_ablation', 'remind_report', 'remind_intervals', 'stage_remind_ci', 'in_percent']
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #af288d47
 def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
@@ -64,6 +65,10 @@ def remind_models(store: RunStore, field: str) -> dict:
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #765321d2
 def _epp_kwargs(r) -> dict: return dict(K=r.variants, p=r.replace_prob, m=r.neighbors, mode=r.mode, pick=r.pick)
 
+def remind_key(r) -> dict:
+    "The `remind` section as the key of the scoring stages: every field but `n_boot`, which only `stage_remind_ci` reads."
+    return {k: v for k, v in asdict(r).items() if k != "n_boot"}
+
 def stage_remind_inputs(store: RunStore, field: str) -> Path:
     "Examples of the three classes with their K perturbed prompts and embedding distances (stage `remind_inputs_<field>`)."
     from lume_lab.analysis.remind import epp_variants, neighbor_table, variant_distances
@@ -79,7 +84,7 @@ def stage_remind_inputs(store: RunStore, field: str) -> Path:
         for e, dk in zip(exs, d): e["distances"] = [float(x) for x in dk]
         (out / "examples.jsonl").write_text("".join(json.dumps(e) + "\n" for e in exs))
         import torch; torch.save(nb, out / "neighbors.pt")
-    key = {"v": STAGE_VERSIONS["remind"], "remind": asdict(c.remind), "field": field, "seed": c.seed}
+    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c.remind), "field": field, "seed": c.seed}
     return store.stage(f"remind_inputs_{field}", fn, key=key, deps=["testbed", "pii", "base"])
 
 def load_remind_inputs(store: RunStore, field: str) -> list[dict]:
@@ -159,7 +164,7 @@ def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
     def fn(out):
         if not _too_few_folds(c, field, n_splits, orig, out): _score_models(store, field, loaders, exs, n_splits, sizes, out)
     deps = [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [unlearn_name(m, field) for m in run_methods(c)]
-    key = {"v": STAGE_VERSIONS["remind"], "remind": asdict(c.remind), "methods": run_methods(c), "seed": c.seed,
+    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c.remind), "methods": run_methods(c), "seed": c.seed,
            "max_new_tokens": c.testbed.max_new_tokens}
     d = store.stage(f"remind_{field}", fn, key=key, deps=deps)
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
@@ -171,7 +176,7 @@ def remind_source(store: RunStore, src) -> pd.DataFrame | None:
     n_splits, orig, sizes = _remind_folds(c, exs)
     def fn(out):
         if not _too_few_folds(c, src.field, n_splits, orig, out): _score_models(store, src.field, {src.label: lambda: src.load()[0]}, exs, n_splits, sizes, out)
-    key = {"v": STAGE_VERSIONS["remind"], "remind": asdict(c.remind), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c.remind), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
     d = store.stage(src.result_stage("remind"), fn, key=key, deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
@@ -209,7 +214,7 @@ def stage_remind_ablation(store: RunStore, field: str) -> pd.DataFrame | None:
                                   rf_trees=r.rf_trees)
                 rows += [dict(method=method, p=p, K=K, **row) for row in s[s.comparison == "multi"].to_dict("records")]
         pd.DataFrame(rows).to_csv(out / "ablation.csv", index=False)
-    key = {"v": STAGE_VERSIONS["remind"], "remind": asdict(r), "method": method, "seed": c.seed}
+    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(r), "method": method, "seed": c.seed}
     d = store.stage(f"remind_ablation_{field}", fn, key=key, deps=[f"remind_{field}", f"remind_inputs_{field}", "base", unlearn_name(method, field)])
     return pd.read_csv(d / "ablation.csv")
 
@@ -224,3 +229,47 @@ def remind_report(scores: pd.DataFrame) -> pd.DataFrame:
     tpr = s[s.comparison.isin(ovr)].pivot_table(index=idx, columns="comparison", values="tpr", sort=False)[ovr]
     out = pd.concat([auc, tpr.rename(columns=lambda c: f"tpr@1%fpr {c}"), s.groupby(idx, sort=False).n_per_class.first()], axis=1)
     return out.reindex(pd.MultiIndex.from_frame(s[idx].drop_duplicates()))
+
+# %% ../../../nbs/pipeline/stages/04_remind.ipynb #7ac7e1d1
+CI_LEVEL = 0.95
+REMIND_CI_VERSION = 1
+CI_COLUMNS = ["model", "input", "detector", "comparison", "auc", "auc_lo", "auc_hi", "n", "n_per_class"]
+
+def remind_intervals(features: pd.DataFrame, *, n_splits: int, seed: int, scaler: str = "pooled", rf_trees: int = 100,
+                     n_boot: int = 1000, level: float = CI_LEVEL) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(intervals, separation) of `stage_remind`'s features: per model × input the fair protocol's AUCs (REMIND LR / RF, every
+    baseline) with bootstrap intervals over profiles, and per classifier × comparison REMIND against the best fair baseline."""
+    from lume_lab.analysis.remind import FEATURES
+    from lume_lab.analysis.remind_eval import CLASSIFIERS, baseline_table, ci_separation, remind_scores
+    kw, ci, sep = dict(n_splits=n_splits, seed=seed, n_boot=n_boot, level=level), [], []
+    for (m, inp), d in features.groupby(["model", "input"], sort=False):
+        y, g = d["class"].to_numpy(), d.profile_id.astype(str).to_numpy()
+        rs = remind_scores(d[list(FEATURES)], y, g, scaler=scaler, rf_trees=rf_trees, **kw)
+        bt = baseline_table(d, y, g, **kw).query("protocol == 'fair'")
+        ci += [t.assign(model=m, input=inp) for t in (rs.assign(detector="remind_" + rs.classifier), bt.assign(detector=bt.baseline))]
+        sep += [ci_separation(rs, bt, k).assign(model=m, input=inp, classifier=k) for k in CLASSIFIERS]
+    sep = pd.concat(sep, ignore_index=True)
+    return pd.concat(ci, ignore_index=True)[CI_COLUMNS], sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]]
+
+def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """`remind_intervals` on the features `stage_remind` (or, for a `stages.unlearn.ModelSource`, `remind_source`) saved: stage
+    `remind_ci_<field>` (`src.result_stage('remind_ci')`); None when REMIND skipped the field."""
+    c = store.config
+    scores = stage_remind(store, field) if src is None else remind_source(store, src)
+    if scores is None: return None
+    name, dep = (f"remind_ci_{field}", f"remind_{field}") if src is None else (src.result_stage("remind_ci"), src.result_stage("remind"))
+    def fn(out):
+        feats = pd.read_csv(store.path(dep) / "features.csv", dtype={"profile_id": str})
+        ci, sep = remind_intervals(feats, n_splits=int(scores.n_splits.iloc[0]), seed=c.seed, scaler=c.remind.scaler,
+                                   rf_trees=c.remind.rf_trees, n_boot=c.remind.n_boot)
+        both = scores[scores.protocol == "fair"].merge(ci, on=["model", "input", "detector", "comparison"], suffixes=("", "_ci"))
+        if len(both) != len(ci) or not np.allclose(both.auc, both.auc_ci, rtol=0, atol=1e-9):
+            warnings.warn(f"{name}: the AUCs recomputed from {dep}/features.csv differ from {dep}/scores.csv (another sklearn?); "
+                          f"the intervals belong to the recomputed ones (max |diff| {np.abs(both.auc - both.auc_ci).max():.2g})")
+        ci.to_csv(out / "intervals.csv", index=False); sep.to_csv(out / "separation.csv", index=False)
+    d = store.stage(name, fn, key={"v": REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": CI_LEVEL}, deps=[dep])
+    return pd.read_csv(d / "intervals.csv"), pd.read_csv(d / "separation.csv")
+
+def in_percent(t: pd.DataFrame) -> pd.DataFrame:
+    "An interval or separation table with its AUC columns (`auc`, `*_auc`, `*_lo`, `*_hi`) in %."
+    return t.assign(**{c: 100 * t[c] for c in t if c.endswith(("auc", "_lo", "_hi"))})
