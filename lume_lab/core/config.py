@@ -752,8 +752,10 @@ def make_config(preset: str = DEFAULT_PRESET, overrides: dict | None = None, see
     return validate(cfg)
 
 def config_from_dict(d: dict) -> RunConfig:
-    "Rebuild (and validate) a config saved with `RunConfig.to_dict`."
-    return validate(set_fields(RunConfig(), d))
+    """Rebuild (and validate) a config saved with `RunConfig.to_dict`. A field the saved config lacks (added to lume_lab
+    after the run was made) takes its preset's value, not the bare default: reopened with its preset, the run still matches."""
+    preset = d.get("preset") if d.get("preset") in PRESETS else DEFAULT_PRESET
+    return validate(set_fields(make_config(preset), d))
 
 # %% ../../nbs/core/00_config.ipynb #cedea9c5
 def _jsonable(o):
