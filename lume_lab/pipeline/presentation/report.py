@@ -186,6 +186,7 @@ def _robustness_section(rep: Path) -> list:
 
 def _dose_section(rep: Path) -> list:
     "e11: GradDiff in masks of controlled precision and recall, per field: the means over seeds, the curves, the localization-robustness scatter."
+    if not any(rep.glob("dose_summary_*.csv")): return []                  # e11 not run: no section
     blocks = [paragraph("OracleGrad's GradDiff confined to masks of |m^F| weights with a share q inside m^F (precision; q = 1 is "
                         "OracleGrad, base a random mask) or to a share r of m^F (recall); mean over the seeds, sd beside it. EM, "
                         "utility Δ and leak rates in points, recoveries as fractions.")]
