@@ -1744,6 +1744,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                         'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.input_deps': ( 'pipeline/stages/unlearn.html#input_deps',
                                                                                                    'lume_lab/pipeline/stages/unlearn.py'),
+                                                  'lume_lab.pipeline.stages.unlearn.load_method_stage': ( 'pipeline/stages/unlearn.html#load_method_stage',
+                                                                                                          'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.load_unlearned': ( 'pipeline/stages/unlearn.html#load_unlearned',
                                                                                                        'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.localization_frames': ( 'pipeline/stages/unlearn.html#localization_frames',

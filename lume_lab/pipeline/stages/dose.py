@@ -83,12 +83,10 @@ def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
 
 def dose_source(store: RunStore, point: DosePoint, field: str) -> ModelSource:
     "The point's unlearned model as a `ModelSource` (label `dose_<tag>`; its results in stages `dose_<tag>_<kind>_<field>`)."
-    from transformers import AutoTokenizer
+    from lume_lab.pipeline.stages.unlearn import load_method_stage
     stage_dose_unlearn(store, point, field)
-    name, spec = dose_stage(point, field), get_spec(DOSE_METHOD)
-    def load():
-        tok = AutoTokenizer.from_pretrained(str(store.path("instruct_masked") / "model"))
-        return spec.load(store.path(name), lambda: load_stage_model(store, "instruct_masked")[0], tok, store.config.model.dtype).eval(), tok
+    name = dose_stage(point, field)
+    load = lambda: load_method_stage(store, DOSE_METHOD, name)
     return ModelSource(point.label, field, name, load, lambda: _weights(store.path(name) / "model", load), prefix=f"{point.label}_")
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #f6af9bd7
@@ -136,7 +134,7 @@ def dose_table(store: RunStore, field: str) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 def method_table(store: RunStore, field: str) -> pd.DataFrame:
-    "The same measures for `none` and every weight-changing method of the run (the reference lines), from the main chain's stages."
+    "The same measures for every weight-changing method of the run (the reference lines), from the main chain's stages."
     from lume_lab.pipeline.stages.resurface import stage_resurface
     from lume_lab.pipeline.stages.robustness import none_source, robust_sources, stage_robust_scores
     from lume_lab.pipeline.stages.unlearn import stage_localization, stage_unlearn

@@ -23,9 +23,9 @@ from ..orchestration.launch import launched_stage
 # %% auto #0
 __all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'input_deps', 'ensure_inputs', 'method_inputs', 'unlearn_jobs',
            'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields', 'stage_forget_fields', 'stage_unlearn',
-           'load_unlearned', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate',
-           'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
-           'localization_source']
+           'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source', 'reference_utility',
+           'evaluate_source', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames',
+           'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 INPUT_PROVIDERS = {   # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -116,12 +116,14 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
 
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
     "(model, tokenizer) after unlearning, read back by the method's `spec.load` (ULD: the testbed model with its assistant)."
+    return load_method_stage(store, method, unlearn_name(method, field, control), "instruct_unmasked" if control else "instruct_masked")
+
+def load_method_stage(store: RunStore, method: str, stage: str, src: str = "instruct_masked"):
+    "(model, tokenizer) that `method`'s spec saved in `stage`, run from the model of stage `src` (e11's dose points use it too)."
     from transformers import AutoTokenizer
-    spec, src = get_spec(method), "instruct_unmasked" if control else "instruct_masked"
     tok = AutoTokenizer.from_pretrained(str(store.path(src) / "model"))
     load_src = lambda: load_stage_model(store, src)[0]      # loaded only by a spec whose result wraps the model it ran on
-    model = spec.load(store.path(unlearn_name(method, field, control)), load_src, tok, store.config.model.dtype)
-    return model.eval(), tok
+    return get_spec(method).load(store.path(stage), load_src, tok, store.config.model.dtype).eval(), tok
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #44b011ae
 def _state_dict(model) -> dict: return {k: v.detach().cpu() for k, v in model.state_dict().items()}
