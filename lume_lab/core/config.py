@@ -558,6 +558,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "localization.composite_max_weights": 50_000,   # a small weight subsample
         "remind.n_holdout": 6, "remind.n_splits": 3, "remind.rf_trees": 10, "remind.variants": 5,   # REMIND at test size
         "remind.ablation_variants": [1, 5], "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation
+        "remind.n_boot": 200,                      # enough draws to run the interval code, not to read its third digit
         "resurface.attempts": 4,                   # four prompts per profile
         "dose.precisions": ["base", 1.0], "dose.recalls": [0.5], "dose.seeds": [0],   # three dose-response points
         "attribution.counts": [1, "all"], "attribution.signature_max_weights": 20_000,   # two estimate sizes, a small subsample
