@@ -21,6 +21,14 @@ TABLE2_CELLS = {  # scorecard column -> (split, metric) row of table2_<field>.cs
     "retain_em": ("retain", "em"), "retain_es": ("retain", "es"), "retain_prob": ("retain", "prob"), "retain_para_em": ("retain_paraphrase", "em"),
     "utility_delta": ("utility_delta", "mc_acc")}
 
+ROBUST_CELLS = {  # test of robustness_<field>.csv -> scorecard column (e10's file format)
+    "quant4_recovery": "quant4_recovery", "quant8_recovery": "quant8_recovery", "relearn_forget_half_recovery": "relearn_half_recovery",
+    "relearn_other_fields_recovery": "relearn_other_recovery", "relearn_retain_only_recovery": "relearn_retain_recovery"}
+DOSE_CELLS = {  # the dose table's label -> dose_summary_<field>.csv column (e11's file format)
+    "forget EM": "forget_em", "retain EM": "retain_em", "utility Δ": "utility_delta", "AUC m^F": "auc_forget", "share of |Δθ| in m^F": "share_in_forget",
+    "4-bit recovery": "quant4_recovery", "8-bit recovery": "quant8_recovery", "relearn ½ recovery": "relearn_forget_half_recovery",
+    "other-fields recovery": "relearn_other_fields_recovery", "retain-only recovery": "relearn_retain_only_recovery", "leak after": "leak_after"}
+
 
 def _text(page) -> str:
     return Path(page).read_text() if isinstance(page, Path) or (isinstance(page, str) and "\n" not in page and Path(page).is_file()) else page
@@ -57,6 +65,10 @@ def source_card(run_dir) -> pd.DataFrame:
             put(f, r.model, r.detector.replace("remind_", "remind_auc_"), r["multi"]); put(f, r.model, "remind_n_per_class", r.n_per_class)
     if (p := rep / "resurfacing.csv").exists():
         for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, f"leak_{r.stage}", r.rate); put(r.field, r.method, "leak_profiles", r.n_profiles)
+    for p in rep.glob("robustness_*.csv"):                          # e10: one row per (method, test); the recoveries are scorecard columns
+        for _, r in pd.read_csv(p).iterrows():
+            if r.test in ROBUST_CELLS: put(r.field, r.method, ROBUST_CELLS[r.test], r.value)
+            if r.test.startswith("quant") and r.test.endswith("_recovery"): put(r.field, r.method, "robust_profiles", r.n)
     if (p := rep / "resurfacing_attack.csv").exists():
         for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, "heldout_pii_nll", r.nll_before)
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"])
@@ -145,6 +157,24 @@ def check_stage_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
     return checked
 
 
+def check_experiment_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
+    "Every cell of the experiment-time table is the manifest's seconds (and total, and for one run the share), rounded as shown."
+    labels = run_labels(run_dirs)
+    exp = {l: pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float) for l, d in zip(labels, run_dirs)}
+    assert list(t.columns) == ["experiment", *labels, *(["share of the run"] if len(labels) == 1 else [])], list(t.columns)
+    assert set(t.experiment) == set().union(*(set(s.index) for s in exp.values())) | {"total"}
+    checked = 0
+    for _, row in t.iterrows():
+        for l, s in exp.items():
+            v = s.sum() if row.experiment == "total" else s.get(row.experiment, np.nan)
+            if row[l] == "": assert pd.isna(v), (row.experiment, l); continue
+            assert_shown(row[l], v, (row.experiment, l)); checked += 1
+            if len(labels) == 1:
+                assert row["share of the run"].endswith(" %"), row["share of the run"]
+                assert_shown(row["share of the run"].removesuffix(" %"), 100 * v / s.sum(), (row.experiment, "share")); checked += 1
+    return checked
+
+
 def check_sweep_tables(tables: list, sweep_dir: Path) -> int:
     "The sweep's tables: swept values, seed, status and seconds as points.csv has them; each value the sweep.csv rows of its point and column."
     d, (_, s) = Path(sweep_dir), sweep_values(sweep_dir)
@@ -185,6 +215,47 @@ def check_sweep_tables(tables: list, sweep_dir: Path) -> int:
     return checked
 
 
+def check_remind_interval_tables(tables: list, run_dirs: list[Path]) -> int:
+    "Each row of a REMIND-interval table (run, classifier) counts its models, REMIND-ahead points and verdicts straight from remind_separation_<field>.csv."
+    labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
+    want = {(p.stem.removeprefix("remind_separation_"), l) for l, d in labels.items() for p in (Path(d) / "report").glob("remind_separation_*.csv")}
+    got = {(heads[1], l) for heads, t in tables for l in t.run}
+    assert got == want, (sorted(got), sorted(want))
+    for heads, t in tables:
+        for _, row in t.iterrows():
+            s = pd.read_csv(Path(labels[row.run]) / "report" / f"remind_separation_{heads[1]}.csv")
+            s = s[(s.input == "orig") & (s.comparison == "multi") & (s.classifier == row.classifier.removeprefix("REMIND ").lower())]
+            exp = {"models": len(s), "REMIND AUC above baseline's": int((s.remind_auc > s.baseline_auc).sum()),
+                   "intervals separate, REMIND ahead": int((s.verdict == "REMIND ahead").sum()),
+                   "intervals separate, baseline ahead": int((s.verdict == "baseline ahead").sum()),
+                   "intervals overlap": int((s.verdict == "intervals overlap").sum())}
+            assert len(s) and set(t.columns) == {"run", "classifier", *exp}, (heads, row.run, list(t.columns))
+            for c, v in exp.items(): assert row[c] == str(v), (heads, row.run, row.classifier, c, row[c], v); checked += 1
+    return checked
+
+
+def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
+    "Every cell of a dose-response table (field, run) is its dose_summary_<field>.csv cell: the point's level and sizes, each measure's mean ± sd."
+    labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
+    want = {(p.stem.removeprefix("dose_summary_"), l) for l, d in labels.items() for p in (Path(d) / "report").glob("dose_summary_*.csv")}
+    assert {(h[1], h[2]) for h, _ in tables} == want, (sorted((h[1], h[2]) for h, _ in tables), sorted(want))
+    for heads, t in tables:
+        s = pd.read_csv(Path(labels[heads[2]]) / "report" / f"dose_summary_{heads[1]}.csv")
+        assert len(t) == len(s) and list(t.kind) == list(s.kind.astype(str)) and list(t.level) == list(s.level.astype(str)), heads
+        for (_, row), (_, src) in zip(t.iterrows(), s.iterrows()):
+            for c in t.columns[2:]:
+                col = {"precision": "precision", "recall": "recall", "seeds": "seeds"}.get(c) or DOSE_CELLS.get(c)
+                assert col is not None, f"column {c!r} of the dose table is not one the check knows"
+                tokens = row[c].split(" ± ") if row[c] else []
+                if not tokens: assert pd.isna(src.get(col, np.nan)), (heads, src.level, c); continue
+                assert_shown(tokens[0], src[col], (heads, src.level, c))
+                sd = src.get(f"{col}_sd", np.nan)
+                if len(tokens) == 2: assert_shown(tokens[1], sd, (heads, src.level, c, "sd"))
+                else: assert pd.isna(sd) or col in ("precision", "recall", "seeds"), (heads, src.level, c, "an sd the page leaves out")
+                checked += len(tokens)
+    return checked
+
+
 def assert_header(page: str, run_dirs: list[Path]) -> dict[str, str]:
     "The header names command, commit, date, machine and seeds, with the runs' commit, creation date and seeds; returns them."
     head = page.split("\n## ")[0]
@@ -213,8 +284,12 @@ def assert_results_match_csvs(page, run_dirs) -> int:
         return check_sweep_tables(tables, dirs[0])
     assert_header(text, dirs)
     card = [t for t in tables if t[0][0] == "Scorecard"]
+    remind = [t for t in tables if t[0][0] == "REMIND intervals"]
+    dose = [t for t in tables if t[0][0] == "Dose-response"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
-    assert len(card) + len(stages) == len(tables), [h for h, _ in tables]
+    experiments = [t for heads, t in tables if heads == ("Experiment times",)]
+    assert len(card) + len(remind) + len(dose) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
     checked = check_scorecard_tables(card, dirs) if card else 0
     if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
-    return checked + sum(check_stage_table(t, dirs) for t in stages)
+    checked += check_remind_interval_tables(remind, dirs) + check_dose_tables(dose, dirs)
+    return checked + sum(check_stage_table(t, dirs) for t in stages) + sum(check_experiment_table(t, dirs) for t in experiments)

@@ -25,6 +25,7 @@ def _copy_run(dst: Path, seed: int = 0, shift: float = 0.0) -> Path:
     cfg = json.loads((dst / "config.json").read_text()); cfg["seed"] = seed
     (dst / "config.json").write_text(json.dumps(cfg))
     man = json.loads((dst / "manifest.json").read_text()); man.update(seed=seed, run_id=dst.name)
+    man["experiments"] = {"e02_inject": {"status": "done", "seconds": 992.4 + seed}, "e03_unlearn": {"status": "done", "seconds": 557.05}}
     (dst / "manifest.json").write_text(json.dumps(man))
     for p in (dst / "report").glob("table2_*.csv"):
         t = pd.read_csv(p)
@@ -46,7 +47,7 @@ def test_mini_page_numbers_equal_the_csvs(tmp_path):
     page = path.read_text()
     assert assert_results_match_csvs(page, [run]) > 500          # 22 rows × (9 output + n + paper + AUC + REMIND + leak columns)
     t = _tables(page)
-    assert list(t) == [("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Stage times",)]   # the config's field order
+    assert list(t) == [("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Experiment times",), ("Stage times",)]   # the config's field order
     # one cell by hand: phone_number, npo, forget EM is table2's (forget, em) cell at one decimal
     t2 = pd.read_csv(run / "report" / "table2_phone_number.csv", index_col=[0, 1])
     assert t[("Scorecard", "phone_number")].set_index("method").at["npo", "forget EM"] == f"{t2.at[('forget', 'em'), 'npo']:.1f}"
@@ -115,7 +116,7 @@ def test_run_without_scorecard_says_so(tmp_path):
     page = RS.write_results([run], "early", tmp_path / "out").read_text()
     assert page.splitlines()[2] == RS.NO_SCORECARD_BANNER
     assert "**No scorecard.** early has no scorecard table yet" in page
-    assert [h for h, _ in RS.read_markdown_tables(page)] == [("Stage times",)]
+    assert [h for h, _ in RS.read_markdown_tables(page)] == [("Experiment times",), ("Stage times",)]
     assert_results_match_csvs(page, [run])
 
 
@@ -223,3 +224,37 @@ def test_lume_lab_results_subcommand(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out / "mini.md") and assert_results_match_csvs(out / "mini.md", [run]) > 500
     assert main(["results", str(tmp_path / "nope"), "--name", "x", "--out", str(out)]) == 2
     assert "neither a run directory" in capsys.readouterr().err and not (out / "x.md").exists()
+
+
+def _add_stress_files(run: Path) -> None:
+    "e10's recoveries, e05's interval verdicts and e11's dose summary for the email field, in their file formats (values made up)."
+    rep, f = run / "report", "email_address"
+    rows = [{"method": m, "test": t, "value": v, "lo": np.nan, "hi": np.nan, "n": 4, "note": "", "field": f}
+            for m, v in (("npo", 0.62), ("oracle_grad", 0.04)) for t in ("quant4_recovery", "quant8_recovery", "relearn_forget_half_recovery")]
+    rows.append({"method": "npo", "test": "relearn_retain_only_recovery", "value": np.nan, "n": 4, "note": "unlearning removed < 5 EM points", "field": f})
+    pd.DataFrame(rows).to_csv(rep / f"robustness_{f}.csv", index=False)
+    pd.DataFrame({"model": ["npo", "npo", "oracle_grad", "oracle_grad"], "input": "orig", "comparison": "multi", "classifier": ["lr", "rf"] * 2,
+                  "remind_auc": [81.0, 70.0, 60.0, 55.0], "baseline_auc": [70.0, 71.0, 58.0, 56.0],
+                  "verdict": ["REMIND ahead", "intervals overlap", "intervals overlap", "baseline ahead"]}).to_csv(rep / f"remind_separation_{f}.csv", index=False)
+    pd.DataFrame({"field": f, "kind": ["precision", "precision", "recall"], "level": ["base", "1", "0.5"], "precision": [0.3, 1.0, 1.0],
+                  "recall": [0.3, 1.0, 0.5], "seeds": 3, "forget_em": [40.0, 10.04, 20.0], "forget_em_sd": [5.0, 1.0, 2.0],
+                  "quant4_recovery": [0.5, np.nan, 0.25], "quant4_recovery_sd": [0.1, np.nan, np.nan]}).to_csv(rep / f"dose_summary_{f}.csv", index=False)
+
+
+def test_stress_sections_match_their_csvs(tmp_path):
+    """A run with e10, e05-interval and e11 files: the scorecard's recovery columns, the REMIND-interval counts and the dose table
+    are their CSV cells; one changed count, dose cell or recovery fails the check."""
+    run = _copy_run(tmp_path / "mini")
+    _add_stress_files(run)
+    page = RS.results_page([run], "mini")
+    n = assert_results_match_csvs(page, [run])
+    t = _tables(page)
+    assert ("REMIND intervals", "email_address") in t and ("Dose-response", "email_address", "mini") in t
+    card = t[("Scorecard", "email_address")].set_index("method")
+    assert card.at["npo", "4-bit recovery"] == "0.62" and card.at["npo", "retain-only recovery"] == ""
+    dose = t[("Dose-response", "email_address", "mini")]
+    assert dose["forget EM"].tolist() == ["40.0 ± 5.0", "10.0 ± 1.0", "20.0 ± 2.0"] and dose["4-bit recovery"].tolist() == ["0.50 ± 0.10", "", "0.25"]
+    for old, new in (("| 20.0 ± 2.0 |", "| 21.0 ± 2.0 |"), ("| REMIND LR | 2 | 2 | 1 |", "| REMIND LR | 2 | 1 | 1 |"), ("| 0.62 |", "| 0.52 |")):
+        assert old in page, old
+        with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(old, new, 1), [run])
+    assert n > 500

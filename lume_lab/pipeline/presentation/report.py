@@ -461,8 +461,8 @@ def reproduce_command(run_dir) -> str:
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #75834591
 def stage_family(stage: str, cfg: dict) -> str:
-    "The stage's name without its field, and then without its method or reference model, and `_control`."
-    name = stage.removesuffix("_control")
+    "The stage's name without its field, and then without its method or reference model, and `_control`; e11's points as one family each."
+    name = re.sub(r"^dose_[pr][^_]+_s\d+_", "dose_", stage.removesuffix("_control"))   # dose_p0.25_s1_unlearn_<field> -> dose_unlearn
     field = next((f for f in cfg["pii"]["target_fields"] if name.endswith(f"_{f}")), None)
     if field is None: return name
     name = name.removesuffix(f"_{field}")

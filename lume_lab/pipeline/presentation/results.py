@@ -17,11 +17,13 @@ from .scorecard import run_config, run_manifest, scorecard
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
-__all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'NAME_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec',
-           'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
-           'seeds_command', 'header_lines', 'md_table', 'read_markdown_tables', 'scorecard_lines', 'stage_table',
-           'stage_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'results_page',
-           'write_results', 'add_results_arguments', 'results_main', 'main']
+__all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'NAME_RE', 'is_run_dir',
+           'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources',
+           'run_machine', 'run_labels', 'seeds_command', 'header_lines', 'md_table', 'read_markdown_tables',
+           'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
+           'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'remind_interval_lines',
+           'dose_display', 'dose_lines', 'results_page', 'write_results', 'add_results_arguments', 'results_main',
+           'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -182,6 +184,28 @@ def stage_lines(run_dirs: list[Path]) -> list[str]:
     return ["## Stage times", "Seconds per stage family and run (manifest.json; a cached or adopted stage keeps the time of its first run).",
             md_table(shown)]
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #ea20fa04
+def experiment_table(run_dirs: list[Path]) -> pd.DataFrame:
+    "Wall seconds of each experiment (rows, in the runs' order) of each run (columns), its share of the run, and the total; from manifest.json."
+    cols = [pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float, name=l)
+            for d, l in zip(run_dirs, run_labels(run_dirs))]
+    t = pd.concat(cols, axis=1, sort=False)
+    if not len(t): return t
+    if len(cols) == 1: t["share of the run"] = t.iloc[:, 0] / t.iloc[:, 0].sum()
+    t.loc["total"] = t.sum()
+    return t.rename_axis("experiment").reset_index()
+
+def experiment_lines(run_dirs: list[Path]) -> list[str]:
+    "The experiment-time section: seconds and minutes per experiment (and its share, for one run); nothing when no experiment is recorded."
+    t = experiment_table(run_dirs)
+    if not len(t): return []
+    shown = t[["experiment"]].copy()
+    for c in t.columns[1:]:
+        shown[c] = t[c].map(lambda v: "" if pd.isna(v) else (f"{100 * v:.1f} %" if c == "share of the run" else f"{v:.1f}"))
+    return ["## Experiment times", "Wall seconds per experiment and run, as its last `lume-lab run` recorded it in manifest.json (an experiment "
+            "rerun over cached stages records the rerun's time, not the first run's); the stage table below gives the compute per stage.",
+            md_table(shown)]
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #2de4cb13
 def sweep_values(sweep_dir) -> tuple[pd.DataFrame, dict]:
     "The sweep.csv rows the page tabulates, and what they are: source, y, where, category columns, n column and digits."
@@ -252,6 +276,71 @@ def sweep_lines(sweep_dir, command: str | None = None) -> list[str]:
     spec = read_sweep_spec(d)
     return lines + (["## Spec", "```yaml\n" + yaml.safe_dump(spec, sort_keys=False).rstrip() + "\n```"] if spec else [])
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #ecaac031
+REMIND_VERDICTS = {"REMIND ahead": "intervals separate, REMIND ahead", "baseline ahead": "intervals separate, baseline ahead",
+                   "intervals overlap": "intervals overlap"}   # ci_separation's verdicts -> the page's columns
+
+def _report_fields(run_dirs: list[Path], prefix: str) -> list[str]:
+    "The fields of `report/<prefix><field>.csv` over the runs, in order of first appearance."
+    return list(dict.fromkeys(p.stem.removeprefix(prefix) for d in run_dirs for p in sorted((Path(d) / "report").glob(f"{prefix}*.csv"))))
+
+def remind_interval_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
+    """Per run and classifier, from `remind_separation_<field>.csv` (multi-class AUC, original inputs): the models scored, on how
+    many REMIND's AUC is above the best fair baseline's, and how many of each interval verdict."""
+    rows = []
+    for d, label in zip(run_dirs, run_labels(run_dirs)):
+        p = Path(d) / "report" / f"remind_separation_{field}.csv"
+        if not p.is_file(): continue
+        s = pd.read_csv(p).query("input == 'orig' and comparison == 'multi'")
+        for k, g in s.groupby("classifier", sort=False):
+            v = g.verdict.value_counts()
+            rows.append({"run": label, "classifier": f"REMIND {k.upper()}", "models": len(g),
+                         "REMIND AUC above baseline's": int((g.remind_auc > g.baseline_auc).sum()),
+                         **{col: int(v.get(verdict, 0)) for verdict, col in REMIND_VERDICTS.items()}})
+    return pd.DataFrame(rows)
+
+def remind_interval_lines(run_dirs: list[Path]) -> list[str]:
+    "The REMIND-interval section, one table per field; nothing when no run has e05's interval files."
+    fields = _report_fields(run_dirs, "remind_separation_")
+    if not fields: return []
+    lines = ["## REMIND intervals", "From e05's `remind_separation_<field>.csv`, multi-class AUC on the original inputs: per run and "
+             "classifier, the unlearned models scored, on how many REMIND's AUC is above the best fair baseline's, and how their 95 % "
+             "intervals (bootstrap over profiles) read. Only a separated interval is a reading; an overlap says nothing either way."]
+    for f in fields: lines += [f"### {f}", md_table(remind_interval_table(run_dirs, f))]
+    return lines
+
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #ed383526
+DOSE_COLUMNS = {  # dose_summary_<field>.csv column -> (the page's label, digits); EM, Δ and leak in points, AUC and shares as fractions
+    "forget_em": ("forget EM", 1), "retain_em": ("retain EM", 1), "utility_delta": ("utility Δ", 1), "auc_forget": ("AUC m^F", 3),
+    "share_in_forget": ("share of |Δθ| in m^F", 3), "quant4_recovery": ("4-bit recovery", 2), "quant8_recovery": ("8-bit recovery", 2),
+    "relearn_forget_half_recovery": ("relearn ½ recovery", 2), "relearn_other_fields_recovery": ("other-fields recovery", 2),
+    "relearn_retain_only_recovery": ("retain-only recovery", 2), "leak_after": ("leak after", 1)}
+
+def dose_display(summary: pd.DataFrame) -> pd.DataFrame:
+    "e11's summary as display strings: the point (kind, level, achieved precision and recall, seeds), then each measure as mean ± sd."
+    out = pd.DataFrame({"kind": summary.kind.astype(str), "level": summary.level.astype(str),
+                        "precision": summary.precision.map(lambda v: _fmt(v, 3)), "recall": summary.recall.map(lambda v: _fmt(v, 3)),
+                        "seeds": summary.seeds.map(lambda v: _fmt(v, 0))})
+    for c, (label, k) in DOSE_COLUMNS.items():
+        if c not in summary: continue
+        sd = summary[f"{c}_sd"] if f"{c}_sd" in summary else pd.Series(np.nan, index=summary.index)
+        out[label] = [_fmt(m, k) + ("" if pd.isna(m) or pd.isna(s) else f" ± {s:.{k}f}") for m, s in zip(summary[c], sd)]
+    return out
+
+def dose_lines(run_dirs: list[Path]) -> list[str]:
+    "The dose-response section: per field, one table per run that ran e11; nothing when none did."
+    fields = _report_fields(run_dirs, "dose_summary_")
+    if not fields: return []
+    lines = ["## Dose-response", "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in masks of |m^F| weights with a share q "
+             "inside m^F (kind precision; q = 1 is OracleGrad, `base` a random mask) or in a share r of m^F (kind recall); mean ± sd over "
+             "the dose seeds (blank: not defined, e.g. a recovery where unlearning removed under `robustness.min_drop` EM points)."]
+    for f in fields:
+        lines.append(f"### {f}")
+        for d, label in zip(run_dirs, run_labels(run_dirs)):
+            p = Path(d) / "report" / f"dose_summary_{f}.csv"
+            if p.is_file(): lines += [f"#### {label}", md_table(dose_display(pd.read_csv(p)))]
+    return lines
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #bd5b64bf
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -268,7 +357,7 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     empty = [NO_SCORECARD_BANNER] if card[1].startswith("**No scorecard") else []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
     return "\n\n".join([f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
-                         *card, *stage_lines(dirs)]) + "\n"
+                         *card, *remind_interval_lines(dirs), *dose_lines(dirs), *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
 
 def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
     "Write `<out_dir>/<name>.md` from `run_dirs` (runs of one config, or one sweep directory), atomically; returns its path."
