@@ -16,7 +16,7 @@ from ..models.arch import architecture
 
 # %% auto #0
 __all__ = ['group_size_for', 'rtn_grid', 'rtn_codes', 'rtn_dequantize', 'rtn', 'quantize_weight', 'quantized_names',
-           'quantize_model', 'bucket_survival']
+           'quantize_model', 'bucket_survival', 'q4_1', 'layout_rtn', 'snapback']
 
 # %% ../../nbs/analysis/06_quantization.ipynb #3b788925
 def group_size_for(in_features: int, requested: int = 128) -> int:
@@ -98,3 +98,31 @@ def bucket_survival(before: Mapping[str, torch.Tensor], after: Mapping[str, torc
             rows[r][0] += int((changed & m[n]).sum()); rows[r][1] += int((moved & m[n]).sum())
     df = pd.DataFrame([(r, c, m) for r, (c, m) in rows.items()], columns=["region", "changed", "survived"])
     return df.assign(bits=bits, share=lambda d: d.survived / d.changed.where(d.changed > 0))
+
+# %% ../../nbs/analysis/06_quantization.ipynb #9e1a4175
+def _rolled(w: torch.Tensor, offset: int, f) -> torch.Tensor:
+    "`f` applied to `w` with its columns rolled left by `offset`, and the result rolled back: groups that start at column `offset`."
+    return torch.roll(f(torch.roll(w, -offset, 1)), offset, 1) if offset else f(w)
+
+def q4_1(w: torch.Tensor, block: int = 32, offset: int = 0) -> torch.Tensor:
+    "GGUF's Q4_1 re-applied (dequantized, float32): per block of `block` input weights from column `offset`, w → m + d·round((w − m)/d), m the block's minimum, d = (max − m)/15."
+    def f(x):
+        g = _groups(x, block)
+        m = g.amin(-1, keepdim=True); d = ((g.amax(-1, keepdim=True) - m) / 15).clamp(min=torch.finfo(x.dtype).smallest_normal)
+        return (m + d * torch.round((g - m) / d).clamp(0, 15)).reshape(x.shape)
+    return _rolled(w, offset, f)
+
+def layout_rtn(w: torch.Tensor, bits: int, group_size: int, offset: int = 0) -> torch.Tensor:
+    "`rtn` with its groups starting at column `offset` (the row's last and first weights share the wrapped group)."
+    return _rolled(w, offset, lambda x: rtn(x, bits, group_size))
+
+@torch.no_grad()
+def snapback(w0: torch.Tensor, w1: torch.Tensor, quantize, atol: float = 1e-6) -> dict:
+    """What `quantize` does to the update w0 → w1: the share of w0's weights it keeps (|q(w0) − w0| ≤ atol), and among the
+    changed weights the share it maps to q(w0)'s value (the update erased: both models land on one quantized weight) and
+    the share it maps to w0 itself (the original weight restored). A weight both round to exactly 0 counts as erased."""
+    q0, q1, ch = quantize(w0), quantize(w1), w1 != w0
+    if not ch.any(): raise ValueError("w1 equals w0: no update to measure")
+    same = lambda a, b: ((a - b).abs() <= atol)
+    return {"kept exactly": same(q0, w0).float().mean().item(), "update erased": same(q1, q0)[ch].float().mean().item(),
+            "original restored": same(q1, w0)[ch].float().mean().item(), "changed": int(ch.sum())}
