@@ -1038,6 +1038,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                              'lume_lab/pipeline/orchestration/sweep.py'),
                                                        'lume_lab.pipeline.orchestration.sweep._point_configs': ( 'pipeline/orchestration/sweep.html#_point_configs',
                                                                                                                  'lume_lab/pipeline/orchestration/sweep.py'),
+                                                       'lume_lab.pipeline.orchestration.sweep._previous_seconds': ( 'pipeline/orchestration/sweep.html#_previous_seconds',
+                                                                                                                    'lume_lab/pipeline/orchestration/sweep.py'),
                                                        'lume_lab.pipeline.orchestration.sweep._read_jobs': ( 'pipeline/orchestration/sweep.html#_read_jobs',
                                                                                                              'lume_lab/pipeline/orchestration/sweep.py'),
                                                        'lume_lab.pipeline.orchestration.sweep._record_jobs': ( 'pipeline/orchestration/sweep.html#_record_jobs',

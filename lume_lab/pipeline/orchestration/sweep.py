@@ -369,10 +369,18 @@ def _summary(sweep: Sweep, status: dict) -> pd.DataFrame:
              "status": status[p.name][0], "seconds": round(status[p.name][1], 1), "error": status[p.name][2]} for p in sweep.points]
     return pd.DataFrame(rows)
 
+def _previous_seconds(sweep: Sweep) -> dict[str, float]:
+    "Seconds per point of the sweep's last points.csv, where the point ran or was carried over (none for failed or running points)."
+    p = sweep.dir / "points.csv"
+    if not p.is_file(): return {}
+    t = pd.read_csv(p, dtype={"point": str})
+    return {r.point: float(r.seconds) for r in t.itertuples() if r.status in ("done", "skipped") and pd.notna(r.seconds)}
+
 def run_sweep(sweep: Sweep, run_fn: Callable, poll_s: float | None = None) -> pd.DataFrame:
     "Run the unfinished points of `sweep` through submitit, print and write the summary (`points.csv`), then aggregate."
     t0, jobs = time.perf_counter(), _read_jobs(sweep)
-    status = {p.name: ("skipped", 0.0, "finished before") for p in sweep.points if point_done(sweep, p)}
+    before = _previous_seconds(sweep)                                  # a skipped point keeps the seconds its run took
+    status = {p.name: ("skipped", before.get(p.name, 0.0), "finished before") for p in sweep.points if point_done(sweep, p)}
     status |= {p.name: ("running", 0.0, "another process is running it") for p in sweep.points
                if p.name not in status and (point_busy(sweep.dir, p.name) or p.name in jobs and _job_alive(jobs[p.name], sweep.dir / ".submitit"))}
     todo = [p for p in sweep.points if p.name not in status]
