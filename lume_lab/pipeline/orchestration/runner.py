@@ -103,12 +103,13 @@ def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #2b6927f9
 EXPERIMENT_COSTS = {  # preset -> wall seconds per experiment (eNN) of a fresh `lume-lab run`, and where they were measured
-    "mini": {"commit": "d4f1ab5", "machine": "2 idle CPU cores", "seconds":
-             {"e00": 472, "e01": 10, "e02": 992, "e03": 557, "e04": 175, "e05": 827, "e06": 468, "e09": 116, "e99": 3,
+    "mini": {"commit": "b03039e", "machine": "2 idle CPU cores", "seconds":   # a fresh `make run` (docs/results/make-run-mini.md)
+             {"e00": 473.4, "e01": 7.8, "e02": 889.3, "e03": 434.3, "e04": 101.1, "e05": 957.0, "e06": 315.3, "e09": 81.1, "e10": 379.5, "e99": 5.9,
               "e07": 692, "e08": 3389}},   # the companions: measured once each on the 2 cores shared with other jobs (docs/notes/timing.md)
     "smoke": {"commit": "a25359c", "machine": "2 CPU cores, shared with other jobs", "seconds":
               {"e00": 13.0, "e01": 8.0, "e02": 18.0, "e03": 34.1, "e04": 10.7, "e05": 50.1, "e06": 16.9, "e09": 12.0, "e99": 4.0,
-               "e07": 17, "e08": 17}},   # the companions: the end-to-end test's run at a36629a, same machine, loaded
+               "e07": 17, "e08": 17,       # the companions: the end-to-end test's run at a36629a, same machine, loaded
+               "e10": 72, "e11": 40}},     # measured once each on the same shared cores (docs/notes/robustness.md)
 }
 
 def experiment_seconds(run_dir) -> dict[str, float]:
@@ -146,6 +147,7 @@ class ChainProgress:
     "One line per finished experiment of a chain: its time, elapsed, % of the run and ETA (from EXPERIMENT_COSTS)."
     def __init__(self, preset: str, names: list[str], clock=time.monotonic):
         self.names, self.exp, self.clock, self.t0, self.done = list(names), expected_seconds(preset, names), clock, clock(), []
+        self.took = {}
 
     def share(self) -> float:
         if any(v is None for v in self.exp.values()) or not sum(self.exp.values()): return len(self.done) / len(self.names)
@@ -154,12 +156,14 @@ class ChainProgress:
     def eta(self, elapsed: float) -> str:
         rest = [n for n in self.names if n not in self.done]
         if not rest: return "0s"
-        if any(self.exp[n] is None for n in rest + self.done): return "unknown"
-        pace = min(max(elapsed / max(sum(self.exp[n] for n in self.done), 1e-9), 0.5), 3.0) if self.done else 1.0
-        return duration(pace * sum(self.exp[n] for n in rest))
+        measured = [n for n in self.done if self.exp[n]]
+        pace = min(max(sum(self.took[n] for n in measured) / sum(self.exp[n] for n in measured), 0.5), 3.0) if measured else 1.0
+        known, unmeasured = [n for n in rest if self.exp[n] is not None], [n for n in rest if self.exp[n] is None]
+        if not known: return f"unknown ({', '.join(unmeasured)} unmeasured)"
+        return duration(pace * sum(self.exp[n] for n in known)) + (f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else "")
 
     def finished(self, name: str, seconds: float) -> str:
-        self.done.append(name)
+        self.done.append(name); self.took[name] = seconds
         elapsed = self.clock() - self.t0
         return f"✓ {name} in {duration(seconds)} · elapsed {duration(elapsed)} · {100 * self.share():.0f}% of the run · ETA {self.eta(elapsed)}"
 

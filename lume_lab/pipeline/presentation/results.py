@@ -281,8 +281,10 @@ REMIND_VERDICTS = {"REMIND ahead": "intervals separate, REMIND ahead", "baseline
                    "intervals overlap": "intervals overlap"}   # ci_separation's verdicts -> the page's columns
 
 def _report_fields(run_dirs: list[Path], prefix: str) -> list[str]:
-    "The fields of `report/<prefix><field>.csv` over the runs, in order of first appearance."
-    return list(dict.fromkeys(p.stem.removeprefix(prefix) for d in run_dirs for p in sorted((Path(d) / "report").glob(f"{prefix}*.csv"))))
+    "The fields of `report/<prefix><field>.csv` over the runs, in the config's order of forget fields (as the scorecard)."
+    found = list(dict.fromkeys(p.stem.removeprefix(prefix) for d in run_dirs for p in sorted((Path(d) / "report").glob(f"{prefix}*.csv"))))
+    order = list(run_config(run_dirs[0]).get("unlearn", {}).get("forget_fields") or [])
+    return sorted(found, key=lambda f: order.index(f) if f in order else len(order))
 
 def remind_interval_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     """Per run and classifier, from `remind_separation_<field>.csv` (multi-class AUC, original inputs): the models scored, on how
