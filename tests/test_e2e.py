@@ -112,7 +112,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     robust = {m for m in METHODS if get_spec(m).changes_weights}
     assert {f"robust_{k}_{m}_{field}" for k in ("scores", "quant", "weights") for m in robust} <= set(done)
     rob = pd.read_csv(report / f"robustness_{field}.csv")
-    assert set(rob.method) == robust and (report / "robustness_recovery.png").exists()
+    assert set(rob.method) == robust | {"none"} and (report / "robustness_recovery.png").exists()
+    assert {"forget_em", "quant4_forget_em", "quant8_forget_em"} <= set(rob[rob.method == "none"].test)   # the quantized original, for reference
     rec = rob[rob.test.str.endswith("_recovery")]
     assert (rec.value.notna() | rec.note.notna()).all()                     # a value, or the reason there is none
     card = pd.read_csv(report / "scorecard.csv")

@@ -20,7 +20,7 @@ from ...unlearn.registry import get_spec
 # %% auto #0
 __all__ = ['ROBUST_VERSION', 'SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores',
            'stage_robust_scores', 'stage_quantization', 'full_finetune', 'relearn', 'stage_relearning',
-           'stage_weightspace', 'robustness_rows', 'robustness_table']
+           'stage_weightspace', 'reference_rows', 'robustness_rows', 'robustness_table']
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #1eeb66e3
 ROBUST_VERSION = 1   # the robustness stages' cache version
@@ -161,6 +161,18 @@ def _recovery_row(method, test, before, unl, after, r, n_boot_seed) -> dict:
 
 ROBUST_COLUMNS = ["method", "test", "value", "lo", "hi", "n", "note"]
 
+def _em_row(method: str, test: str, scores: pd.DataFrame) -> dict:
+    "Forget EM (%, the mean over profiles of each profile's EM) of per-example `scores`, as a table row."
+    pp = _per_profile(scores)
+    return {"method": method, "test": test, "value": pp.mean(), "lo": None, "hi": None, "n": pp.size,
+            "note": "forget EM (%)" + (" after quantization" if test.startswith("quant") else "")}
+
+def reference_rows(store: RunStore, none: ModelSource, ref: pd.DataFrame) -> list[dict]:
+    """`none`, the model before unlearning, quantized as the attack quantizes the others: its forget EM at full precision and
+    at each bit width. What a quantization attack can bring back is bounded by what the quantized original still knows."""
+    q = stage_quantization(store, none)["examples"]
+    return [_em_row("none", "forget_em", ref), *(_em_row("none", f"quant{b}_forget_em", q[q.bits == b]) for b in store.config.robustness.quant_bits)]
+
 def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> list[dict]:
     "Every stress test of one unlearned model `src`, against `ref` (the per-example scores of `none`): rows of `ROBUST_COLUMNS`."
     from lume_lab.analysis.relearning import MIN_RELEARN_PROFILES
@@ -170,9 +182,11 @@ def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> lis
     m = src.label
     unl = stage_robust_scores(store, src)
     q = stage_quantization(store, src)
+    rows.append(_em_row(m, "forget_em", unl))
     for bits in r.quant_bits:
         qe = q["examples"][q["examples"].bits == bits]
         rows.append(_recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed))
+        rows.append(_em_row(m, f"quant{bits}_forget_em", qe))
         s = q["survival"][q["survival"].bits == bits].set_index("region")
         for region in ("forget", "other_masks"):
             rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"], "lo": None, "hi": None,
@@ -200,5 +214,5 @@ def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
     "Every stress test of `field`, one row per (method, test): value, interval, n and a note."
     none, *sources = robust_sources(store, field)
     ref = stage_robust_scores(store, none)
-    rows = [row for src in sources for row in robustness_rows(store, src, ref)]
+    rows = [*reference_rows(store, none, ref), *(row for src in sources for row in robustness_rows(store, src, ref))]
     return pd.DataFrame(rows, columns=ROBUST_COLUMNS).assign(field=field)
