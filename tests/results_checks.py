@@ -234,6 +234,28 @@ def check_remind_interval_tables(tables: list, run_dirs: list[Path]) -> int:
     return checked
 
 
+def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
+    "Each cell of a quantized-EM table (field): the mean ± sample std over the runs of robustness_<field>.csv's forget_em / quant<b>_forget_em rows."
+    checked = 0
+    for heads, t in tables:
+        rows = pd.concat([pd.read_csv(p) for d in run_dirs if (p := Path(d) / "report" / f"robustness_{heads[1]}.csv").is_file()])
+        rows = rows[rows.test.str.fullmatch(r"(quant\d+_)?forget_em")]
+        assert set(t.method) == set(rows.method), (heads, sorted(t.method), sorted(set(rows.method)))
+        for _, row in t.iterrows():
+            mine = rows[rows.method == row.method]
+            assert row.runs == str(mine.groupby("test").value.count().max()), (heads, row.method, "runs")
+            for c in t.columns[2:]:
+                test = "forget_em" if c == "forget EM" else f"quant{c.removeprefix('forget EM, ').removesuffix('-bit')}_forget_em"
+                v = mine[mine.test == test].value.dropna()
+                if row[c] == "": assert v.empty, (heads, row.method, c); continue
+                tokens = row[c].split(" ± ")
+                assert_shown(tokens[0], v.mean(), (heads, row.method, c))
+                if len(v) > 1: assert len(tokens) == 2 and assert_shown(tokens[1], v.std(ddof=1), (heads, row.method, c, "std")) is not None
+                else: assert len(tokens) == 1, (heads, row.method, c, "an std from one run")
+                checked += len(tokens)
+    return checked
+
+
 def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
     "Every cell of a dose-response table (field, run) is its dose_summary_<field>.csv cell: the point's level and sizes, each measure's mean ± sd."
     labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
@@ -286,10 +308,11 @@ def assert_results_match_csvs(page, run_dirs) -> int:
     card = [t for t in tables if t[0][0] == "Scorecard"]
     remind = [t for t in tables if t[0][0] == "REMIND intervals"]
     dose = [t for t in tables if t[0][0] == "Dose-response"]
+    quant = [t for t in tables if t[0][0] == "Quantized forget EM"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
-    assert len(card) + len(remind) + len(dose) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
+    assert len(card) + len(remind) + len(dose) + len(quant) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
     checked = check_scorecard_tables(card, dirs) if card else 0
     if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
-    checked += check_remind_interval_tables(remind, dirs) + check_dose_tables(dose, dirs)
+    checked += check_remind_interval_tables(remind, dirs) + check_dose_tables(dose, dirs) + check_quantized_em_tables(quant, dirs)
     return checked + sum(check_stage_table(t, dirs) for t in stages) + sum(check_experiment_table(t, dirs) for t in experiments)

@@ -167,7 +167,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     from results_checks import assert_results_match_csvs
     page = results_page([run], "smoke")
     heads = [h for h, _ in read_markdown_tables(page)]
-    assert [("Scorecard", field), ("REMIND intervals", field), ("Dose-response", field, run.name), ("Experiment times",),
+    assert [("Scorecard", field), ("Quantized forget EM", field), ("REMIND intervals", field), ("Dose-response", field, run.name), ("Experiment times",),
             ("Stage times",)] == heads, heads
     assert assert_results_match_csvs(page, [run]) > 300 and "4-bit recovery" in page
     # rerun: every stage is a cache hit, nothing recomputed

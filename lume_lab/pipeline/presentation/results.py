@@ -22,8 +22,8 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'run_machine', 'run_labels', 'seeds_command', 'header_lines', 'md_table', 'read_markdown_tables',
            'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
            'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'remind_interval_lines',
-           'dose_display', 'dose_lines', 'results_page', 'write_results', 'add_results_arguments', 'results_main',
-           'main']
+           'dose_display', 'dose_lines', 'quantized_em_table', 'robustness_lines', 'results_page', 'write_results',
+           'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -343,6 +343,38 @@ def dose_lines(run_dirs: list[Path]) -> list[str]:
             if p.is_file(): lines += [f"#### {label}", md_table(dose_display(pd.read_csv(p)))]
     return lines
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #d8f618ad
+def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
+    """Per model (`none` first) of e10's `robustness_<field>.csv`: forget EM at full precision and after each quantization,
+    mean ± std over the runs that hold the row, with how many do. The 4-bit recovery of the scorecard is read against `none`'s row."""
+    parts = []
+    for d in run_dirs:
+        p = Path(d) / "report" / f"robustness_{field}.csv"
+        if p.is_file():
+            t = pd.read_csv(p)
+            parts.append(t[t.test.str.fullmatch(r"(quant\d+_)?forget_em")])
+    if not parts: return pd.DataFrame()
+    t = pd.concat(parts)
+    tests = sorted(dict.fromkeys(t.test), key=lambda s: (s != "forget_em", s))
+    g = t.groupby(["method", "test"], sort=False).value
+    mean, std, n = g.mean().unstack("test"), g.std(ddof=1).unstack("test"), g.count().unstack("test")
+    methods = sorted(mean.index, key=lambda m: m != "none")
+    label = lambda s: "forget EM" if s == "forget_em" else f"forget EM, {s.split('_')[0].removeprefix('quant')}-bit"
+    out = pd.DataFrame({"method": methods, "runs": [f"{n.loc[m].max():.0f}" for m in methods]})
+    for s in tests:
+        out[label(s)] = [_fmt(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
+    return out
+
+def robustness_lines(run_dirs: list[Path]) -> list[str]:
+    "The quantized-EM section (e10), one table per field; nothing when no run has e10's table with EM rows."
+    fields = [f for f in _report_fields(run_dirs, "robustness_") if len(quantized_em_table(run_dirs, f))]
+    if not fields: return []
+    lines = ["## Quantized forget EM", "From e10's `robustness_<field>.csv`: forget EM (%) of each model at full precision and after RTN "
+             "quantization at each bit width; `none` is the model before unlearning, the most a quantization attack can bring back. "
+             "The recoveries themselves are scorecard columns."]
+    for f in fields: lines += [f"### {f}", md_table(quantized_em_table(run_dirs, f))]
+    return lines
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #bd5b64bf
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -359,7 +391,7 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     empty = [NO_SCORECARD_BANNER] if card[1].startswith("**No scorecard") else []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
     return "\n\n".join([f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
-                         *card, *remind_interval_lines(dirs), *dose_lines(dirs), *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
+                         *card, *robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs), *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
 
 def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
     "Write `<out_dir>/<name>.md` from `run_dirs` (runs of one config, or one sweep directory), atomically; returns its path."
