@@ -306,7 +306,7 @@ def remind_interval_lines(run_dirs: list[Path]) -> list[str]:
     fields = _report_fields(run_dirs, "remind_separation_")
     if not fields: return []
     lines = ["## REMIND intervals", "From e05's `remind_separation_<field>.csv`, multi-class AUC on the original inputs: per run and "
-             "classifier, the unlearned models scored, on how many REMIND's AUC is above the best fair baseline's, and how their 95 % "
+             "classifier, the models REMIND scored (the model before unlearning among them), on how many REMIND's AUC is above the best fair baseline's, and how their 95 % "
              "intervals (bootstrap over profiles) read. Only a separated interval is a reading; an overlap says nothing either way."]
     for f in fields: lines += [f"### {f}", md_table(remind_interval_table(run_dirs, f))]
     return lines
