@@ -619,6 +619,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "instruct.lr": 1e-4,                       # LoRA on a pretrained model (Table 4)
         "testbed.profiles_per_field": 100,         # up to 50 forget + 50 retain per field (the #39 goal)
         "localization.max_weights": 4_000_000,     # AUCs on a uniform sample of 4M of the ~10⁸ masked-layer weights: seconds, not minutes, per method
+        "remind.variants": 5, "remind.ablation_variants": [1, 5],   # REMIND's neighbourhoods a third as wide: each variant is a forward pass of a 135M model
+        "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation, as smoke
+        "resurface.attempts": 40,                  # mini's 40 sampled prompts per profile, not Lacuna's 200
         "unlearn.forget_fields": ["phone_number", "email_address"],   # the two fields the probes memorized
     },
     "olmo2-1b": {   # Lacuna's OLMo-2 1B (Table 4): a GPU and the hub
