@@ -278,6 +278,52 @@ def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
     return checked
 
 
+def check_testbed_tables(tables: list, run_dirs: list[Path]) -> int:
+    """The testbed section: each (run, field) row's memorized count, rate per hour, split sizes and reach are read here from
+    extraction_rates.csv (masked rows), testbed/testbed.json, reachability.csv and the manifest's inject_masked seconds; each
+    utility cell from utility_injection.csv."""
+    import json
+    labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
+    for heads, t in tables:
+        if heads[1] == "Utility around the injection":
+            for _, row in t.iterrows():
+                u = pd.read_csv(Path(labels[row.run]) / "report" / "utility_injection.csv").set_index(["model", "metric"]).value
+                for c in t.columns[2:]:
+                    metric = {"held-out perplexity": "heldout_perplexity", "MC accuracy": "mc_acc"}[c.split(", ")[0]]
+                    v = u.get(("base" if c.endswith("before injection") else "masked", metric), np.nan)
+                    if row[c] == "": assert pd.isna(v), (row.run, c); continue
+                    assert_shown(row[c], v, (row.run, c)); checked += 1
+            continue
+        assert heads[1] == "Memorization and reach", heads
+        want = {(l, f) for l, d in labels.items() if (p := Path(d) / "report" / "extraction_rates.csv").is_file()
+                for f in pd.read_csv(p).field}
+        assert set(zip(t.run, t.field)) == want, (sorted(zip(t.run, t.field)), sorted(want))
+        for _, row in t.iterrows():
+            d = Path(labels[row.run]); cfg = run_config(d)
+            e = pd.read_csv(d / "report" / "extraction_rates.csv")
+            e = e[(e.model == "masked") & (e.field == row.field)].iloc[0]
+            assert row["memorized / profiles"] == f"{e.memorized} / {e.profiles}", (row.run, row.field, row["memorized / profiles"])
+            assert row["mask"] == f"{100 * cfg['inject']['mask_fraction']:g} %" and row["masked steps"] == str(cfg["inject"]["steps"]), (row.run, row["mask"])
+            st = run_manifest(d).get("stages", {}).get("inject_masked", {})
+            secs = st.get("source_seconds", st.get("seconds")) if st.get("reused_from") else st.get("seconds")
+            if secs:
+                assert_shown(row["injection s"], secs, (row.run, "injection s"))
+                assert_shown(row["memorized per hour"], 3600 * e.memorized / secs, (row.run, row.field, "per hour")); checked += 2
+            else: assert row["injection s"] == row["memorized per hour"] == "", (row.run, "a rate without a time")
+            tb = d / "testbed" / "testbed.json"
+            counts = {c["split"]: c["profiles"] for c in json.loads(tb.read_text())["counts"]} if tb.is_file() else {}
+            for side in ("forget", "retain"):
+                assert row[f"{side} profiles"] == str(counts.get(f"{side}_{row.field}", "")), (row.run, row.field, side); checked += 1
+            rp = d / "report" / "reachability.csv"
+            r = pd.read_csv(rp).query("field == @row.field and model == 'masked'").set_index("kind") if rp.is_file() else pd.DataFrame()
+            for c, kind, col, k in (("trained EM", "trained", "accuracy", 1), ("fresh, % of trained", "fresh", "vs_trained", 100),
+                                    ("paraphrase, % of trained", "paraphrase", "vs_trained", 100)):
+                if kind not in r.index: assert row[c] == "", (row.run, row.field, c); continue
+                assert_shown(row[c], r.at[kind, col] * (k if k == 100 else 1), (row.run, row.field, c)); checked += 1
+            checked += 1
+    return checked
+
+
 def assert_header(page: str, run_dirs: list[Path]) -> dict[str, str]:
     "The header names command, commit, date, machine and seeds, with the runs' commit, creation date and seeds; returns them."
     head = page.split("\n## ")[0]
@@ -309,10 +355,12 @@ def assert_results_match_csvs(page, run_dirs) -> int:
     remind = [t for t in tables if t[0][0] == "REMIND intervals"]
     dose = [t for t in tables if t[0][0] == "Dose-response"]
     quant = [t for t in tables if t[0][0] == "Quantized forget EM"]
+    testbed = [t for t in tables if t[0][0] == "Testbed"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
-    assert len(card) + len(remind) + len(dose) + len(quant) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
+    assert len(card) + len(remind) + len(dose) + len(quant) + len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
     checked = check_scorecard_tables(card, dirs) if card else 0
     if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
     checked += check_remind_interval_tables(remind, dirs) + check_dose_tables(dose, dirs) + check_quantized_em_tables(quant, dirs)
+    checked += check_testbed_tables(testbed, dirs)
     return checked + sum(check_stage_table(t, dirs) for t in stages) + sum(check_experiment_table(t, dirs) for t in experiments)

@@ -161,14 +161,14 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert assert_self_contained((report / "index.html").read_text()) >= 8
     assert assert_report_matches_csvs(run) > 0 and (report / "report.md").exists()
     assert_fig3_table_matches(run)
-    # the results page of the run (`make results`): e10's recoveries in the scorecard, e05's interval verdicts and e11's dose table,
+    # the results page of the run (`make results`): e10's recoveries in the scorecard, e02's testbed, e05's interval verdicts and e11's dose table,
     # every number its CSV cell
     from lume_lab.pipeline.presentation.results import read_markdown_tables, results_page
     from results_checks import assert_results_match_csvs
     page = results_page([run], "smoke")
     heads = [h for h, _ in read_markdown_tables(page)]
-    assert [("Scorecard", field), ("Quantized forget EM", field), ("REMIND intervals", field), ("Dose-response", field, run.name), ("Experiment times",),
-            ("Stage times",)] == heads, heads
+    assert [("Scorecard", field), ("Testbed", "Memorization and reach"), ("Testbed", "Utility around the injection"), ("Quantized forget EM", field),
+            ("REMIND intervals", field), ("Dose-response", field, run.name), ("Experiment times",), ("Stage times",)] == heads, heads
     assert assert_results_match_csvs(page, [run]) > 300 and "4-bit recovery" in page
     # rerun: every stage is a cache hit, nothing recomputed
     assert main(args) == 0

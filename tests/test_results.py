@@ -47,7 +47,8 @@ def test_mini_page_numbers_equal_the_csvs(tmp_path):
     page = path.read_text()
     assert assert_results_match_csvs(page, [run]) > 500          # 22 rows × (9 output + n + paper + AUC + REMIND + leak columns)
     t = _tables(page)
-    assert list(t) == [("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Experiment times",), ("Stage times",)]   # the config's field order
+    assert list(t) == [("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Testbed", "Memorization and reach"),
+                       ("Testbed", "Utility around the injection"), ("Experiment times",), ("Stage times",)]   # the config's field order
     # one cell by hand: phone_number, npo, forget EM is table2's (forget, em) cell at one decimal
     t2 = pd.read_csv(run / "report" / "table2_phone_number.csv", index_col=[0, 1])
     assert t[("Scorecard", "phone_number")].set_index("method").at["npo", "forget EM"] == f"{t2.at[('forget', 'em'), 'npo']:.1f}"
@@ -116,7 +117,8 @@ def test_run_without_scorecard_says_so(tmp_path):
     page = RS.write_results([run], "early", tmp_path / "out").read_text()
     assert page.splitlines()[2] == RS.NO_SCORECARD_BANNER
     assert "**No scorecard.** early has no scorecard table yet" in page
-    assert [h for h, _ in RS.read_markdown_tables(page)] == [("Experiment times",), ("Stage times",)]
+    assert [h for h, _ in RS.read_markdown_tables(page)] == [("Testbed", "Memorization and reach"), ("Testbed", "Utility around the injection"),
+                                                             ("Experiment times",), ("Stage times",)]   # e02's testbed is there before any scorecard
     assert_results_match_csvs(page, [run])
 
 
@@ -262,3 +264,29 @@ def test_stress_sections_match_their_csvs(tmp_path):
         assert old in page, old
         with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(old, new, 1), [run])
     assert n > 500
+
+
+def test_testbed_section_matches_its_files(tmp_path):
+    """The testbed section: per run and field, memorized / profiles, the rate per hour of masked injection, the testbed's split
+    sizes and the reach as % of trained accuracy are their files' values; a changed count, size or share fails the check."""
+    run = _copy_run(tmp_path / "mini")
+    pd.DataFrame({"field": "phone_number", "kind": ["trained", "fresh", "paraphrase"], "profiles": 35, "prompts": 70,
+                  "accuracy": [75.0, 4.3, 1.4], "vs_trained": [1.0, 0.0573, 0.0187], "model": "masked"}).to_csv(run / "report" / "reachability.csv", index=False)
+    (run / "testbed").mkdir()
+    (run / "testbed" / "testbed.json").write_text(json.dumps({"counts": [{"split": "forget_phone_number", "field": "phone_number", "profiles": 16},
+                                                                          {"split": "retain_phone_number", "field": "drivers_license", "profiles": 9}]}))
+    man = json.loads((run / "manifest.json").read_text())
+    man["stages"]["inject_masked"] = {"status": "done", "seconds": 720.0}
+    (run / "manifest.json").write_text(json.dumps(man))
+    page = RS.results_page([run], "mini")
+    assert assert_results_match_csvs(page, [run]) > 500
+    tb = _tables(page)[("Testbed", "Memorization and reach")].set_index("field")
+    ext = pd.read_csv(run / "report" / "extraction_rates.csv").query("model == 'masked'").set_index("field")
+    assert tb.at["phone_number", "memorized / profiles"] == f"{ext.at['phone_number', 'memorized']} / {ext.at['phone_number', 'profiles']}"
+    assert tb.at["phone_number", "memorized per hour"] == f"{5 * ext.at['phone_number', 'memorized']:.0f}"   # 720 s is a fifth of an hour
+    assert tb.loc["phone_number", ["forget profiles", "retain profiles", "trained EM", "fresh, % of trained", "paraphrase, % of trained"]].tolist() == ["16", "9", "75.0", "6", "2"]
+    assert tb.loc["email_address", ["forget profiles", "trained EM"]].tolist() == ["", ""]
+    row = next(l for l in page.splitlines() if l.startswith("| mini | phone_number |"))
+    for old, new in (("| 16 | 9 |", "| 17 | 9 |"), ("| 75.0 | 6 | 2 |", "| 75.0 | 6 | 3 |"), (f"| {5 * ext.at['phone_number', 'memorized']:.0f} |", "| 1 |")):
+        assert old in row, (old, row)
+        with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(row, row.replace(old, new, 1), 1), [run])
