@@ -351,16 +351,65 @@ def assert_results_match_csvs(page, run_dirs) -> int:
         if points: assert_header(text, points)
         return check_sweep_tables(tables, dirs[0])
     assert_header(text, dirs)
-    card = [t for t in tables if t[0][0] == "Scorecard"]
-    remind = [t for t in tables if t[0][0] == "REMIND intervals"]
-    dose = [t for t in tables if t[0][0] == "Dose-response"]
-    quant = [t for t in tables if t[0][0] == "Quantized forget EM"]
+    groups = config_groups(dirs)                                   # the page's grouping is checked against the configs below
+    if len(groups) == 1: by_group = {"": (dirs, tables)}
+    else:
+        labels = dict(zip(run_labels(dirs), dirs))
+        by_group = {", ".join(n for n, d in labels.items() if d in g): (g, []) for g in groups}
+        conf = [t for heads, t in tables if heads == ("Configurations",)]
+        assert len(conf) == 1, "a page over several configs names their differences once"
+        checked_conf = check_config_table(conf[0], groups, by_group)
+        for heads, t in tables:
+            section, _, group = heads[0].partition(": ")
+            if section in GROUPED:
+                assert group in by_group, (heads, sorted(by_group))
+                by_group[group][1].append(((section, *heads[1:]), t))
+        tables = [x for x in tables if x[0][0].partition(": ")[0] not in GROUPED and x[0] != ("Configurations",)]
+    checked = 0 if len(groups) == 1 else checked_conf
+    for group, (g_dirs, g_tables) in by_group.items():
+        card = [t for t in g_tables if t[0][0] == "Scorecard"]
+        remind = [t for t in g_tables if t[0][0] == "REMIND intervals"]
+        dose = [t for t in g_tables if t[0][0] == "Dose-response"]
+        quant = [t for t in g_tables if t[0][0] == "Quantized forget EM"]
+        checked += check_scorecard_tables(card, g_dirs) if card else 0
+        if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
+        checked += check_remind_interval_tables(remind, g_dirs) + check_dose_tables(dose, g_dirs) + check_quantized_em_tables(quant, g_dirs)
+        if len(groups) > 1: assert len(card) + len(remind) + len(dose) + len(quant) == len(g_tables), [h for h, _ in g_tables]
+    if len(groups) == 1: tables = [t for t in tables if t[0][0] not in GROUPED]
     testbed = [t for t in tables if t[0][0] == "Testbed"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
-    assert len(card) + len(remind) + len(dose) + len(quant) + len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
-    checked = check_scorecard_tables(card, dirs) if card else 0
-    if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
-    checked += check_remind_interval_tables(remind, dirs) + check_dose_tables(dose, dirs) + check_quantized_em_tables(quant, dirs)
+    assert len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
     checked += check_testbed_tables(testbed, dirs)
     return checked + sum(check_stage_table(t, dirs) for t in stages) + sum(check_experiment_table(t, dirs) for t in experiments)
+
+
+GROUPED = ("Scorecard", "REMIND intervals", "Dose-response", "Quantized forget EM")   # sections a page over several configs repeats per config
+
+
+def config_groups(dirs: list[Path]) -> list[list[Path]]:
+    "The runs grouped by config with the seed set aside, read here from config.json."
+    import json
+    groups: list[list[Path]] = []
+    key = lambda d: json.dumps({k: v for k, v in run_config(d).items() if k != "seed"}, sort_keys=True)
+    for d in dirs:
+        for g in groups:
+            if key(g[0]) == key(d): g.append(d); break
+        else: groups.append([d])
+    return groups
+
+
+def check_config_table(t: pd.DataFrame, groups: list[list[Path]], by_group: dict) -> int:
+    "The configurations table: one column per group, one row per differing field, each value its config.json's."
+    import json
+    from lume_lab.core.config import dotted_leaves
+    assert list(t.columns) == ["field", *by_group], (list(t.columns), list(by_group))
+    leaves = {label: dotted_leaves(run_config(g[0])) for label, (g, _) in by_group.items()}
+    differing = {k for a in leaves.values() for b in leaves.values() for k in a.keys() | b.keys() if a.get(k, object) != b.get(k, object)} - {"seed"}
+    assert set(t.field) == differing, sorted(set(t.field) ^ differing)
+    for _, row in t.iterrows():
+        for label, lv in leaves.items():
+            v = lv.get(row.field, None) if row.field in lv else None
+            exp = "" if row.field not in lv else (v if isinstance(v, str) else json.dumps(v))
+            assert row[label] == exp, (row.field, label, row[label], exp)
+    return len(t) * len(leaves)

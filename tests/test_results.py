@@ -70,10 +70,11 @@ def test_three_seeds_mean_std_and_n(tmp_path):
     h = assert_header(page, runs)
     assert h["Seeds"] == "0, 1, 2" and h["Command"].startswith("one per run")
     for s in range(3): assert f"--seed {s} --run-id mini_s{s}" in page
-    other = _copy_run(tmp_path / "other", 3)                       # another config is refused, naming the field
-    cfg = json.loads((other / "config.json").read_text()); cfg["unlearn"]["forget_fields"] = ["email_address"]
-    (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="unlearn.forget_fields"): RS.results_page([*runs, other], "x")
+    other = _copy_run(tmp_path / "other", 3)                       # another config is never averaged in: a scorecard refuses it, naming
+    cfg = json.loads((other / "config.json").read_text()); cfg["unlearn"]["forget_fields"] = ["email_address"]   # the field,
+    (other / "config.json").write_text(json.dumps(cfg))            # and the page compares the two configs instead
+    with pytest.raises(ValueError, match="unlearn.forget_fields"): RS.scorecard_lines([*runs, other])
+    assert "unlearn.forget_fields" in _tables(RS.results_page([*runs, other], "x"))[("Configurations",)].field.tolist()
 
 
 def test_header_names_command_commit_date_machine_seeds(tmp_path):
@@ -290,3 +291,28 @@ def test_testbed_section_matches_its_files(tmp_path):
     for old, new in (("| 16 | 9 |", "| 17 | 9 |"), ("| 75.0 | 6 | 2 |", "| 75.0 | 6 | 3 |"), (f"| {5 * ext.at['phone_number', 'memorized']:.0f} |", "| 1 |")):
         assert old in row, (old, row)
         with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(row, row.replace(old, new, 1), 1), [run])
+
+
+def test_runs_of_two_configs_get_one_scorecard_each(tmp_path):
+    """Runs of two configs on one page: a table of the fields that differ, then each config's own scorecard (two seeds averaged,
+    the third run alone), every number its CSV's; a scorecard over both configs is never written, and a swapped cell fails."""
+    a0, a1 = _copy_run(tmp_path / "a_s0", 0), _copy_run(tmp_path / "a_s1", 1, shift=1)
+    b = _copy_run(tmp_path / "b", 0, shift=2)
+    cfg = json.loads((b / "config.json").read_text()); cfg["inject"]["mask_fraction"] = 0.05
+    (b / "config.json").write_text(json.dumps(cfg))
+    page = RS.results_page([a0, b, a1], "compare")
+    assert assert_results_match_csvs(page, [a0, b, a1]) > 500
+    t = _tables(page)
+    assert t[("Configurations",)].values.tolist() == [["inject.mask_fraction", "0.2", "0.05"]]
+    assert [h for h in t if h[0].startswith("Scorecard")] == [("Scorecard: a_s0, a_s1", "phone_number"), ("Scorecard: a_s0, a_s1", "email_address"),
+                                                              ("Scorecard: b", "phone_number"), ("Scorecard: b", "email_address")]
+    assert t[("Scorecard: a_s0, a_s1", "phone_number")].seeds.eq("2").all() and "seeds" not in t[("Scorecard: b", "phone_number")]   # b: one run
+    with pytest.raises(ValueError, match="one config only"): RS.scorecard_lines([a0, b])
+    sa, sb = page.index("## Scorecard: a_s0, a_s1"), page.index("## Scorecard: b")
+    first, second = page[sa:sb], page[sb:page.index("\n## ", sb + 5)]
+    row = lambda sec: next(l for l in sec.splitlines() if l.startswith("| npo |"))
+    a_cells, b_cells = row(first).split(" | "), row(second).split(" | ")
+    assert len(a_cells) == len(b_cells) + 1                       # a has a seeds column, b does not
+    forged = " | ".join([b_cells[0], *[c.split(" ± ")[0] for c in a_cells[2:]]])   # b's row given a's means: caught
+    assert forged != row(second)
+    with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(row(second), forged, 1), [a0, b, a1])

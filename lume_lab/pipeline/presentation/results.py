@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ...core.config import config_diff, dotted_leaves
 from ...core.store import atomic_write_text, machine_info, repo_root
 from .report import format_scorecard, reproduce_command, stage_times
 from .scorecard import run_config, run_manifest, scorecard
@@ -23,8 +24,9 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
            'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
            'remind_interval_lines', 'dose_display', 'dose_lines', 'quantized_em_table', 'robustness_lines',
-           'testbed_table', 'injection_utility_table', 'testbed_lines', 'results_page', 'write_results',
-           'add_results_arguments', 'results_main', 'main']
+           'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups', 'group_labels',
+           'config_difference_table', 'compare_lines', 'results_page', 'write_results', 'add_results_arguments',
+           'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -445,11 +447,51 @@ def testbed_lines(run_dirs: list[Path]) -> list[str]:
     u = injection_utility_table(run_dirs)
     return lines + (["### Utility around the injection", md_table(u)] if len(u) else [])
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #588c6d61
+def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
+    "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
+    groups: list[list[Path]] = []
+    for d in run_dirs:
+        cfg = run_config(d)
+        for g in groups:
+            if not [k for k in config_diff(run_config(g[0]), cfg) if k != "seed"]: g.append(d); break
+        else: groups.append([d])
+    return groups
+
+def group_labels(groups: list[list[Path]]) -> list[str]:
+    "Each group's name: its runs' names (as `run_labels` writes them over all the runs), comma-separated."
+    names = dict(zip([d for g in groups for d in g], run_labels([d for g in groups for d in g])))
+    return [", ".join(names[d] for d in g) for g in groups]
+
+def _shown_value(leaves: dict, key: str) -> str:
+    if key not in leaves: return ""
+    v = leaves[key]
+    return v if isinstance(v, str) else json.dumps(v)
+
+def config_difference_table(groups: list[list[Path]]) -> pd.DataFrame:
+    "One row per dotted config field (seed aside) whose value differs between any two groups; one column per group."
+    leaves = [dotted_leaves(run_config(g[0])) for g in groups]
+    keys = sorted({k for i, a in enumerate(leaves) for b in leaves[i + 1:] for k in config_diff(a, b)} - {"seed"})
+    return pd.DataFrame({"field": keys, **{l: [_shown_value(v, k) for k in keys] for l, v in zip(group_labels(groups), leaves)}})
+
+def _headed(lines: list[str], label: str) -> list[str]:
+    "A section's lines with its `## ` heading named after the group it is about."
+    return [f"{lines[0]}: {label}", *lines[1:]] if lines else []
+
+def compare_lines(groups: list[list[Path]]) -> list[str]:
+    "The config-difference table, then per group its scorecard and stress-test sections, each heading suffixed by the group's name."
+    lines = ["## Configurations", "The runs fall into these groups of one config each (seed aside); the fields that differ between "
+             "them, as each run's config.json holds them (blank: the field is not in that config):", md_table(config_difference_table(groups))]
+    for g, label in zip(groups, group_labels(groups)):
+        for section in (scorecard_lines(g), robustness_lines(g), remind_interval_lines(g), dose_lines(g)): lines += _headed(section, label)
+    return lines
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #bd5b64bf
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 def results_page(paths, name: str, command: str | None = None) -> str:
-    "The markdown of the results page `name` over `paths` (run directories of one config, or one sweep directory)."
+    """The markdown of the results page `name` over `paths`: run directories (of one config, or of several, compared group by
+    group), or one sweep directory."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ValueError(f"name must be letters, digits, '.', '_' or '-' (the file docs/results/<name>.md), got {name!r}")
     kind, dirs = results_sources(paths)
@@ -457,11 +499,17 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     if kind == "sweep": return "\n\n".join([f"# Results: {name}", note, *sweep_lines(dirs[0], command)]) + "\n"
     if kind == "seeds" and command is None:
         command = seeds_command(dirs[0], dirs[0].parent.name, [run_config(d)["seed"] for d in dirs])
-    card = scorecard_lines(dirs)
-    empty = [NO_SCORECARD_BANNER] if card[1].startswith("**No scorecard") else []
+    groups = config_groups(dirs)
+    if len(groups) == 1:
+        card = scorecard_lines(dirs)
+        empty = [NO_SCORECARD_BANNER] if card[1].startswith("**No scorecard") else []
+        card, stress = card, [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
+    else:                                                          # runs of different configs: one scorecard per config, never averaged across
+        empty = [NO_SCORECARD_BANNER] if all(scorecard_lines(g)[1].startswith("**No scorecard") for g in groups) else []
+        card, stress = compare_lines(groups), []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
     return "\n\n".join([f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
-                         *card, *testbed_lines(dirs), *robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs), *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
+                         *card, *testbed_lines(dirs), *stress, *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
 
 def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
     "Write `<out_dir>/<name>.md` from `run_dirs` (runs of one config, or one sweep directory), atomically; returns its path."
