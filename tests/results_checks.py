@@ -341,7 +341,7 @@ def assert_header(page: str, run_dirs: list[Path]) -> dict[str, str]:
 
 
 def assert_results_match_csvs(page, run_dirs) -> int:
-    """A results page (its text or path) over `run_dirs` (runs of one config, or one sweep directory): the header names command,
+    """A results page (its text or path) over `run_dirs` (runs of one or several configs, or one sweep directory): the header names command,
     commit, date, machine and seeds, every table is one this check knows, and every number in it equals its CSV cell after the
     page's rounding. Returns how many numbers were checked."""
     text, (kind, dirs) = _text(page), results_sources(run_dirs)

@@ -512,14 +512,14 @@ def results_page(paths, name: str, command: str | None = None) -> str:
                          *card, *testbed_lines(dirs), *stress, *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
 
 def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
-    "Write `<out_dir>/<name>.md` from `run_dirs` (runs of one config, or one sweep directory), atomically; returns its path."
+    "Write `<out_dir>/<name>.md` from `run_dirs` (runs of one or several configs, or one sweep directory), atomically; returns its path."
     page = results_page(run_dirs, name, command)                   # everything read and rendered before anything is written
     return atomic_write_text(Path(out_dir) / f"{name}.md", page)
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #5e19136c
 def add_results_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     "The arguments of `results`: run or sweep directories, --name, --out, --command."
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories of one config (seeds), or one sweep directory")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (seeds of one config, or runs of several configs to compare), or one sweep directory")
     p.add_argument("--name", required=True, help="the page's name: writes <out>/<name>.md")
     p.add_argument("--out", default="docs/results", help="folder of the page (default: docs/results)")
     p.add_argument("--command", default=None, help="the command that produced the runs (default: each run's reproduce line)")
