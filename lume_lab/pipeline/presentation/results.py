@@ -13,7 +13,7 @@ import yaml
 
 from ...core.config import config_diff, dotted_leaves
 from ...core.store import atomic_write_text, machine_info, repo_root
-from .report import format_scorecard, reproduce_command, stage_times
+from .report import _compute_seconds, format_scorecard, reproduce_command, stage_times
 from .scorecard import run_config, run_manifest, scorecard
 from ..orchestration.sweep import read_spec
 
@@ -402,8 +402,7 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
         ext = _report_csv(d, "extraction_rates.csv")
         if ext is None: continue
         cfg, splits, reach = run_config(d), _split_profiles(d), _report_csv(d, "reachability.csv")
-        stage = run_manifest(d).get("stages", {}).get("inject_masked", {})
-        secs = stage.get("source_seconds", stage.get("seconds")) if stage.get("reused_from") else stage.get("seconds")
+        secs = _compute_seconds(run_manifest(d).get("stages", {}).get("inject_masked", {}))   # a reused stage: its source's time
         ext = ext[ext.model == "masked"] if "model" in ext else ext
         order = list(cfg.get("pii", {}).get("target_fields") or [])
         for f in sorted(ext.field, key=lambda f: order.index(f) if f in order else len(order)):
@@ -478,12 +477,13 @@ def _headed(lines: list[str], label: str) -> list[str]:
     "A section's lines with its `## ` heading named after the group it is about."
     return [f"{lines[0]}: {label}", *lines[1:]] if lines else []
 
-def compare_lines(groups: list[list[Path]]) -> list[str]:
-    "The config-difference table, then per group its scorecard and stress-test sections, each heading suffixed by the group's name."
+def compare_lines(groups: list[list[Path]], cards: list[list[str]]) -> list[str]:
+    """The config-difference table, then per group its scorecard (`cards`, from `scorecard_lines`) and stress-test sections,
+    each heading suffixed by the group's name."""
     lines = ["## Configurations", "The runs fall into these groups of one config each (seed aside); the fields that differ between "
              "them, as each run's config.json holds them (blank: the field is not in that config):", md_table(config_difference_table(groups))]
-    for g, label in zip(groups, group_labels(groups)):
-        for section in (scorecard_lines(g), robustness_lines(g), remind_interval_lines(g), dose_lines(g)): lines += _headed(section, label)
+    for g, card, label in zip(groups, cards, group_labels(groups)):
+        for section in (card, robustness_lines(g), remind_interval_lines(g), dose_lines(g)): lines += _headed(section, label)
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #bd5b64bf
@@ -500,13 +500,10 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     if kind == "seeds" and command is None:
         command = seeds_command(dirs[0], dirs[0].parent.name, [run_config(d)["seed"] for d in dirs])
     groups = config_groups(dirs)
-    if len(groups) == 1:
-        card = scorecard_lines(dirs)
-        empty = [NO_SCORECARD_BANNER] if card[1].startswith("**No scorecard") else []
-        card, stress = card, [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
-    else:                                                          # runs of different configs: one scorecard per config, never averaged across
-        empty = [NO_SCORECARD_BANNER] if all(scorecard_lines(g)[1].startswith("**No scorecard") for g in groups) else []
-        card, stress = compare_lines(groups), []
+    cards = [scorecard_lines(g) for g in groups]                   # one scorecard per config, never averaged across configs
+    empty = [NO_SCORECARD_BANNER] if all(c[1].startswith("**No scorecard") for c in cards) else []
+    if len(groups) == 1: card, stress = cards[0], [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
+    else: card, stress = compare_lines(groups, cards), []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
     return "\n\n".join([f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
                          *card, *testbed_lines(dirs), *stress, *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
