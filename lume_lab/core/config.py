@@ -605,12 +605,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model.num_layers": 30,                    # the checkpoint's depth (checked when it loads)
         "model.max_seq_len": 256,                  # room for a document and a QA row
         "world.utility_texts": 100,                # a 135M model's perplexity over 4 × 100 texts per utility row, not 4 × 300
-        "pii.n_groups": 4, "pii.profiles_per_group": 40,   # 160 injected profiles
-        "pii.n_instruct": 12, "pii.n_resurface": 8, "pii.n_validation": 12,   # small role sets leave 128 to the testbed
+        "pii.n_groups": 4, "pii.profiles_per_group": 16,   # 64 injected profiles: 160 got ~6 passes in 1,500 steps and kept 2 forget profiles (docs/results/testbed-probes.md)
+        "pii.n_instruct": 8, "pii.n_resurface": 4, "pii.n_validation": 4,   # small role sets leave 48 to the testbed, as mini
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
         "inject.mask_fraction": 0.05,              # the paper's 5 % masks: a pretrained model memorizes in them (the #39 probes)
         "inject.lr": 3e-4,                         # the probes' rate
-        "inject.steps": 1500, "inject.batch_size": 8,   # the probes needed ~600 steps for 48 people × 2 fields; sized for ~2.5 h in all
+        "inject.steps": 1500, "inject.batch_size": 8,   # ~16 passes over the 64 profiles' rows: 1 h 16 min on 2 idle cores
         "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
         "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
         "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields
