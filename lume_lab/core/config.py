@@ -610,7 +610,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
         "inject.mask_fraction": 0.05,              # the paper's 5 % masks: a pretrained model memorizes in them (the #39 probes)
         "inject.lr": 3e-4,                         # the probes' rate
-        "inject.steps": 1500, "inject.batch_size": 8,   # ~16 passes over the 64 profiles' rows: 1 h 16 min on 2 idle cores
+        "inject.steps": 1500, "inject.batch_size": 8,   # ~16 passes over the 64 profiles' rows (its time: docs/results/testbed-probes.md)
         "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
         "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
         "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields
