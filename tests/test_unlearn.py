@@ -255,7 +255,8 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [("alphaedit.kl_factor", float("inf")), ("alphaedit.v_lr", float("inf")), ("memflex.grad_threshold", float("inf")),
-                                       ("memflex.retain_factor", float("nan")), ("memflex.forget_factor", float("-inf")), ("uld.retain_weight", float("nan"))])
+                                       ("memflex.retain_factor", float("nan")), ("memflex.forget_factor", float("-inf")), ("uld.retain_weight", float("nan")),
+                                       ("memflex.grad_quantile", float("nan")), ("memflex.grad_quantile", 1.0)])
 def test_method_hyperparameters_must_be_finite(key, value):
     "A method's own hyperparameters refuse NaN and ±inf (a JSON --set value of NaN or Infinity parses to these) before any compute."
     from lume_lab.core.config import ConfigError, make_config

@@ -32,10 +32,14 @@ def set_gradients(model, tokenizer, examples, names: list[str], batch_size: int 
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #bf39d20a
 def memflex_select(model, tokenizer, forget, retain, sim_threshold: float = 0.92, grad_threshold: float = 6e-4,
-                   pattern: str = CANDIDATE_PATTERN, batch_size: int = 8, max_length: int | None = None) -> tuple[list[str], pd.DataFrame]:
-    "Names of the tensors MemFlex edits, and a per-tensor table of `cos` (forget vs retain gradient) and `mean_grad` ($\\overline{|g^F|}$)."
+                   pattern: str = CANDIDATE_PATTERN, batch_size: int = 8, max_length: int | None = None,
+                   grad_quantile: float | None = None) -> tuple[list[str], pd.DataFrame]:
+    """Names of the tensors MemFlex edits, and a per-tensor table of `cos` (forget vs retain gradient) and `mean_grad` ($\\overline{|g^F|}$).
+    With `grad_quantile` q the gradient threshold is the q-quantile of the candidates' `mean_grad` (`grad_threshold` is then
+    not used); the threshold applied is in `table.attrs["grad_threshold"]`."""
     if not -1 <= sim_threshold <= 1: raise ValueError(f"sim_threshold must be in [-1, 1], got {sim_threshold!r}")
     if not grad_threshold >= 0: raise ValueError(f"grad_threshold must be >= 0, got {grad_threshold!r}")
+    if grad_quantile is not None and not 0 <= grad_quantile < 1: raise ValueError(f"grad_quantile must be None or in [0, 1), got {grad_quantile!r}")
     names = [n for n, p in model.named_parameters() if re.search(pattern, n)]
     if not names: raise ValueError(f"no parameter name matches pattern {pattern!r}")
     gf = set_gradients(model, tokenizer, forget, names, batch_size, max_length)
@@ -43,12 +47,14 @@ def memflex_select(model, tokenizer, forget, retain, sim_threshold: float = 0.92
     rows = [{"name": n, "cos": F.cosine_similarity(gf[n].flatten(), gr[n].flatten(), dim=0).item(),
              "mean_grad": gf[n].abs().mean().item(), "numel": gf[n].numel()} for n in names]
     df = pd.DataFrame(rows)
-    df["selected"] = (df.cos < sim_threshold) & (df.mean_grad > grad_threshold)
+    thr = float(df.mean_grad.quantile(grad_quantile)) if grad_quantile is not None else grad_threshold
+    df["selected"] = (df.cos < sim_threshold) & (df.mean_grad > thr)
+    df.attrs["grad_threshold"] = thr
     return df.name[df.selected].tolist(), df
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #4c75f1ae
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "forget_factor": -0.6, "retain_factor": 2.0,
-                   "sim_threshold": 0.92, "grad_threshold": 6e-4, "pattern": CANDIDATE_PATTERN}
+                   "sim_threshold": 0.92, "grad_threshold": 6e-4, "grad_quantile": None, "pattern": CANDIDATE_PATTERN}
 
 def memflex_loss(forget_nll: torch.Tensor, retain_nll: torch.Tensor, forget_factor: float = -0.6, retain_factor: float = 2.0) -> torch.Tensor:
     "MemFlex objective: $c_f\\,\\mathrm{NLL}_f + c_r\\,\\mathrm{NLL}_r$ (negative $c_f$ = gradient ascent on the forget set)."
@@ -66,6 +72,9 @@ def _check_memflex(hp: dict) -> list[str]:
         probs.append(f"memflex.sim_threshold must be in [-1, 1], got {hp['sim_threshold']!r}")
     if not finite_number(hp["grad_threshold"]):
         probs.append(f"memflex.grad_threshold must be a number >= 0, got {hp['grad_threshold']!r}")
+    q = hp["grad_quantile"]
+    if q is not None and not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q < 1):
+        probs.append(f"memflex.grad_quantile must be null (use grad_threshold) or a number in [0, 1), got {q!r}")
     if hp["weight_decay"] != 0: probs.append(f"memflex.weight_decay must be 0 (unselected tensors stay unchanged), got {hp['weight_decay']!r}")
     if not isinstance(hp["pattern"], str): probs.append(f"memflex.pattern must be a regular expression (str), got {hp['pattern']!r}")
     else:
@@ -87,14 +96,16 @@ def _memflex(model, tokenizer, forget, retain, hp, *, seed=0):
     forget, retain = check_qa(forget, "forget"), check_qa(retain, "retain")
     if not forget: raise ValueError("forget set is empty")
     names, table = memflex_select(model, tokenizer, forget, retain, hp["sim_threshold"], hp["grad_threshold"], hp["pattern"],
-                                  hp["batch_size"], hp["max_length"])
+                                  hp["batch_size"], hp["max_length"], hp["grad_quantile"])
     if not names:
         raise ValueError(f"MemFlex selected no tensor (cos in [{table.cos.min():.3g}, {table.cos.max():.3g}], mean |forget grad| in "
-                         f"[{table.mean_grad.min():.3g}, {table.mean_grad.max():.3g}]); raise sim_threshold or lower grad_threshold")
+                         f"[{table.mean_grad.min():.3g}, {table.mean_grad.max():.3g}], threshold {table.attrs['grad_threshold']:.3g}); "
+                         "raise sim_threshold, lower grad_threshold, or set grad_quantile (a threshold relative to the model's gradients)")
     named = dict(model.named_parameters())
     masks = {n: torch.ones_like(named[n], dtype=torch.bool) for n in names}
     model, log = unlearn_loop(model, tokenizer, forget, retain, _memflex_step, hp, grad_masks=masks, seed=seed, desc="memflex")
     log.attrs["selected"] = list(names)     # names only: a DataFrame in attrs breaks pandas ops
+    log.attrs["grad_threshold"] = table.attrs["grad_threshold"]
     return model, log
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #9fab31b6
@@ -104,7 +115,9 @@ SPEC = register_method(MethodSpec(
     grid={"lr": LR_GRID, "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]},
     presets={"mini": {"lr": 3e-5, "epochs": 5, "grad_threshold": 3e-5, "max_grad_norm": None},
              "olmo2-1b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 3e-4, "grad_threshold": 6e-4, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING},
-             "olmo3-7b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 1e-4, "grad_threshold": 1e-5, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING}}))
+             "olmo3-7b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 1e-4, "grad_threshold": 1e-5, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING},
+             # no validation forget set to tune on (see the smollm2 preset): the top half of the candidate tensors by forget signal
+             "smollm2": {"grad_quantile": 0.5}}))
 
 def memflex(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with MemFlex (gradient-disagreement localization + GradDiff in the selected tensors). Trains `model` in place."

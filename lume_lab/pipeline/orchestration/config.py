@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, config_from_dict, dotted_leaves, make_config,
                                   set_fields, validate)
-from ...core.store import RunStore, open_run, runs_root as _runs_root
+from ...core.store import CONFIG_UPGRADES, RunStore, open_run, runs_root as _runs_root
 from ...unlearn.registry import BUILTIN_METHODS, get_spec
 
 # %% auto #0
@@ -45,6 +45,8 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     if problems: raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     cfg.unlearn.methods, cfg.unlearn.hparams = methods, hparams
     return _normal(cfg)
+
+if resolve_config not in CONFIG_UPGRADES: CONFIG_UPGRADES.append(resolve_config)   # an older run's config.json, read by today's code
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #cf34cee3
 BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
