@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 # %% auto #0
-__all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES', 'SCHEDULES',
-           'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES',
-           'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES', 'POSITIVE',
-           'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
+__all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES',
+           'SCHEDULES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS',
+           'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
+           'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
            'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2',
            'PRESETS', 'CROSS_FIELD_RULES', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most',
            'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig',
@@ -25,6 +25,7 @@ __all__ = ['DEFAULT_PRESET', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
+PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "olmo2-1b", "olmo3-7b")   # the keys of PRESETS (below; asserted equal)
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
 CONTENT_TYPES = ("wiki", "social", "forum", "review", "marketplace")
 QA_ATTRIBUTES = (
@@ -296,6 +297,8 @@ class UnlearnConfig:
     methods: list | None = checked(None, _METHOD_NAMES)
     forget_fields: list = checked(["email_address"], subset_of(TARGET_FIELDS))
     hparams: dict = checked({}, _HPARAMS)
+    # whose tuned method hyperparameters a run borrows (each spec's `presets[name]` row, under the run's own preset's row)
+    hparams_preset: str | None = checked(None, optional(one_of(PRESET_NAMES), "the run's own preset only"))
     tune_max_ppl_ratio: float | None = checked(1.5, optional(Check("a number >= 1", lambda v: _is_num(v) and v >= 1), "no utility guard"))   # t00: a grid point may raise neutral perplexity at most ×this
     tune_match_steps: bool = checked(True, BOOLEAN)   # t00: each point trains the steps its epochs give on the first forget field's split
 
@@ -623,6 +626,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation, as smoke
         "resurface.attempts": 40,                  # mini's 40 sampled prompts per profile, not Lacuna's 200
         "unlearn.forget_fields": ["phone_number", "email_address"],   # the two fields the probes memorized
+        "unlearn.hparams_preset": "mini",          # no split to tune on here (0 memorized validation forget profiles): mini's tuned points, not the specs' untuned defaults
     },
     "olmo2-1b": {   # Lacuna's OLMo-2 1B (Table 4): a GPU and the hub
         "model.name_or_path": "allenai/OLMo-2-0425-1B", "model.revision": "step1907359-tokens4001B",   # the paper's checkpoint
@@ -635,6 +639,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_OLMO,
     },
 }
+assert tuple(PRESETS) == PRESET_NAMES, "PRESET_NAMES (unlearn.hparams_preset's allowed values) must list the presets"
 
 # %% ../../nbs/core/00_config.ipynb #16bd89bf
 def _section_names(obj) -> list[str]: return [f.name for f in fields(obj)]

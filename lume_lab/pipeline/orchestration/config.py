@@ -22,10 +22,12 @@ def run_methods(cfg: RunConfig) -> list[str]:
     return list(cfg.unlearn.methods) if cfg.unlearn.methods is not None else list(BUILTIN_METHODS)
 
 def method_hparams(cfg: RunConfig, method: str) -> dict:
-    "Resolved hyperparameters of `method` in `cfg`: spec defaults ← `spec.presets[cfg.preset]` ← `cfg.unlearn.hparams[method]`."
+    """Resolved hyperparameters of `method` in `cfg`: spec defaults ← `spec.presets[cfg.unlearn.hparams_preset]` (a preset
+    whose tuned points the run borrows) ← `spec.presets[cfg.preset]` ← `cfg.unlearn.hparams[method]`."""
     try:
         spec = get_spec(method)
-        return spec.resolve({**spec.presets.get(cfg.preset, {}), **cfg.unlearn.hparams.get(method, {})})
+        rows = [spec.presets.get(p, {}) for p in (cfg.unlearn.hparams_preset, cfg.preset) if p]
+        return spec.resolve({k: v for row in rows for k, v in row.items()} | cfg.unlearn.hparams.get(method, {}))
     except ValueError as e: raise ConfigError(f"unlearn.hparams.{method}: {e}") from None
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #55d669be
@@ -63,7 +65,7 @@ def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: st
     return open_run(run_id, resolve_config(want), runs_root)
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a002
-def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool) -> str:
+def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool, borrowed: str | None = None) -> str:
     "The layer that set the dotted `key` of a resolved config (see the table above)."
     if key in set_keys: return "--set"
     if key == "seed": return "--seed" if seed_given else "default"
@@ -72,7 +74,9 @@ def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_g
     if key == "unlearn.methods": return "method registry"
     if key.startswith("unlearn.hparams."):
         method, hp = key.split(".")[2:4]
-        return f"method spec {method}" + (f", preset {preset}" if hp in get_spec(method).presets.get(preset, {}) else "")
+        rows = get_spec(method).presets
+        return f"method spec {method}" + (f", preset {preset}" if hp in rows.get(preset, {}) else
+                                          f", preset {borrowed} (unlearn.hparams_preset)" if borrowed and hp in rows.get(borrowed, {}) else "")
     return "default"
 
 def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None,
@@ -80,7 +84,7 @@ def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, 
     "The resolved config of `preset` + `overrides` + `seed`, and the source of each value that differs from the defaults (of every value with `all_fields`)."
     cfg = resolve_config(make_config(preset, overrides, seed))
     default, keys = dotted_leaves(RunConfig()), (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {})))
-    return cfg, {k: _value_source(k, preset, *keys, seed is not None) for k, v in dotted_leaves(cfg).items()
+    return cfg, {k: _value_source(k, preset, *keys, seed is not None, cfg.unlearn.hparams_preset) for k, v in dotted_leaves(cfg).items()
                  if all_fields or k not in default or default[k] != v}
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a005

@@ -105,7 +105,8 @@ def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
 EXPERIMENT_COSTS = {  # preset -> wall seconds per experiment (eNN) of a fresh `lume-lab run`, and where they were measured
     "mini": {"commit": "b03039e", "machine": "2 idle CPU cores", "seconds":   # a fresh `make run` (docs/results/make-run-mini.md)
              {"e00": 473.4, "e01": 7.8, "e02": 889.3, "e03": 434.3, "e04": 101.1, "e05": 957.0, "e06": 315.3, "e09": 81.1, "e10": 379.5, "e99": 5.9,
-              "e07": 692, "e08": 3389}},   # the companions: measured once each on the 2 cores shared with other jobs (docs/notes/timing.md)
+              "e07": 692, "e08": 3389,     # the companions: measured once each on the 2 cores shared with other jobs (docs/notes/timing.md)
+              "e11": 1476}},               # 21 dose points × 70.3 s, the stage compute per point of 14 points on idle cores (docs/results/mini-dose.md)
     "smoke": {"commit": "a25359c", "machine": "2 CPU cores, shared with other jobs", "seconds":
               {"e00": 13.0, "e01": 8.0, "e02": 18.0, "e03": 34.1, "e04": 10.7, "e05": 50.1, "e06": 16.9, "e09": 12.0, "e99": 4.0,
                "e07": 17, "e08": 17,       # the companions: the end-to-end test's run at a36629a, same machine, loaded
