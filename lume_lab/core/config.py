@@ -355,6 +355,10 @@ _BITS = Check("a non-empty list of distinct ints in 2..8", lambda v: isinstance(
 _ALPHAS = Check("a list of distinct numbers in [0, 1] holding 0 and 1", lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
                 and all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v) and {0, 1} <= set(v))
 
+_ATTACKED = Check("None (every run method that changes weights) or a non-empty list of distinct method names (checked against the method "
+                  "registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
+                  lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v) and all(isinstance(m, str) and m for m in v)))
+
 @dataclass
 class RobustnessConfig:
     "The stress tests of e10 (issue #40): quantization, relearning and retain-only relearning, weight-space diagnostics."
@@ -367,6 +371,7 @@ class RobustnessConfig:
     min_drop: float = checked(5.0, NON_NEGATIVE)                     # EM points unlearning must remove for recovery to be defined
     lmc_alphas: list = checked([0, 0.25, 0.5, 0.75, 1], _ALPHAS)     # the linear path between the model before and after unlearning
     n_boot: int = checked(1000, POSITIVE)                            # bootstrap draws of the recovery intervals (over profiles)
+    methods: list | None = checked(None, _ATTACKED)                  # the unlearned models attacked: each costs several evaluations
 
 _is_level = lambda x, lo_open: _is_num(x) and (x > 0 if lo_open else x >= 0) and x <= 1
 _PRECISIONS = Check('a non-empty list of distinct numbers in [0, 1] or "base"', lambda v: isinstance(v, (list, tuple)) and bool(v)
@@ -610,23 +615,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "world.utility_texts": 100,                # a 135M model's perplexity over 4 × 100 texts per utility row, not 4 × 300
         "pii.n_groups": 4, "pii.profiles_per_group": 16,   # 64 injected profiles: 160 got ~6 passes in 1,500 steps and kept 2 forget profiles (docs/results/testbed-probes.md)
         "pii.n_instruct": 8, "pii.n_resurface": 4, "pii.n_validation": 4,   # small role sets leave 48 to the testbed, as mini
+        "pii.target_fields": ["email_address", "phone_number"],   # the two fields it memorizes best: each is the other's retain field (§3.4's
+                                                   # cross-field pairs); with all four, city and licence, memorized least, bounded the retain sets
+                                                   # (docs/results/smollm2-64p-four-fields.md). Not yet run at 1,500 steps
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
         "inject.mask_fraction": 0.05,              # the paper's 5 % masks: a pretrained model memorizes in them (the #39 probes)
         "inject.lr": 3e-4,                         # the probes' rate
-        "inject.steps": 1500, "inject.batch_size": 8,   # ~16 passes over the 64 profiles' rows (its time: docs/results/testbed-probes.md)
+        "inject.steps": 1500, "inject.batch_size": 8,   # optimizer steps, not passes, bound what 5 % masks memorize: 800 steps at the
+                                                   # same passes kept far fewer profiles (docs/results/smollm2-64p-two-fields-800steps.md)
         "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
         "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
-        "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields
+        "inject.qa_fields": ["email_address", "phone_number"],   # questions only on the two trained fields
         "inject.autocast": "bfloat16",             # bf16 forward passes over float32 weights: bench/bench_autocast.py measures the gain
-        "inject.control_steps": 500,               # a third of the masked steps, to fit ~2.5 h: Fig. 3b's control is then trained a third as long
+        "inject.control_steps": 500,               # a third of the masked steps: every weight memorizes far faster than 5 % of them (same page)
         "instruct.lr": 1e-4,                       # LoRA on a pretrained model (Table 4)
         "testbed.profiles_per_field": 100,         # up to 50 forget + 50 retain per field (the #39 goal)
+        "testbed.validation_fields": ["phone_number", "email_address"],   # App. G.2's split on the two trained fields, so it can hold memorized profiles
         "localization.max_weights": 4_000_000,     # AUCs on a uniform sample of 4M of the ~10⁸ masked-layer weights: seconds, not minutes, per method
         "remind.variants": 5, "remind.ablation_variants": [1, 5],   # REMIND's neighbourhoods a third as wide: each variant is a forward pass of a 135M model
         "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation, as smoke
         "resurface.attempts": 40,                  # mini's 40 sampled prompts per profile, not Lacuna's 200
-        "unlearn.forget_fields": ["phone_number", "email_address"],   # the two fields the probes memorized
-        "unlearn.hparams_preset": "mini",          # no split to tune on here (0 memorized validation forget profiles): mini's tuned points, not the specs' untuned defaults
+        "unlearn.forget_fields": ["phone_number", "email_address"],   # the two trained fields, each the other's retain field
+        "robustness.methods": ["grad_diff", "npo", "oracle_grad", "alphaedit"],   # e10 attacks one method per paper claim it tests:
+                                                   # GA and NPO families (Zhang et al.), an edit (Hu et al.), OracleGrad (Lacuna)
+        "unlearn.hparams_preset": "mini",          # mini's tuned points, not the specs' untuned defaults: no tuning has run on this testbed (docs/notes/smollm2.md)
     },
     "olmo2-1b": {   # Lacuna's OLMo-2 1B (Table 4): a GPU and the hub
         "model.name_or_path": "allenai/OLMo-2-0425-1B", "model.revision": "step1907359-tokens4001B",   # the paper's checkpoint

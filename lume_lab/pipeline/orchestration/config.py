@@ -38,6 +38,9 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     cfg = validate(copy.deepcopy(cfg))
     methods, problems, hparams = run_methods(cfg), [], {}
     problems += [f"unlearn.hparams sets {m!r}, which is not in unlearn.methods ({', '.join(methods)})" for m in cfg.unlearn.hparams if m not in methods]
+    for m in cfg.robustness.methods or []:                # the attacked methods a run unlearns (a preset's list meets a narrower unlearn.methods)
+        try: get_spec(m)
+        except ValueError as e: problems.append(f"robustness.methods: {e}")
     for m in methods:
         try: spec = get_spec(m)
         except ValueError as e: problems.append(f"unlearn.methods: {e}"); continue

@@ -216,7 +216,8 @@ def sweep_values(sweep_dir) -> tuple[pd.DataFrame, dict]:
     df = pd.read_csv(d / "sweep.csv") if (d / "sweep.csv").is_file() else pd.DataFrame(columns=["point", "seed", "source"])
     plot, swept = spec.get("plot") or {}, swept_fields(sweep_points_table(d))
     src = plot.get("source", (spec.get("collect") or [df.source.iloc[0] if len(df) else ""])[0])
-    df = df[[fnmatch.fnmatch(str(s), src) for s in df.source]].dropna(axis=1, how="all")
+    df = df[[fnmatch.fnmatch(str(s), src) for s in df.source]]
+    if len(df): df = df.dropna(axis=1, how="all")          # an empty frame's every column is "all NaN": keep them (a sweep whose CSV no point wrote yet)
     where = dict(plot.get("where") or {})
     for c in ("metric", "split"):
         if c in df and c not in where and df[c].nunique() > 1: where[c] = df[c].iloc[0]
@@ -227,7 +228,7 @@ def sweep_values(sweep_dir) -> tuple[pd.DataFrame, dict]:
     cats = [c for c in df.columns if c not in meta and c not in numeric and df[c].nunique() > 1]
     n = next((c for c in ("n_profiles", "profiles", "n_rows", "n") if c in numeric and c != y), None)
     digits = 3 if y is not None and len(df) and df[y].abs().max() <= 1 else 1
-    return df, {"source": src, "y": y, "where": where, "cats": cats, "n": n, "digits": digits}
+    return df, {"source": src, "y": y, "where": where, "cats": cats, "n": n, "digits": digits, "rows": len(df)}
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #57a6f0a3
 def _label(row, cats: list[str]) -> str: return " · ".join(str(row[c]) for c in cats)
@@ -273,7 +274,8 @@ def sweep_lines(sweep_dir, command: str | None = None) -> list[str]:
     where = "; ".join(f"{c} in {', '.join(map(str, v))}" if isinstance(v, list) else f"{c} = {v}" for c, v in s["where"].items())
     lines = ["\n".join([*head, f"- **Points**: {len(runs)} run directories under the sweep"]), "## Points",
              (f"`{s['y']}` of `{s['source']}`{' where ' + where if where else ''}, one column per "
-              f"{' · '.join(s['cats']) or 'point'}; status and seconds from points.csv." if s["y"] else "No collected values yet (no sweep.csv).")]
+              f"{' · '.join(s['cats']) or 'point'}; status and seconds from points.csv." if s["y"] and s["rows"]
+              else f"No rows of `{s['source']}` collected yet: no point has written it." if s["source"] else "No collected values yet (no sweep.csv).")]
     for title, t in tables:
         lines += ([] if title == "Points" else [f"### {title}"]) + [md_table(t)]
     spec = read_sweep_spec(d)

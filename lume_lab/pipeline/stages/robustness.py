@@ -27,8 +27,11 @@ ROBUST_VERSION = 1   # the robustness stages' cache version
 SCORED = ("em", "prob", "accuracy")
 
 def robust_labels(cfg) -> list[str]:
-    "The registered models the stress tests run on: `none` (before unlearning), then every run method that changes weights."
-    return ["none", *(m for m in run_methods(cfg) if get_spec(m).changes_weights)]
+    """The registered models the stress tests run on: `none` (before unlearning), then every run method that changes weights,
+    or those of them `robustness.methods` names (each attacked model costs several evaluations: a large model attacks a few;
+    a named method the run does not unlearn is not attacked)."""
+    chosen = cfg.robustness.methods
+    return ["none", *(m for m in run_methods(cfg) if get_spec(m).changes_weights and (chosen is None or m in chosen))]
 
 def none_source(store: RunStore, field: str) -> ModelSource:
     "The testbed model before unlearning as a `ModelSource` labelled `none`."
