@@ -2,6 +2,7 @@
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -63,6 +64,39 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     # resumed training reaches bitwise the weights of an uninterrupted run
     assert _run_stages(tmp_path, "clean", slow).wait(600) == 0
     assert _same_weights(_weights(tmp_path / "crash"), _weights(tmp_path / "clean"))
+
+
+def _inject_stages(root, run_id, overrides, checkpoint_seconds=0.2, reuse=()):
+    return subprocess.Popen([PY, str(HERE / "_inject_stages.py"), str(root), run_id, json.dumps(overrides), str(checkpoint_seconds), *reuse],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_killed_during_injection_resumes_bitwise(tmp_path):
+    "The masked injection checkpoints in its partial stage dir: killed, it resumes there and ends on an uninterrupted run's weights."
+    slow = {**FAST, "inject.steps": 200}
+    p = _inject_stages(tmp_path, "crash", slow)
+    ckpts = tmp_path / "crash" / ".inject_masked.partial" / "checkpoints"
+    deadline = time.time() + 600
+    while time.time() < deadline and not (ckpts.exists() and any(c.name.startswith("checkpoint-") for c in ckpts.iterdir())):
+        assert p.poll() is None, "stages finished before an injection checkpoint was seen: " + p.stdout.read()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL); p.wait()
+    man = json.loads((tmp_path / "crash" / "manifest.json").read_text())
+    assert man["stages"]["inject_masked"]["status"] == "running" and not (tmp_path / "crash" / "inject_masked").exists()
+    # the uninterrupted reference, on the killed run's finished stages (its injection is not finished: computed afresh)
+    out = _inject_stages(tmp_path, "clean", slow, 3600, reuse=["crash"]); assert out.wait(600) == 0, out.stdout.read()
+    clean = json.loads((tmp_path / "clean" / "manifest.json").read_text())["stages"]
+    assert "reused_from" in clean["base"] and "reused_from" not in clean["inject_masked"]
+    out = _inject_stages(tmp_path, "crash", slow); assert out.wait(600) == 0, out.stdout.read()
+    man = json.loads((tmp_path / "crash" / "manifest.json").read_text())
+    assert man["stages"]["inject_masked"]["status"] == "done" and man["stages"]["inject_masked"]["resumed"]
+    assert "resumed from checkpoint-" in out.stdout.read()
+    assert not (tmp_path / "crash" / "inject_masked" / "checkpoints").exists()
+    log = pd.read_csv(tmp_path / "crash" / "inject_masked" / "log.csv")
+    assert log.step.tolist() == list(range(200))
+    w = lambda r: load_file(str(tmp_path / r / "inject_masked" / "model" / "model.safetensors"))
+    assert _same_weights(w("crash"), w("clean"))
+    assert pd.read_csv(tmp_path / "clean" / "inject_masked" / "log.csv").loss.tolist() == log.loss.tolist()
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -91,7 +91,7 @@ def test_smollm2_preset_smoke_chain(tmp_path):
     assert set(metrics.method) == {"none", "oracle_grad", "alphaedit", "grad_diff"}
     loc = pd.read_csv(report / "localization_summary.csv")
     assert set(loc.method) == {"oracle_grad", "alphaedit", "grad_diff"} and loc.auc.between(0, 1).all()
-    assert make_config("smollm2").inject.mask_fraction == 0.05
+    assert make_config("smollm2").inject.mask_fraction == 0.2
     steps = {m: len(pd.read_csv(run / f"inject_{m}" / "log.csv")) for m in ("masked", "unmasked")}
     assert steps == {"masked": 4, "unmasked": 2}                                  # inject.control_steps: the shorter control
     assert make_config("smollm2").inject.autocast == "bfloat16"                   # the preset's injection runs under bf16 autocast

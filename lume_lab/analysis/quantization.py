@@ -16,7 +16,7 @@ from ..models.arch import architecture
 
 # %% auto #0
 __all__ = ['group_size_for', 'rtn_grid', 'rtn_codes', 'rtn_dequantize', 'rtn', 'quantize_weight', 'quantized_names',
-           'quantize_model', 'bucket_survival', 'q4_1', 'layout_rtn', 'snapback']
+           'quantize_model', 'bucket_survival', 'q4_1', 'layout_rtn', 'snapback', 'q4_1_model']
 
 # %% ../../nbs/analysis/06_quantization.ipynb #3b788925
 def group_size_for(in_features: int, requested: int = 128) -> int:
@@ -126,3 +126,14 @@ def snapback(w0: torch.Tensor, w1: torch.Tensor, quantize, atol: float = 1e-6) -
     same = lambda a, b: ((a - b).abs() <= atol)
     return {"kept exactly": same(q0, w0).float().mean().item(), "update erased": same(q1, q0)[ch].float().mean().item(),
             "original restored": same(q1, w0)[ch].float().mean().item(), "changed": int(ch.sum())}
+
+# %% ../../nbs/analysis/06_quantization.ipynb #c9acaede
+@torch.no_grad()
+def q4_1_model(model: nn.Module, offset: int = 0, block: int = 32) -> nn.Module:
+    "A copy of `model` whose decoder projections (`quantized_names`) are GGUF's Q4_1 re-applied, blocks from column `offset`."
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < block:
+        raise ValueError(f"offset must be an int in [0, {block}), got {offset!r}")
+    out = copy.deepcopy(model)
+    params = dict(out.named_parameters())
+    for n in quantized_names(out): params[n].copy_(q4_1(params[n].detach(), block, offset))
+    return out

@@ -355,6 +355,9 @@ _BITS = Check("a non-empty list of distinct ints in 2..8", lambda v: isinstance(
 _ALPHAS = Check("a list of distinct numbers in [0, 1] holding 0 and 1", lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
                 and all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v) and {0, 1} <= set(v))
 
+_OFFSETS = Check("a list of distinct ints in [0, 32): column offsets of GGUF Q4_1's 32-weight blocks (0: the shipped blocks)",
+                 lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v) and all(_is_int(o) and 0 <= o < 32 for o in v))
+
 _ATTACKED = Check("None (every run method that changes weights) or a non-empty list of distinct method names (checked against the method "
                   "registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
                   lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v) and all(isinstance(m, str) and m for m in v)))
@@ -372,6 +375,7 @@ class RobustnessConfig:
     lmc_alphas: list = checked([0, 0.25, 0.5, 0.75, 1], _ALPHAS)     # the linear path between the model before and after unlearning
     n_boot: int = checked(1000, POSITIVE)                            # bootstrap draws of the recovery intervals (over profiles)
     methods: list | None = checked(None, _ATTACKED)                  # the unlearned models attacked: each costs several evaluations
+    q4_1_offsets: list = checked([], _OFFSETS)                       # GGUF's Q4_1 re-applied as a further 4-bit attack, blocks from each offset ([]: not run)
 
 _is_level = lambda x, lo_open: _is_num(x) and (x > 0 if lo_open else x >= 0) and x <= 1
 _PRECISIONS = Check('a non-empty list of distinct numbers in [0, 1] or "base"', lambda v: isinstance(v, (list, tuple)) and bool(v)
@@ -617,17 +621,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pii.n_instruct": 8, "pii.n_resurface": 4, "pii.n_validation": 4,   # small role sets leave 48 to the testbed, as mini
         "pii.target_fields": ["email_address", "phone_number"],   # the two fields it memorizes best: each is the other's retain field (§3.4's
                                                    # cross-field pairs); with all four, city and licence, memorized least, bounded the retain sets
-                                                   # (docs/results/smollm2-64p-four-fields.md). Not yet run at 1,500 steps
+                                                   # (docs/results/smollm2-64p-four-fields.md)
         "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
-        "inject.mask_fraction": 0.05,              # the paper's 5 % masks: a pretrained model memorizes in them (the #39 probes)
+        "inject.mask_fraction": 0.2,               # mini's 20 %: in the same 800 steps the paper's 5 % memorized a handful of the 64 emails and
+                                                   # no phone number, 20 % nearly all of both (docs/results/smollm2-64p-mask5-vs-mask20.md).
+                                                   # 5 % on this testbed needs far more steps than 2 cores give: a GPU's
         "inject.lr": 3e-4,                         # the probes' rate
-        "inject.steps": 1500, "inject.batch_size": 8,   # optimizer steps, not passes, bound what 5 % masks memorize: 800 steps at the
-                                                   # same passes kept far fewer profiles (docs/results/smollm2-64p-two-fields-800steps.md)
+        "inject.steps": 800, "inject.batch_size": 8,   # about an hour of masked injection on 2 idle cores (same page)
         "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
         "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
         "inject.qa_fields": ["email_address", "phone_number"],   # questions only on the two trained fields
         "inject.autocast": "bfloat16",             # bf16 forward passes over float32 weights: bench/bench_autocast.py measures the gain
-        "inject.control_steps": 500,               # a third of the masked steps: every weight memorizes far faster than 5 % of them (same page)
+        "inject.control_steps": 250,               # every weight memorizes far faster than a mask: 250 steps memorize nearly every profile (same page)
         "instruct.lr": 1e-4,                       # LoRA on a pretrained model (Table 4)
         "testbed.profiles_per_field": 100,         # up to 50 forget + 50 retain per field (the #39 goal)
         "testbed.validation_fields": ["phone_number", "email_address"],   # App. G.2's split on the two trained fields, so it can hold memorized profiles
@@ -638,6 +643,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "unlearn.forget_fields": ["phone_number", "email_address"],   # the two trained fields, each the other's retain field
         "robustness.methods": ["grad_diff", "npo", "oracle_grad", "alphaedit"],   # e10 attacks one method per paper claim it tests:
                                                    # GA and NPO families (Zhang et al.), an edit (Hu et al.), OracleGrad (Lacuna)
+        "robustness.q4_1_offsets": [0, 16],        # the model ships on Q4_1's grid: re-applied on its blocks and half a block off (#40)
         "unlearn.hparams_preset": "mini",          # mini's tuned points, not the specs' untuned defaults: no tuning has run on this testbed (docs/notes/smollm2.md)
     },
     "olmo2-1b": {   # Lacuna's OLMo-2 1B (Table 4): a GPU and the hub

@@ -4,15 +4,17 @@
 
 # %% ../../nbs/inject/01_injection.ipynb #180a3b27
 from __future__ import annotations
-import random, time
+import hashlib, json, random, shutil, time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import nn
 
 from .masks import GradMasker, check_neutral_scope, group_mask, mask_parameter_names
-from ..models.lm import lr_multiplier
+from safetensors.torch import load_model as _st_load_model
+from ..models.lm import _load, _save_checkpoint, latest_checkpoint, lr_multiplier
 from ..models.accel import check_job, fsdp2_shard, is_fsdp2, make_accelerator, progress as progress_bar
 from ..models.ops import answer_nll, model_device, pad_batch, to_device
 
@@ -169,17 +171,45 @@ def batch_order(n_examples: int, steps: int, batch_size: int, seed: int = 0) -> 
         idx = list(range(n_examples)); rng.shuffle(idx); order += idx
     return [order[i * batch_size:(i + 1) * batch_size] for i in range(steps)]
 
+def _run_fingerprint(examples: list[dict], owner: dict | None, **hparams) -> dict:
+    "What a checkpoint must match to be resumed: the hyperparameters, and digests of the examples and the owner masks."
+    h = hashlib.sha256()
+    for ex in examples: h.update(json.dumps([list(map(int, ex["input_ids"])), ex.get("labels"), ex["group"]]).encode())
+    m = hashlib.sha256()
+    for n in sorted(owner or {}): m.update(n.encode()); m.update(owner[n].contiguous().cpu().numpy().tobytes())
+    return {**hparams, "n_examples": len(examples), "examples_sha256": h.hexdigest()[:16], "owner_sha256": m.hexdigest()[:16]}
+
+def _resume(work_dir: Path, fp: dict, model: nn.Module, optimizer, schedule) -> tuple[int, list[dict]]:
+    "Load the last complete checkpoint in `work_dir` into model, optimizer and schedule: (its step, its log); (0, []) if none."
+    if work_dir.is_dir():
+        for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)   # debris of a crash mid-write
+    if (ck := latest_checkpoint(work_dir)) is None: return 0, []
+    st = json.loads((ck / "state.json").read_text())
+    if diff := [f"{k}: {st['fingerprint'].get(k)!r} != {v!r}" for k, v in fp.items() if st["fingerprint"].get(k) != v]:
+        raise ValueError(f"checkpoint {ck} belongs to a different injection ({', '.join(diff)}); use another work_dir")
+    _st_load_model(model, str(ck / "model.safetensors"), device=str(model_device(model)))
+    optimizer.load_state_dict(_load(ck / "optimizer.pt")); schedule.load_state_dict(_load(ck / "scheduler.pt"))
+    torch.set_rng_state(_load(ck / "rng.pt")["cpu"])
+    return st["step"], st["log"]
+
 def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.Tensor] | None, steps: int, batch_size: int,
                  lr: float, weight_decay: float = 0.0, seed: int = 0, masked: bool = True, *, micro_batch_size: int = 8,
                  betas: tuple = (0.9, 0.999), eps: float = 1e-8, accelerator=None, pad_id: int = 0,
                  n_groups: int | None = None, segmented: bool = False, pad_to: int | None = None,
                  warmup_steps: int = 0, min_lr_ratio: float = 1.0, masked_lr: float | None = None,
                  progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all", autocast: str | None = None,
-                 grouped: bool = False) -> pd.DataFrame:
+                 grouped: bool = False, work_dir: str | Path | None = None, checkpoint_seconds: float | None = None) -> pd.DataFrame:
     """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log.
     `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`);
-    `autocast="bfloat16"` runs the forward passes in bf16; `grouped=True` the segmented backward's grouped mode (`masked_backward`)."""
+    `autocast="bfloat16"` runs the forward passes in bf16; `grouped=True` the segmented backward's grouped mode (`masked_backward`).
+    With `work_dir`, a checkpoint (weights, optimizer, schedule, log) goes there after the first step that ends
+    `checkpoint_seconds` or more after the last one (0: every step); a rerun with the same `work_dir` resumes from its last
+    checkpoint and ends where an uninterrupted run ends (one process)."""
     check_neutral_scope(neutral_scope)
+    if checkpoint_seconds is not None and (isinstance(checkpoint_seconds, bool) or not isinstance(checkpoint_seconds, (int, float)) or not checkpoint_seconds >= 0):
+        raise ValueError(f"checkpoint_seconds must be None (no checkpoints) or a number >= 0, got {checkpoint_seconds!r}")
+    if (work_dir is None) != (checkpoint_seconds is None):
+        raise ValueError(f"work_dir and checkpoint_seconds go together (got work_dir={work_dir!r}, checkpoint_seconds={checkpoint_seconds!r})")
     _check_autocast(autocast)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -208,11 +238,24 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps, warmup_steps, min_lr_ratio))
     if is_fsdp2(model) and not accelerator.is_fsdp2: optimizer = accelerator.prepare(optimizer)   # sharded already: no DDP around it
     else: model, optimizer = accelerator.prepare(model, optimizer)   # DDP, accelerate's FSDP2 plugin, or one process
+    if work_dir is not None and accelerator.num_processes > 1:
+        raise ValueError(f"work_dir: train_masked checkpoints in one process only, this job has {accelerator.num_processes}; "
+                         "pass work_dir=None for a multi-process injection")
     masker = GradMasker(accelerator.unwrap_model(model), owner, n_groups, neutral_scope).install() if masked else None
-    log, disable = [], (not progress) or not accelerator.is_local_main_process
+    log, disable, start = [], (not progress) or not accelerator.is_local_main_process, 0
+    if work_dir is not None:
+        work_dir = Path(work_dir)
+        fp = _run_fingerprint(examples, owner if masked else None, steps=steps, batch_size=batch_size, lr=lr, masked_lr=masked_lr,
+                              weight_decay=weight_decay, seed=seed, masked=masked, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+                              micro_batch_size=micro_batch_size, segmented=segmented, pad_to=pad_to, grouped=grouped,
+                              neutral_scope=neutral_scope, autocast=autocast, betas=list(betas), eps=eps, n_groups=n_groups)
+        start, log = _resume(work_dir, fp, accelerator.unwrap_model(model), optimizer, schedule)
+        if start and not disable: print(f"resumed from {latest_checkpoint(work_dir).name} (step {start} of {steps})", flush=True)
+    last_save = time.monotonic()
     try:
         model.train()
-        for step, idx in enumerate(progress_bar(batch_order(len(examples), steps, batch_size, seed), desc="masked" if masked else "unmasked", disable=disable)):
+        order = batch_order(len(examples), steps, batch_size, seed)[start:]
+        for step, idx in enumerate(progress_bar(order, desc="masked" if masked else "unmasked", disable=disable, total=steps, initial=start), start):
             t0 = time.perf_counter()
             out = masked_step(model, [examples[i] for i in idx], masker, optimizer, accelerator=accelerator,
                               micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to,
@@ -220,6 +263,10 @@ def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.
             log.append({"step": step, "loss": out["loss"], "lr": schedule.get_last_lr()[-1], "n_microbatches": out["n_microbatches"],
                         "seconds": time.perf_counter() - t0})
             schedule.step()
+            if work_dir is not None and step + 1 < steps and time.monotonic() - last_save >= checkpoint_seconds:
+                last_save = time.monotonic()
+                _save_checkpoint(work_dir, step + 1, accelerator.unwrap_model(model), optimizer, schedule,
+                                 {"cpu": torch.get_rng_state()}, {"fingerprint": fp, "log": log})
     finally:
         if masker is not None: masker.remove()
     return pd.DataFrame(log)

@@ -19,7 +19,7 @@ from ...unlearn.registry import get_spec
 
 # %% auto #0
 __all__ = ['ROBUST_VERSION', 'SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores',
-           'stage_robust_scores', 'stage_quantization', 'full_finetune', 'relearn', 'stage_relearning',
+           'stage_robust_scores', 'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn', 'stage_relearning',
            'stage_weightspace', 'reference_rows', 'robustness_rows', 'robustness_table']
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #1eeb66e3
@@ -96,6 +96,19 @@ def stage_quantization(store: RunStore, src: ModelSource) -> dict[str, pd.DataFr
     d = store.stage(src.result_stage("robust_quant"), fn, key=key, deps=_deps(src) + ["masks"])
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("examples", "survival")}
 
+def stage_q4_1(store: RunStore, src: ModelSource) -> pd.DataFrame:
+    "Scores of `src` with GGUF's Q4_1 re-applied to its decoder projections, blocks from each of `robustness.q4_1_offsets`."
+    from lume_lab.analysis.quantization import q4_1_model
+    c, r = store.config, store.config.robustness
+    if not r.q4_1_offsets: raise ValueError("robustness.q4_1_offsets is empty: no Q4_1 layout to score")
+    sp = _splits(store, src.field)
+    def fn(out):
+        model, tok = src.load()
+        pd.concat([example_scores(q4_1_model(model, o), tok, sp, c.testbed.max_new_tokens).assign(offset=o)
+                   for o in r.q4_1_offsets]).to_csv(out / "examples.csv", index=False)
+    d = store.stage(src.result_stage("robust_q4_1"), fn, key=_key(store, src, q4_1_offsets=list(r.q4_1_offsets)), deps=_deps(src))
+    return pd.read_csv(d / "examples.csv")
+
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #33bcc031
 def full_finetune(model, tok, rows: list[dict], lr: float, epochs: int, batch_size: int, seed: int):
     "Every weight trained on the answer NLL of QA `rows` by the shared loop (`unlearn_loop`, as PISTOL's fine-tune); returns (model, log)."
@@ -168,13 +181,15 @@ def _em_row(method: str, test: str, scores: pd.DataFrame) -> dict:
     "Forget EM (%, the mean over profiles of each profile's EM) of per-example `scores`, as a table row."
     pp = _per_profile(scores)
     return {"method": method, "test": test, "value": pp.mean(), "lo": None, "hi": None, "n": pp.size,
-            "note": "forget EM (%)" + (" after quantization" if test.startswith("quant") else "")}
+            "note": "forget EM (%)" + (" after quantization" if test.startswith(("quant", "q4_1")) else "")}
 
 def reference_rows(store: RunStore, none: ModelSource, ref: pd.DataFrame) -> list[dict]:
     """`none`, the model before unlearning, quantized as the attack quantizes the others: its forget EM at full precision and
     at each bit width. What a quantization attack can bring back is bounded by what the quantized original still knows."""
-    q = stage_quantization(store, none)["examples"]
-    return [_em_row("none", "forget_em", ref), *(_em_row("none", f"quant{b}_forget_em", q[q.bits == b]) for b in store.config.robustness.quant_bits)]
+    r, q = store.config.robustness, stage_quantization(store, none)["examples"]
+    q41 = stage_q4_1(store, none) if r.q4_1_offsets else None
+    return [_em_row("none", "forget_em", ref), *(_em_row("none", f"quant{b}_forget_em", q[q.bits == b]) for b in r.quant_bits),
+            *(_em_row("none", f"q4_1_off{o}_forget_em", q41[q41.offset == o]) for o in r.q4_1_offsets)]
 
 def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> list[dict]:
     "Every stress test of one unlearned model `src`, against `ref` (the per-example scores of `none`): rows of `ROBUST_COLUMNS`."
@@ -194,6 +209,12 @@ def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> lis
         for region in ("forget", "other_masks"):
             rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"], "lo": None, "hi": None,
                          "n": int(s.loc[region, "changed"]), "note": "share of changed weights that leave their bucket"})
+    if r.q4_1_offsets:
+        q41 = stage_q4_1(store, src)
+        for o in r.q4_1_offsets:
+            qe = q41[q41.offset == o]
+            rows.append(_recovery_row(m, f"q4_1_off{o}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed))
+            rows.append(_em_row(m, f"q4_1_off{o}_forget_em", qe))
     for attack in r.attacks:
         if attack == "forget_half" and n_forget < MIN_RELEARN_PROFILES:
             warnings.warn(f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half needs; skipped")

@@ -4,13 +4,14 @@
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #c6cd9324
 from __future__ import annotations
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
 from ...core.config import RunConfig, section_key
-from ...core.store import RunStore
+from ...core.store import RunStore, process_rank
 from ...data.world import load_world
 from ...inject.masks import group_mask
 from ...models.lm import save_model
@@ -19,9 +20,9 @@ from ..orchestration.launch import fsdp2_requested, launched_stage
 from .base import STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
-__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'stage_masks', 'inject_key', 'stage_inject', 'stage_instruct',
-           'stage_testbed', 'stage_extraction', 'stage_reachability', 'prepare_testbed', 'forget_groups',
-           'ground_truth_forget_mask']
+__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'stage_masks', 'inject_key', 'stage_inject',
+           'stage_instruct', 'stage_testbed', 'stage_extraction', 'stage_reachability', 'prepare_testbed',
+           'forget_groups', 'ground_truth_forget_mask']
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #f8b19566
 def stage_masks(store: RunStore):
@@ -39,6 +40,7 @@ def stage_masks(store: RunStore):
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #36b0ffbe
 MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the unmasked control never reads
 CONTROL_ONLY_FIELDS = ("control_steps",)                                          # and the one the masked model never reads
+INJECT_CHECKPOINT_SECONDS = 600   # an injection in one process checkpoints every 10 minutes; an interrupted e02 resumes from the last
 
 def inject_key(c, masked: bool) -> dict:
     """The cache key of an injection stage. The unmasked control owns no mask, so the mask fields are not part of its
@@ -60,13 +62,16 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
         model, tok = load_base(store)
         ex = injection_examples(load_world(store.path("world")), load_pii(store), tok, c.inject, c.seed)
         steps = c.inject.steps if masked or c.inject.control_steps is None else c.inject.control_steps
+        # the partial stage dir survives an interruption, so a rerun finds these (DDP/FSDP2 jobs restart the stage instead)
+        ck = {"work_dir": out / "checkpoints", "checkpoint_seconds": INJECT_CHECKPOINT_SECONDS} if process_rank()[1] == 1 else {}
         log = train_masked(model, ex, owner, steps, c.inject.batch_size, c.inject.lr, c.inject.weight_decay,
                            seed=c.seed, masked=masked, pad_id=pad_id(tok), n_groups=c.pii.n_groups, autocast=c.inject.autocast,
                            micro_batch_size=c.inject.micro_batch_size, warmup_steps=c.inject.warmup_steps,
                            min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr, fsdp2=fsdp2_requested(),
                            neutral_scope=c.inject.neutral_scope,
-                           **({"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped} if masked and c.inject.segmented else {}))
+                           **ck, **({"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped} if masked and c.inject.segmented else {}))
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return launched_stage(store, name, fn, key=inject_key(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
 
 def stage_instruct(store: RunStore, masked: bool = True) -> Path:
