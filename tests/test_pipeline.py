@@ -44,15 +44,19 @@ def test_same_seed_bitwise_identical_tokenizer_and_weights(tmp_path):
     assert not _same_weights(_weights(a), _weights(tmp_path / "c"))
 
 
+def _kill_after_first_checkpoint(p, ckpts: Path, timeout: float = 600):
+    "SIGKILL the stage process `p` as soon as a checkpoint appears in `ckpts` (fails if it finishes first)."
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (ckpts.exists() and any(c.name.startswith("checkpoint-") for c in ckpts.iterdir())):
+        assert p.poll() is None, f"stages finished before a checkpoint was seen in {ckpts}: " + p.stdout.read()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL); p.wait()
+
+
 def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
     slow = {"pretrain.steps": 160, "pretrain.checkpoint_every": 10}
     p = _run_stages(tmp_path, "crash", slow)
-    ckpts = tmp_path / "crash" / ".base.partial" / "checkpoints"
-    deadline = time.time() + 600
-    while time.time() < deadline and not (ckpts.exists() and any(c.name.startswith("checkpoint-") for c in ckpts.iterdir())):
-        assert p.poll() is None, "stages finished before a checkpoint was seen: " + p.stdout.read()
-        time.sleep(0.05)
-    p.send_signal(signal.SIGKILL); p.wait()
+    _kill_after_first_checkpoint(p, tmp_path / "crash" / ".base.partial" / "checkpoints")
     man = json.loads((tmp_path / "crash" / "manifest.json").read_text())
     assert man["stages"]["base"]["status"] == "running"          # not marked done
     assert not (tmp_path / "crash" / "base").exists()             # no artifact that looks complete
@@ -75,12 +79,7 @@ def test_killed_during_injection_resumes_bitwise(tmp_path):
     "The masked injection checkpoints in its partial stage dir: killed, it resumes there and ends on an uninterrupted run's weights."
     slow = {**FAST, "inject.steps": 200}
     p = _inject_stages(tmp_path, "crash", slow)
-    ckpts = tmp_path / "crash" / ".inject_masked.partial" / "checkpoints"
-    deadline = time.time() + 600
-    while time.time() < deadline and not (ckpts.exists() and any(c.name.startswith("checkpoint-") for c in ckpts.iterdir())):
-        assert p.poll() is None, "stages finished before an injection checkpoint was seen: " + p.stdout.read()
-        time.sleep(0.05)
-    p.send_signal(signal.SIGKILL); p.wait()
+    _kill_after_first_checkpoint(p, tmp_path / "crash" / ".inject_masked.partial" / "checkpoints")
     man = json.loads((tmp_path / "crash" / "manifest.json").read_text())
     assert man["stages"]["inject_masked"]["status"] == "running" and not (tmp_path / "crash" / "inject_masked").exists()
     # the uninterrupted reference, on the killed run's finished stages (its injection is not finished: computed afresh)
