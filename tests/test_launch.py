@@ -139,6 +139,7 @@ def test_default_device_is_honoured_by_the_loaders(runs, monkeypatch):
 # something device-independent); any other `"cpu"` in lume_lab/ is a stage that would silently run on the CPU.
 CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placement of compute)
     "pipeline/stages/testbed.py": (1, "masks are drawn from the base model's shapes on the CPU: seeded, device-independent"),
+    "inject/injection.py": (2, "the injection checkpoint's RNG-state key 'cpu', written and read back (the CPU generator's state)"),
     "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') of optimizer state, "
                         "which load_state_dict then moves to the parameters' device"),
     "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),

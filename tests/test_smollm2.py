@@ -18,14 +18,14 @@ PARAGRAPH = ("The museum opens at nine in the morning and closes at five in the 
 
 # The smoke-size chain: what `lume-lab run --preset smollm2` needs to pass every stage quickly on 2 cores.
 SMOKE_SETS = [
-    "world.n_public_people=20", "world.utility_texts=24", "world.n_cities=40", "world.n_mc_questions=10", "world.facts_per_relation=8",
+    "world.n_public_people=8", "world.utility_texts=8", "world.n_cities=40", "world.n_mc_questions=6", "world.facts_per_relation=8",
     "pii.profiles_per_group=6", "pii.n_instruct=6", "pii.n_resurface=4", "pii.n_validation=6", "pii.qa_per_field=1",
     "pii.instruct_questions_per_field=2",
     "inject.steps=4", "inject.control_steps=2", "inject.batch_size=4", "inject.micro_batch_size=4", "inject.seq_len=64", "inject.warmup_steps=1",
     "instruct.epochs=1", "instruct.eval_every=5", "instruct.batch_size=8",
     "testbed.profiles_per_field=8", "testbed.max_new_tokens=8", "testbed.require_memorized=false",
     'unlearn.methods=["oracle_grad","alphaedit","grad_diff"]', 'unlearn.forget_fields=["phone_number"]',
-    "unlearn.hparams.alphaedit.v_steps=5", "unlearn.hparams.alphaedit.layers=[5,6]",
+    "unlearn.hparams.alphaedit.v_steps=5", "unlearn.hparams.alphaedit.layers=[2,3]",
     "unlearn.hparams.oracle_grad.epochs=1", "unlearn.hparams.grad_diff.epochs=1",
     "localization.composite_max_weights=20000", "localization.max_weights=200000",
 ]

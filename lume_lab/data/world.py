@@ -342,6 +342,10 @@ def build_world(world_cfg: WorldConfig, seed: int, out_dir=None, *, sentences_pe
         mc=Dataset.from_list(make_mc_items(facts, seed=_sub_seed(seed, "mc"), seen=True, **mc_args)),
         mc_control=Dataset.from_list(make_mc_items(facts, seed=_sub_seed(seed, "mc_control"), seen=False, **mc_args)),
         facts=Dataset.from_list(facts))
+    if empty := [k for k in ("mc", "mc_control") if len(world[k]) == 0]:   # an empty split saves but never loads back
+        raise ValueError(f"world: no {' and no '.join(empty)} item: too few facts have {world_cfg.n_mc_options - 1} wrong options "
+                         f"(mc_control draws from the held-out share, world.heldout_fraction={world_cfg.heldout_fraction}); raise "
+                         f"world.facts_per_relation (now {world_cfg.facts_per_relation}) or world.n_cities (now {n_cities})")
     if out_dir is not None: world.save_to_disk(str(out_dir))
     return world
 

@@ -252,9 +252,16 @@ def _relative_change(D, W, C):
 
 @torch.no_grad()
 def _at(model, enc, module, pos, what: str = "output"):
-    "`module`'s output (or input) at token `pos[i]` of each row `i` of `enc`, from one forward pass (`n × d`, float32)."
+    """`module`'s output (or input) at token `pos[i]` of each row `i` of `enc` (`n × d`, float32), from one forward pass that
+    stops there (`_Enough`): an edit at layer 4 of 30 never computes the 25 layers above it."""
     store = {}
-    with _capture(module, store, what): model(**lm_inputs(enc))
+    def hook(m, args, out):
+        store["x"] = args[0].detach() if what == "input" else _out(out).detach()
+        raise _Enough
+    h = module.register_forward_hook(hook)
+    try: model(**lm_inputs(enc))
+    except _Enough: pass
+    finally: h.remove()
     return store["x"][torch.arange(len(pos), device=pos.device), pos].float()
 
 def _keys_at(model, enc, layer, pos): return _at(model, enc, down_proj(model, layer), pos, "input")
