@@ -1330,6 +1330,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                          'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.md_table': ( 'pipeline/presentation/results.html#md_table',
                                                                                                              'lume_lab/pipeline/presentation/results.py'),
+                                                        'lume_lab.pipeline.presentation.results.quantized_em_label': ( 'pipeline/presentation/results.html#quantized_em_label',
+                                                                                                                       'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.quantized_em_table': ( 'pipeline/presentation/results.html#quantized_em_table',
                                                                                                                        'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.read_markdown_tables': ( 'pipeline/presentation/results.html#read_markdown_tables',

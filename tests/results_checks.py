@@ -235,17 +235,20 @@ def check_remind_interval_tables(tables: list, run_dirs: list[Path]) -> int:
 
 
 def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
-    "Each cell of a quantized-EM table (field): the mean ± sample std over the runs of robustness_<field>.csv's forget_em / quant<b>_forget_em rows."
+    "Each cell of a quantized-EM table (field): the mean ± sample std over the runs of robustness_<field>.csv's forget_em / quant<b>_forget_em / q4_1_off<o>_forget_em rows."
+    from lume_lab.pipeline.presentation.results import QUANT_EM, quantized_em_label
     checked = 0
     for heads, t in tables:
         rows = pd.concat([pd.read_csv(p) for d in run_dirs if (p := Path(d) / "report" / f"robustness_{heads[1]}.csv").is_file()])
-        rows = rows[rows.test.str.fullmatch(r"(quant\d+_)?forget_em")]
+        rows = rows[rows.test.str.fullmatch(QUANT_EM)]
+        test_of = {quantized_em_label(x): x for x in rows.test.unique()}
+        assert list(t.columns[2:]) and set(t.columns[2:]) == set(test_of), (heads, list(t.columns), sorted(test_of))
         assert set(t.method) == set(rows.method), (heads, sorted(t.method), sorted(set(rows.method)))
         for _, row in t.iterrows():
             mine = rows[rows.method == row.method]
             assert row.runs == str(mine.groupby("test").value.count().max()), (heads, row.method, "runs")
             for c in t.columns[2:]:
-                test = "forget_em" if c == "forget EM" else f"quant{c.removeprefix('forget EM, ').removesuffix('-bit')}_forget_em"
+                test = test_of[c]
                 v = mine[mine.test == test].value.dropna()
                 if row[c] == "": assert v.empty, (heads, row.method, c); continue
                 tokens = row[c].split(" ± ")

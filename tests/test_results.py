@@ -236,7 +236,8 @@ def _add_stress_files(run: Path) -> None:
             for m, v in (("npo", 0.62), ("oracle_grad", 0.04)) for t in ("quant4_recovery", "quant8_recovery", "relearn_forget_half_recovery")]
     rows.append({"method": "npo", "test": "relearn_retain_only_recovery", "value": np.nan, "n": 4, "note": "unlearning removed < 5 EM points", "field": f})
     rows += [{"method": m, "test": t, "value": v, "n": 4, "note": "forget EM (%)", "field": f}
-             for m, t, v in (("none", "forget_em", 91.25), ("none", "quant4_forget_em", 80.0), ("npo", "forget_em", 12.5), ("npo", "quant4_forget_em", 13.75))]
+             for m, t, v in (("none", "forget_em", 91.25), ("none", "quant4_forget_em", 80.0), ("npo", "forget_em", 12.5), ("npo", "quant4_forget_em", 13.75),
+                             ("none", "q4_1_off16_forget_em", 66.25), ("npo", "q4_1_off16_forget_em", 21.25))]
     pd.DataFrame(rows).to_csv(rep / f"robustness_{f}.csv", index=False)
     pd.DataFrame({"model": ["npo", "npo", "oracle_grad", "oracle_grad"], "input": "orig", "comparison": "multi", "classifier": ["lr", "rf"] * 2,
                   "remind_auc": [81.0, 70.0, 60.0, 55.0], "baseline_auc": [70.0, 71.0, 58.0, 56.0],
@@ -256,12 +257,12 @@ def test_stress_sections_match_their_csvs(tmp_path):
     t = _tables(page)
     assert ("REMIND intervals", "email_address") in t and ("Dose-response", "email_address", "mini") in t
     q = t[("Quantized forget EM", "email_address")].set_index("method")
-    assert q.at["none", "forget EM, 4-bit"] == "80.0" and q.at["npo", "forget EM"] == "12.5"
+    assert q.at["none", "forget EM, 4-bit"] == "80.0" and q.at["npo", "forget EM"] == "12.5" and q.at["npo", "forget EM, Q4_1 from column 16"] == "21.2"
     card = t[("Scorecard", "email_address")].set_index("method")
     assert card.at["npo", "4-bit recovery"] == "0.62" and card.at["npo", "retain-only recovery"] == ""
     dose = t[("Dose-response", "email_address", "mini")]
     assert dose["forget EM"].tolist() == ["40.0 ± 5.0", "10.0 ± 1.0", "20.0 ± 2.0"] and dose["4-bit recovery"].tolist() == ["0.50 ± 0.10", "", "0.25"]
-    for old, new in (("| 20.0 ± 2.0 |", "| 21.0 ± 2.0 |"), ("| REMIND LR | 2 | 2 | 1 |", "| REMIND LR | 2 | 1 | 1 |"), ("| 0.62 |", "| 0.52 |"), ("| npo | 1 | 12.5 |", "| npo | 1 | 12.6 |")):
+    for old, new in (("| 20.0 ± 2.0 |", "| 21.0 ± 2.0 |"), ("| REMIND LR | 2 | 2 | 1 |", "| REMIND LR | 2 | 1 | 1 |"), ("| 0.62 |", "| 0.52 |"), ("| npo | 1 | 12.5 |", "| npo | 1 | 12.6 |"), ("| 13.8 | 21.2 |", "| 13.8 | 22.2 |")):
         assert old in page, old
         with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(old, new, 1), [run])
     assert n > 500

@@ -18,15 +18,15 @@ from .scorecard import run_config, run_manifest, scorecard
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
-__all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'UTILITY_ROWS', 'NAME_RE',
-           'is_run_dir', 'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs',
-           'results_sources', 'run_machine', 'run_labels', 'seeds_command', 'header_lines', 'md_table',
-           'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
+__all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'QUANT_EM', 'UTILITY_ROWS',
+           'NAME_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields',
+           'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels', 'seeds_command', 'header_lines',
+           'md_table', 'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
            'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
-           'remind_interval_lines', 'dose_display', 'dose_lines', 'quantized_em_table', 'robustness_lines',
-           'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups', 'group_labels',
-           'config_difference_table', 'compare_lines', 'results_page', 'write_results', 'add_results_arguments',
-           'results_main', 'main']
+           'remind_interval_lines', 'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table',
+           'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
+           'group_labels', 'config_difference_table', 'compare_lines', 'results_page', 'write_results',
+           'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -349,6 +349,15 @@ def dose_lines(run_dirs: list[Path]) -> list[str]:
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #d8f618ad
+QUANT_EM = r"(quant\d+_|q4_1_off\d+_)?forget_em"   # e10's forget-EM rows: full precision, RTN at b bits, Q4_1 from column o
+
+def quantized_em_label(test: str) -> str:
+    "Column title of one of e10's forget-EM rows: 'forget EM', 'forget EM, 4-bit' (RTN), 'forget EM, Q4_1 from column 16'."
+    if test == "forget_em": return "forget EM"
+    if m := re.fullmatch(r"quant(\d+)_forget_em", test): return f"forget EM, {m[1]}-bit"
+    if m := re.fullmatch(r"q4_1_off(\d+)_forget_em", test): return f"forget EM, Q4_1 from column {m[1]}"
+    raise ValueError(f"not a forget-EM row of e10: {test!r}")
+
 def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     """Per model (`none` first) of e10's `robustness_<field>.csv`: forget EM at full precision and after each quantization,
     mean ± std over the runs that hold the row, with how many do. The 4-bit recovery of the scorecard is read against `none`'s row."""
@@ -357,14 +366,14 @@ def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
         p = Path(d) / "report" / f"robustness_{field}.csv"
         if p.is_file():
             t = pd.read_csv(p)
-            parts.append(t[t.test.str.fullmatch(r"(quant\d+_)?forget_em")])
+            parts.append(t[t.test.str.fullmatch(QUANT_EM)])
     if not parts: return pd.DataFrame()
     t = pd.concat(parts)
-    tests = sorted(dict.fromkeys(t.test), key=lambda s: (s != "forget_em", s))
+    tests = sorted(dict.fromkeys(t.test), key=lambda s: (s != "forget_em", s.startswith("q4_1"), int(re.sub(r"\D", "", s.replace("q4_1", "")) or 0)))
     g = t.groupby(["method", "test"], sort=False).value
     mean, std, n = g.mean().unstack("test"), g.std(ddof=1).unstack("test"), g.count().unstack("test")
     methods = sorted(mean.index, key=lambda m: m != "none")
-    label = lambda s: "forget EM" if s == "forget_em" else f"forget EM, {s.split('_')[0].removeprefix('quant')}-bit"
+    label = quantized_em_label
     out = pd.DataFrame({"method": methods, "runs": [f"{n.loc[m].max():.0f}" for m in methods]})
     for s in tests:
         out[label(s)] = [_fmt(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
@@ -376,7 +385,9 @@ def robustness_lines(run_dirs: list[Path]) -> list[str]:
     if not fields: return []
     lines = ["## Quantized forget EM", "From e10's `robustness_<field>.csv`: forget EM (%) of each model at full precision and after RTN "
              "quantization at each bit width; `none` is the model before unlearning, the most a quantization attack can bring back. "
-             "The recoveries themselves are scorecard columns."]
+             "The RTN recoveries themselves are scorecard columns. Where the run sets `robustness.q4_1_offsets` (a model that "
+             "shipped in GGUF's Q4_1), 'Q4_1 from column o' re-applies that format with its 32-weight blocks starting at column o: "
+             "o = 0 is the grid the model shipped on, so the gap between offsets is what snapping back to that grid brings back."]
     for f in fields: lines += [f"### {f}", md_table(quantized_em_table(run_dirs, f))]
     return lines
 
