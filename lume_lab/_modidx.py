@@ -1292,6 +1292,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                            'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._model_label': ( 'pipeline/presentation/results.html#_model_label',
                                                                                                                  'lume_lab/pipeline/presentation/results.py'),
+                                                        'lume_lab.pipeline.presentation.results._quantized_em_order': ( 'pipeline/presentation/results.html#_quantized_em_order',
+                                                                                                                        'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._report_csv': ( 'pipeline/presentation/results.html#_report_csv',
                                                                                                                 'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._report_fields': ( 'pipeline/presentation/results.html#_report_fields',

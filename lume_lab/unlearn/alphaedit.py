@@ -44,9 +44,11 @@ def block(model, layer: int):
 def _out(out): return out[0] if isinstance(out, tuple) else out
 
 @contextmanager
-def _capture(module, store: dict, what: str = "input"):
-    "Record `module`'s input (or output) of the next forward passes in `store['x']`."
-    def hook(m, args, out): store["x"] = args[0].detach() if what == "input" else _out(out).detach()
+def _capture(module, store: dict, what: str = "input", stop: bool = False):
+    "Record `module`'s input (or output) of the next forward passes in `store['x']`; with `stop`, end each pass there (`_Enough`)."
+    def hook(m, args, out):
+        store["x"] = args[0].detach() if what == "input" else _out(out).detach()
+        if stop: raise _Enough
     h = module.register_forward_hook(hook)
     try: yield store
     finally: h.remove()
@@ -254,14 +256,9 @@ def _relative_change(D, W, C):
 def _at(model, enc, module, pos, what: str = "output"):
     """`module`'s output (or input) at token `pos[i]` of each row `i` of `enc` (`n × d`, float32), from one forward pass that
     stops there (`_Enough`): an edit at layer 4 of 30 never computes the 25 layers above it."""
-    store = {}
-    def hook(m, args, out):
-        store["x"] = args[0].detach() if what == "input" else _out(out).detach()
-        raise _Enough
-    h = module.register_forward_hook(hook)
-    try: model(**lm_inputs(enc))
-    except _Enough: pass
-    finally: h.remove()
+    with _capture(module, {}, what, stop=True) as store:
+        try: model(**lm_inputs(enc))
+        except _Enough: pass
     return store["x"][torch.arange(len(pos), device=pos.device), pos].float()
 
 def _keys_at(model, enc, layer, pos): return _at(model, enc, down_proj(model, layer), pos, "input")

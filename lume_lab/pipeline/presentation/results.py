@@ -358,6 +358,12 @@ def quantized_em_label(test: str) -> str:
     if m := re.fullmatch(r"q4_1_off(\d+)_forget_em", test): return f"forget EM, Q4_1 from column {m[1]}"
     raise ValueError(f"not a forget-EM row of e10: {test!r}")
 
+def _quantized_em_order(test: str) -> tuple:
+    "Column order: full precision, then RTN by bits, then Q4_1 by offset."
+    if test == "forget_em": return (0, 0)
+    m = re.fullmatch(r"(?:quant(\d+)|q4_1_off(\d+))_forget_em", test)
+    return (1, int(m[1])) if m[1] else (2, int(m[2]))
+
 def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     """Per model (`none` first) of e10's `robustness_<field>.csv`: forget EM at full precision and after each quantization,
     mean ± std over the runs that hold the row, with how many do. The 4-bit recovery of the scorecard is read against `none`'s row."""
@@ -369,14 +375,13 @@ def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
             parts.append(t[t.test.str.fullmatch(QUANT_EM)])
     if not parts: return pd.DataFrame()
     t = pd.concat(parts)
-    tests = sorted(dict.fromkeys(t.test), key=lambda s: (s != "forget_em", s.startswith("q4_1"), int(re.sub(r"\D", "", s.replace("q4_1", "")) or 0)))
+    tests = sorted(dict.fromkeys(t.test), key=_quantized_em_order)
     g = t.groupby(["method", "test"], sort=False).value
     mean, std, n = g.mean().unstack("test"), g.std(ddof=1).unstack("test"), g.count().unstack("test")
     methods = sorted(mean.index, key=lambda m: m != "none")
-    label = quantized_em_label
     out = pd.DataFrame({"method": methods, "runs": [f"{n.loc[m].max():.0f}" for m in methods]})
     for s in tests:
-        out[label(s)] = [_fmt(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
+        out[quantized_em_label(s)] = [_fmt(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
     return out
 
 def robustness_lines(run_dirs: list[Path]) -> list[str]:
