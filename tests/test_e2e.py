@@ -25,9 +25,17 @@ def quick_start_args() -> tuple[list[str], str]:
     return argv[argv.index(next(a for a in argv if a.endswith("lume-lab"))) + 1:], page
 
 
+def make_recipe_args(target: str, *make_args: str) -> list[str]:
+    "The `lume-lab` arguments of the `lume-lab run` line that `make <target> <make_args>` would run (dry run: nothing runs)."
+    dry = subprocess.run(["make", "-n", "-o", ".venv/.lume-lab-setup", target, *make_args], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    argv = shlex.split(next(l for l in dry.splitlines() if "lume-lab run" in l))
+    return argv[argv.index(next(a for a in argv if a.endswith("lume-lab"))) + 1:]
+
+
 def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
-    """README's quick start exits 0 and writes the page README names; `--only all` then adds the companions to the same run,
-    and a rerun recomputes nothing."""
+    """README's quick start exits 0 and writes the page README names; `make run-companions`'s command then adds the companions
+    to the same run, and a rerun of every experiment (`--only all`) recomputes nothing."""
     METHODS = BUILTIN_METHODS
     quick, page = quick_start_args()
     assert quick[:1] == ["run"] and "--preset" in quick and quick[quick.index("--preset") + 1] == "smoke", quick
@@ -44,8 +52,10 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert main(args) == 0                                              # the quick start: the main chain
     assert "not yet run" not in (tmp_path / page).read_text()             # the page README tells a newcomer to open, complete
     run = tmp_path / page.split("/")[0]
+    companions = make_recipe_args("run-companions", "PRESET=smoke", f"RUN_ID={run.name}")   # README's second command
+    assert companions[companions.index("--only") + 1:] == ["e07", "e08", "e11", "e99"], companions
+    assert main([*companions, "--runs-root", str(tmp_path)]) == 0         # the companions (e07, e08, e11) on the same run, the page again
     args += ["--only", "all"]
-    assert main(args) == 0                                                 # the companions (e07, e08) on the same run
     secs = h2_sections(after_e03["page"])
     assert list(secs)[:2] == ["Verdict", "Scorecard"] and after_e03["checked"] > 0
     assert "not yet run" not in secs["Unlearning (Fig. 4a)"] and "<img" in secs["Unlearning (Fig. 4a)"]

@@ -27,6 +27,7 @@ SMOKE_SETS = [
     'unlearn.methods=["oracle_grad","alphaedit","grad_diff"]', 'unlearn.forget_fields=["phone_number"]',
     "unlearn.hparams.alphaedit.v_steps=5", "unlearn.hparams.alphaedit.layers=[2,3]",
     "unlearn.hparams.oracle_grad.epochs=1", "unlearn.hparams.grad_diff.epochs=1",
+    "unlearn.controls=false",   # no unmasked-control unlearning (e04 without contrast scores): the same code as the masked runs, half the time
     "localization.composite_max_weights=20000", "localization.max_weights=200000",
 ]
 

@@ -23,8 +23,8 @@ from ..metrics.rouge import rouge_f1
 
 # %% auto #0
 __all__ = ['CLASSIFIERS', 'BASELINES', 'balance_classes', 'zscore', 'grouped_folds', 'classify', 'tpr_at_fpr', 'comparisons',
-           'grouped_auc_ci', 'remind_scores', 'feature_importances', 'baseline_scores', 'baseline_table',
-           'ci_separation', 'plot_feature_densities']
+           'grouped_auc_ci', 'grouped_auc_ci_loop', 'remind_scores', 'feature_importances', 'baseline_scores',
+           'baseline_table', 'ci_separation', 'plot_feature_densities']
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #820c2eb3
 def balance_classes(df: pd.DataFrame, label_col: str = "label", seed: int = 42) -> pd.DataFrame:
@@ -115,6 +115,16 @@ def _metric_row(y, P: pd.DataFrame, pos=None) -> dict:
                 f1=f1_score(y == pos, pred == pos))
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #8ecf6bab
+def _weighted_u2(s: np.ndarray, Wp: np.ndarray, Wn: np.ndarray) -> np.ndarray:
+    """Twice the Mann–Whitney U of the positives, per draw, when row i counts `Wp[b, i]` times as a positive and `Wn[b, i]`
+    times as a negative in draw b (int64, exact): rows summed per distinct score, then each score's positives against the
+    negatives below it (twice) and at it (once, a tie)."""
+    order = np.argsort(s, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(s[order]) != 0])          # first row of each distinct score, ascending
+    P_, N_ = (np.add.reduceat(w[:, order], starts, axis=1) for w in (Wp, Wn))
+    below = np.cumsum(N_, axis=1) - N_                                       # negatives strictly below each score
+    return (P_ * (2 * below + N_)).sum(1)
+
 def grouped_auc_ci(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42) -> tuple[float, float]:
     """Percentile bootstrap interval over `groups` of the AUC of out-of-fold probabilities `P` for labels `y`: binary
     (`pos` the positive class) or, with `pos=None`, the one-vs-rest macro AUC over `P`'s columns."""
@@ -122,17 +132,38 @@ def grouped_auc_ci(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: f
     if len(y) != len(P) or len(groups) != len(y): raise ValueError(f"y, P and groups need one row each, got {len(y)}, {len(P)}, {len(groups)}")
     if not 0 < level < 1: raise ValueError(f"level must be in (0, 1), got {level!r}")
     _, inv = np.unique(groups, return_inverse=True)
+    cols = sorted(P.columns) if pos is None else [pos]
+    S = P[cols].to_numpy(dtype=np.float64)
+    if np.isnan(S).any(): raise ValueError("P contains NaN")
+    rng, G = np.random.default_rng(seed), inv.max() + 1
+    W = np.stack([np.bincount(rng.integers(0, G, G), minlength=G)[inv] for _ in range(n_boot)])   # [draw, row]: copies drawn of each row
+    A, keep = np.empty((n_boot, len(cols))), np.ones(n_boot, bool)
+    for j, c in enumerate(cols):
+        Wp, Wn = W * (y == c), W * (y != c)
+        npos, nneg = Wp.sum(1), Wn.sum(1)
+        keep &= (npos > 0) & (nneg > 0)                                      # a draw that lacks a class is skipped
+        u2 = _weighted_u2(S[:, j], Wp, Wn)                                   # twice each draw's Mann–Whitney U, an exact integer
+        with np.errstate(divide="ignore", invalid="ignore"): A[:, j] = u2 / (2 * npos * nneg)
+    aucs = A[keep].mean(1)
+    if not len(aucs): return float("nan"), float("nan")
+    lo, hi = np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+# %% ../../nbs/analysis/02_remind_eval.ipynb #e5898e0b
+def grouped_auc_ci_loop(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42) -> tuple[float, float]:
+    "`grouped_auc_ci`'s reference (tests, `bench/bench_remind_ci.py`): each draw's rows concatenated and scored by `exact_auc`, draw by draw."
+    y, groups = np.asarray(y), np.asarray(groups)
+    _, inv = np.unique(groups, return_inverse=True)
     members = [np.flatnonzero(inv == i) for i in range(inv.max() + 1)]
     cols = sorted(P.columns) if pos is None else [pos]
-    S = P[cols].to_numpy(); rng = np.random.default_rng(seed); aucs = []
+    S, rng, aucs = P[cols].to_numpy(), np.random.default_rng(seed), []
     for _ in range(n_boot):
         idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
         labs = [y[idx] == c for c in cols]
         if any(l.all() or not l.any() for l in labs): continue
         aucs.append(np.mean([exact_auc(S[idx, j], l) for j, l in enumerate(labs)]))
-    if not aucs: return float("nan"), float("nan")
-    lo, hi = np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    return tuple(float(q) for q in np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])) if aucs else (np.nan, np.nan)
+
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #b5583a9b
 def _evaluate(X: np.ndarray, y: np.ndarray, folds: np.ndarray, model: str, seed: int, scaler: str, rf_trees: int = 100,

@@ -297,6 +297,7 @@ class UnlearnConfig:
     methods: list | None = checked(None, _METHOD_NAMES)
     forget_fields: list = checked(["email_address"], subset_of(TARGET_FIELDS))
     hparams: dict = checked({}, _HPARAMS)
+    controls: bool = checked(True, BOOLEAN)   # each method (whose spec has a control run) also unlearned from the unmasked control: e04's contrast scores
     # whose tuned method hyperparameters a run borrows (each spec's `presets[name]` row, under the run's own preset's row)
     hparams_preset: str | None = checked(None, optional(one_of(PRESET_NAMES), "the run's own preset only"))
     tune_max_ppl_ratio: float | None = checked(1.5, optional(Check("a number >= 1", lambda v: _is_num(v) and v >= 1), "no utility guard"))   # t00: a grid point may raise neutral perplexity at most ×this
@@ -641,6 +642,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation, as smoke
         "resurface.attempts": 40,                  # mini's 40 sampled prompts per profile, not Lacuna's 200
         "unlearn.forget_fields": ["phone_number", "email_address"],   # the two trained fields, each the other's retain field
+        "unlearn.methods": ["grad_diff", "npo", "oracle_grad", "alphaedit"],   # four of the ten: each method (and its control) takes minutes per
+                                                   # field on 2 cores, every built-in would be hours (docs/notes/smollm2.md); the ones e10 attacks.
+                                                   # unlearn.controls=false halves e03 (no contrast scores in e04)
         "robustness.methods": ["grad_diff", "npo", "oracle_grad", "alphaedit"],   # e10 attacks one method per paper claim it tests:
                                                    # GA and NPO families (Zhang et al.), an edit (Hu et al.), OracleGrad (Lacuna)
         "robustness.q4_1_offsets": [0, 16],        # the model ships on Q4_1's grid: re-applied on its blocks and half a block off (#40)

@@ -97,8 +97,7 @@ def stage_entries(store: RunStore) -> dict[str, Callable[[RunStore], Path]]:
     "Launchable stage name → function of the store, for this run's config."
     from lume_lab.pipeline.stages.resurface import resurface_labels, stage_instruct_floor, stage_resurface
     from lume_lab.pipeline.stages.testbed import stage_inject, stage_instruct
-    from lume_lab.pipeline.stages.unlearn import stage_unlearn, unlearn_name
-    from lume_lab.unlearn.registry import get_spec
+    from lume_lab.pipeline.stages.unlearn import runs_control, stage_unlearn, unlearn_name
     c = store.config
     out = {"inject_masked": lambda s: stage_inject(s, True), "inject_unmasked": lambda s: stage_inject(s, False),
            "instruct_masked": lambda s: stage_instruct(s, True), "instruct_unmasked": lambda s: stage_instruct(s, False),
@@ -106,7 +105,7 @@ def stage_entries(store: RunStore) -> dict[str, Callable[[RunStore], Path]]:
     for m in c.unlearn.methods or []:
         for f in c.unlearn.forget_fields:
             out[unlearn_name(m, f)] = lambda s, m=m, f=f: stage_unlearn(s, m, f)
-            if get_spec(m).has_control: out[unlearn_name(m, f, True)] = lambda s, m=m, f=f: stage_unlearn(s, m, f, True)
+            if runs_control(c, m): out[unlearn_name(m, f, True)] = lambda s, m=m, f=f: stage_unlearn(s, m, f, True)
     for f in c.unlearn.forget_fields:
         for label in resurface_labels(c): out[f"resurface_{label}_{f}"] = lambda s, l=label, f=f: stage_resurface(s, l, f)
     from lume_lab.pipeline.stages.external import external_source, scored_externals   # checkpoints scored with `lume-lab score`

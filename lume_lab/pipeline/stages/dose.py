@@ -137,11 +137,11 @@ def method_table(store: RunStore, field: str) -> pd.DataFrame:
     "The same measures for every weight-changing method of the run (the reference lines), from the main chain's stages."
     from lume_lab.pipeline.stages.resurface import stage_resurface
     from lume_lab.pipeline.stages.robustness import none_source, robust_sources, stage_robust_scores
-    from lume_lab.pipeline.stages.unlearn import stage_localization, stage_unlearn
+    from lume_lab.pipeline.stages.unlearn import runs_control, stage_localization, stage_unlearn
     attacks, methods = store.config.dose.attacks, list(store.config.unlearn.methods)
     for m in methods:                                    # e03's runs (cached), controls included: e04's stage reads them
         stage_unlearn(store, m, field)
-        if get_spec(m).has_control: stage_unlearn(store, m, field, control=True)
+        if runs_control(store.config, m): stage_unlearn(store, m, field, control=True)
     none, *sources = robust_sources(store, field)
     sources = [s for s in sources if not s.label.startswith("external:")]
     ref = stage_robust_scores(store, none) if attacks else None

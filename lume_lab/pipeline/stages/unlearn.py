@@ -21,9 +21,9 @@ from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'input_deps', 'ensure_inputs', 'method_inputs', 'unlearn_jobs',
-           'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields', 'stage_forget_fields', 'stage_unlearn',
-           'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source', 'reference_utility',
+__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'input_deps', 'ensure_inputs', 'method_inputs', 'runs_control',
+           'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields', 'stage_forget_fields',
+           'stage_unlearn', 'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source', 'reference_utility',
            'evaluate_source', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames',
            'stage_localization', 'localization_source']
 
@@ -47,13 +47,16 @@ def method_inputs(store: RunStore, method: str) -> dict:
     return {i: INPUT_PROVIDERS[i][0](store) for i in get_spec(method).inputs}
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #d265b0a7
+def runs_control(cfg: RunConfig, method: str) -> bool:
+    "Whether this run also unlearns `method` from the unmasked control: its spec has a control run and `unlearn.controls` is on."
+    return cfg.unlearn.controls and get_spec(method).has_control
+
 def unlearn_jobs(cfg: RunConfig, fields: list[str] | None = None) -> list[tuple[str, str, bool]]:
-    "(method, field, control) of every unlearning run: each method on each of `fields` (default `unlearn.forget_fields`), and its control if it has one."
+    "(method, field, control) of every unlearning run: each method on each of `fields` (default `unlearn.forget_fields`), and its control if it runs one."
     fields = cfg.unlearn.forget_fields if fields is None else fields
     unknown = [f for f in fields if f not in cfg.unlearn.forget_fields]
     if unknown: raise ValueError(f"fields {unknown} are not in unlearn.forget_fields {list(cfg.unlearn.forget_fields)}")
-    return [(m, f, ctl) for f in fields for m in run_methods(cfg) for ctl in (False, True)
-            if not ctl or get_spec(m).has_control]
+    return [(m, f, ctl) for f in fields for m in run_methods(cfg) for ctl in (False, True) if not ctl or runs_control(cfg, m)]
 
 def unlearn_name(method: str, field: str, control: bool = False) -> str:
     "Stage name of one unlearning run."
@@ -98,6 +101,7 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     from lume_lab.inject.testbed import field_split_names, field_splits, warn_small_splits
     c, spec = store.config, get_spec(method)                           # unknown method fails here, before any compute
     if control and not spec.has_control: raise ValueError(f"{method} has no unmasked-control run (its spec has has_control=False)")
+    if control and not c.unlearn.controls: raise ValueError(f"unlearn.controls is false: this run unlearns no control model ({method}); set it to true for e04's contrast scores")
     src = "instruct_unmasked" if control else "instruct_masked"
     hp = method_hparams(c, method)
     sp = field_splits(stage_testbed(store), field)          # the testbed first: its hash is part of this stage's key
@@ -154,16 +158,16 @@ class ModelSource:
         return f"{self.prefix}{kind}_{self.field}" if self.prefix else f"{kind}_{self.label}_{self.field}"
 
 def method_source(store: RunStore, method: str, field: str) -> ModelSource:
-    "The model `method` unlearned on `field` (stage `unlearn_<method>_<field>`), with its control run when its spec has one."
-    s = get_spec(method)                                   # an unknown method fails here
+    "The model `method` unlearned on `field` (stage `unlearn_<method>_<field>`), with its control run when the run has one (`runs_control`)."
+    s, ctl_on = get_spec(method), runs_control(store.config, method)   # an unknown method fails here
     W = lambda stage, load: _weights(store.path(stage) / "model", load)
     testbed = lambda st: W(st, lambda: load_stage_model(store, st))
     unl = (lambda: W(unlearn_name(method, field), lambda: load_unlearned(store, method, field))) if s.changes_weights else \
           (lambda: testbed("instruct_masked"))          # ULD: the testbed's own weights (localization: not applicable)
     ctl = ((lambda: W(unlearn_name(method, field, True), lambda: load_unlearned(store, method, field, control=True)))
-           if s.changes_weights else (lambda: testbed("instruct_unmasked"))) if s.has_control else None
+           if s.changes_weights else (lambda: testbed("instruct_unmasked"))) if ctl_on else None
     return ModelSource(method, field, unlearn_name(method, field), lambda: load_unlearned(store, method, field), unl, ctl,
-                       unlearn_name(method, field, True) if s.has_control else None)
+                       unlearn_name(method, field, True) if ctl_on else None)
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #dc0b069e
 def reference_utility(store: RunStore) -> dict:
