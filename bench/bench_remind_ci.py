@@ -1,5 +1,5 @@
 """REMIND's bootstrap intervals over profiles: all draws at once from running sums over the sorted scores (`grouped_auc_ci`) vs
-draw with `exact_auc` (`grouped_auc_ci_loop`, the reference), side by side.
+draw by draw with `exact_auc` (`grouped_auc_ci_loop`, the reference), side by side.
 
 Inputs shaped like one `remind_ci` comparison: `--profiles` profiles per class (retained, forgotten, holdout), each with
 `--rows` rows (the original question and its rephrasing move together), and out-of-fold probabilities (random here:
