@@ -367,6 +367,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                      'lume_lab/core/store.py'),
                                      'lume_lab.core.store.check_resolved': ('core/store.html#check_resolved', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.git_commit': ('core/store.html#git_commit', 'lume_lab/core/store.py'),
+                                     'lume_lab.core.store.load_saved_datasets': ( 'core/store.html#load_saved_datasets',
+                                                                                  'lume_lab/core/store.py'),
                                      'lume_lab.core.store.machine_info': ('core/store.html#machine_info', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.open_run': ('core/store.html#open_run', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.package_dir': ('core/store.html#package_dir', 'lume_lab/core/store.py'),

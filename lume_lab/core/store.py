@@ -19,7 +19,8 @@ from .config import ConfigError, RunConfig, config_diff, config_from_dict, confi
 __all__ = ['CONFIG_UPGRADES', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
            'package_versions', 'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError',
            'check_resolved', 'upgraded_config', 'same_config', 'RunStore', 'StageWarning', 'capture_stage_warnings',
-           'reissue_warnings', 'reuse_sources', 'process_rank', 'open_run', 'run_status', 'run_warnings']
+           'reissue_warnings', 'reuse_sources', 'process_rank', 'load_saved_datasets', 'open_run', 'run_status',
+           'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -352,6 +353,27 @@ def _record_experiment(self: RunStore, name: str, seconds: float) -> None:
     self._save()
 
 RunStore.stage_hash, RunStore.stage, RunStore.record_experiment = _stage_hash, _run_stage, _record_experiment
+
+# %% ../../nbs/core/01_store.ipynb #b4882485
+_SAVED_DATASETS: dict = {}
+_SAVED_DATASETS_KEEP = 8
+
+def load_saved_datasets(path: str | Path):
+    """`datasets.load_from_disk(path)`, read once per process while the directory's files are unchanged; each call returns
+    its own shallow copy (a new `DatasetDict` of new `Dataset` objects over the same memory-mapped tables)."""
+    import copy
+    from datasets import DatasetDict, load_from_disk
+    p = Path(path).resolve()
+    meta = next((p / n for n in ("dataset_dict.json", "state.json") if (p / n).is_file()), None)
+    if meta is None: return load_from_disk(str(p))                  # not a saved dataset: datasets' own error
+    s = meta.stat(); key = (s.st_ino, s.st_size, s.st_mtime_ns)
+    hit = _SAVED_DATASETS.pop(str(p), None)                        # popped and put back: the newest entry is last
+    if hit is None or hit[0] != key: hit = (key, load_from_disk(str(p)))
+    _SAVED_DATASETS[str(p)] = hit
+    while len(_SAVED_DATASETS) > _SAVED_DATASETS_KEEP: _SAVED_DATASETS.pop(next(iter(_SAVED_DATASETS)))
+    d = hit[1]
+    return DatasetDict({k: copy.copy(v) for k, v in d.items()}) if isinstance(d, DatasetDict) else copy.copy(d)
+
 
 # %% ../../nbs/core/01_store.ipynb #f627661a
 def open_run(run_id: str, config: RunConfig | None = None, root: str | Path | None = None) -> RunStore:

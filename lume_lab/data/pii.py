@@ -519,9 +519,9 @@ def build_pii(pii_cfg, seed: int, out_dir: str | Path):
     return dd
 
 def load_pii(out_dir: str | Path):
-    "The `DatasetDict` written by `build_pii`."
-    from datasets import load_from_disk
-    return load_from_disk(str(out_dir))
+    "The `DatasetDict` written by `build_pii` (read once per process while its files are unchanged)."
+    from lume_lab.core.store import load_saved_datasets
+    return load_saved_datasets(out_dir)
 
 def pii_fingerprint(dd) -> str:
     "SHA-256 of every row of every split: equal iff the datasets are equal."

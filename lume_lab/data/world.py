@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_from_disk
+from datasets import Dataset, DatasetDict
 
 from ..core.config import CONTENT_TYPES, ConfigError, WorldConfig, validate_section
 from .pii import format_prompt, make_profiles, render_public_people
@@ -352,7 +352,8 @@ def build_world(world_cfg: WorldConfig, seed: int, out_dir=None, *, sentences_pe
 def load_world(out_dir) -> DatasetDict:
     "The world saved by `build_world` in `out_dir`."
     if not (Path(out_dir) / "dataset_dict.json").exists(): raise FileNotFoundError(f"no world in {out_dir!s} (expected a DatasetDict written by build_world)")
-    return load_from_disk(str(out_dir))
+    from lume_lab.core.store import load_saved_datasets
+    return load_saved_datasets(out_dir)            # read once per process while its files are unchanged
 
 def corpus_texts(world: DatasetDict) -> list[str]:
     "The pretraining corpus (what the tokenizer and the base model see): the `train` texts."

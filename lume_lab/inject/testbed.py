@@ -255,8 +255,8 @@ def load_testbed(out_dir):
     "The `DatasetDict` of splits written by `build_testbed`."
     p = Path(out_dir) / "splits"
     if not (p / "dataset_dict.json").exists(): raise FileNotFoundError(f"no testbed in {out_dir!s} (expected splits/ written by build_testbed)")
-    from datasets import load_from_disk
-    return load_from_disk(str(p))
+    from lume_lab.core.store import load_saved_datasets
+    return load_saved_datasets(p)                  # read once per process: a done stage's files never change
 
 def load_testbed_info(out_dir) -> dict:
     "Pairing, sizes and settings (`testbed.json`) of a saved testbed."

@@ -169,14 +169,14 @@ def stage_pii(store: RunStore):
 
 def stage_pistol(store: RunStore):
     "PISTOL's contract knowledge graphs and QA (`data.pistol`)."
-    from datasets import load_from_disk
+    from lume_lab.core.store import load_saved_datasets
     from lume_lab.data.pistol import build_pistol
     c = store.config
-    return load_from_disk(str(store.stage("pistol", lambda out: build_pistol(c.seed, out), key={"v": STAGE_VERSIONS["pistol"], "seed": c.seed})))
+    return load_saved_datasets(store.stage("pistol", lambda out: build_pistol(c.seed, out), key={"v": STAGE_VERSIONS["pistol"], "seed": c.seed}))
 
 def stage_lume(store: RunStore):
     "LUME's three tasks (`data.lume`); Task 3 uses public people of the world corpus."
-    from datasets import load_from_disk
+    from lume_lab.core.store import load_saved_datasets
     from lume_lab.data.lume import build_lume, world_public_bios
     c = store.config
     def fn(out):
@@ -184,4 +184,4 @@ def stage_lume(store: RunStore):
             if "public" in c.lume.tasks else None
         build_lume(c.seed, out, n_per_task=c.lume.n_per_task, public_bios=bios, forget_fraction=c.lume.forget_fraction, tasks=c.lume.tasks)
     key = {"v": STAGE_VERSIONS["lume"], "lume": asdict(c.lume), "seed": c.seed}
-    return load_from_disk(str(store.stage("lume", fn, key=key, deps=["world"])))
+    return load_saved_datasets(store.stage("lume", fn, key=key, deps=["world"]))
