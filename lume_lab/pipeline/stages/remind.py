@@ -18,10 +18,11 @@ from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
 # %% auto #0
-__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'CI_LEVEL', 'REMIND_CI_VERSION', 'CI_COLUMNS', 'holdout_qa', 'remind_examples',
-           'remind_models', 'remind_key', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
-           'remind_class_sizes', 'stage_remind', 'remind_source', 'load_remind_features', 'ablation_method',
-           'stage_remind_ablation', 'remind_report', 'remind_intervals', 'stage_remind_ci', 'in_percent']
+__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'REMIND_CI_VERSION', 'CI_COLUMNS', 'holdout_qa',
+           'remind_examples', 'remind_models', 'remind_key', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
+           'oof_table', 'remind_class_sizes', 'stage_remind', 'remind_source', 'load_remind_features',
+           'ablation_method', 'stage_remind_ablation', 'remind_report', 'remind_intervals', 'oof_intervals',
+           'stage_remind_ci', 'in_percent']
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #af288d47
 def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
@@ -95,8 +96,9 @@ def load_remind_inputs(store: RunStore, field: str) -> list[dict]:
 SCORE_COLUMNS = ["model", "input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n", "n_per_class"]
 
 def score_model(model, tokenizer, examples: list[dict], label: str, *, n_splits: int, seed: int, scaler: str,
-                max_new_tokens: int = 32, rf_trees: int = 100) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "(features, scores) of one model: per input its class, profile, 14 features and baselines; per detector × comparison the metrics."
+                max_new_tokens: int = 32, rf_trees: int = 100, oof: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(features, scores) of one model: per input its class, profile, 14 features and baselines; per detector × comparison the
+    metrics. A list `oof` receives the fair protocol's out-of-fold probabilities, one record per detector × comparison."""
     from lume_lab.analysis.remind import FEATURES, ill_features, variant_losses
     from lume_lab.analysis.remind_eval import baseline_scores, baseline_table, remind_scores
     from lume_lab.models.ops import generate_texts
@@ -111,11 +113,26 @@ def score_model(model, tokenizer, examples: list[dict], label: str, *, n_splits:
         y, g = np.array([e["class"] for e in ex]), np.array([e["profile_id"] for e in ex])
         meta = pd.DataFrame({"model": label, "input": inp, "class": y, "profile_id": g})
         feats.append(pd.concat([meta, F[list(FEATURES)].reset_index(drop=True), B[[c for c in B if c not in meta and c not in F]].reset_index(drop=True)], axis=1))
-        rs = remind_scores(F[list(FEATURES)], y, g, n_splits=n_splits, seed=seed, scaler=scaler, rf_trees=rf_trees)
-        bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed)
+        ro, bo = [], []
+        rs = remind_scores(F[list(FEATURES)], y, g, n_splits=n_splits, seed=seed, scaler=scaler, rf_trees=rf_trees, oof=ro)
+        bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed, oof=bo)
+        if oof is not None:
+            oof += [dict(r, model=label, input=inp, detector="remind_" + r["classifier"]) for r in ro]
+            oof += [dict(r, model=label, input=inp, detector=r["baseline"]) for r in bo]
         scores += [rs.assign(detector="remind_" + rs.classifier, protocol="fair", input=inp), bt.assign(detector=bt.baseline, input=inp)]
     sc = pd.concat(scores, ignore_index=True).assign(model=label)
     return pd.concat(feats, ignore_index=True), sc[SCORE_COLUMNS]
+
+OOF_KEYS = ["model", "input", "detector", "comparison"]
+
+def oof_table(records: list[dict]) -> pd.DataFrame:
+    """`score_model`'s out-of-fold records as one long table (`oof.parquet` of `remind_<field>`): per record and row its
+    `OOF_KEYS`, the positive class `pos` ("" for the multi-class comparison), label `y`, `group` (the profile) and one
+    `p_<class>` column per class of the comparison (NaN in the columns of the other comparisons' classes)."""
+    parts = [pd.DataFrame({**{k: r[k] for k in OOF_KEYS}, "pos": r["pos"] or "", "y": np.asarray(r["y"], dtype=str),
+                           "group": np.asarray(r["groups"], dtype=str), **{f"p_{c}": r["P"][c].to_numpy() for c in r["P"].columns}})
+             for r in records]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*OOF_KEYS, "pos", "y", "group"])
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #429dfe14
 def remind_class_sizes(examples: list[dict]) -> pd.DataFrame:
@@ -143,14 +160,15 @@ def _too_few_folds(c, field: str, n_splits: int, orig: pd.Series, out: Path) -> 
     return False
 
 def _score_models(store: RunStore, field: str, loaders: dict, exs: list[dict], n_splits: int, sizes: pd.DataFrame, out: Path) -> None:
-    "Features and scores (`score_model`) of every model `loaders` names, written to `out`."
+    "Features, scores and out-of-fold probabilities (`score_model`) of every model `loaders` names, written to `out`."
     from lume_lab.models.accel import progress
     c, tok = store.config, load_stage_model(store, "instruct_masked")[1]
-    feats, scores = [], []
+    feats, scores, oof = [], [], []
     for label, load in progress(list(loaders.items()), desc=f"REMIND {field}"):
         f_, s_ = score_model(load().eval(), tok, exs, label, n_splits=n_splits, seed=c.seed, scaler=c.remind.scaler,
-                             max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees)
+                             max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees, oof=oof)
         feats.append(f_); scores.append(s_)
+    oof_table(oof).to_parquet(out / "oof.parquet", index=False)
     pd.concat(feats, ignore_index=True).to_csv(out / "features.csv", index=False)
     pd.concat(scores, ignore_index=True).assign(n_splits=n_splits).to_csv(out / "scores.csv", index=False)
     sizes.to_csv(out / "class_sizes.csv", index=False)
@@ -251,6 +269,28 @@ def remind_intervals(features: pd.DataFrame, *, n_splits: int, seed: int, scaler
     sep = pd.concat(sep, ignore_index=True)
     return pd.concat(ci, ignore_index=True)[CI_COLUMNS], sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]]
 
+def oof_intervals(oof: pd.DataFrame, scores: pd.DataFrame, *, seed: int, n_boot: int = 1000,
+                  level: float = CI_LEVEL) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`remind_intervals`' two tables from the out-of-fold probabilities `stage_remind` saved (`oof_table`) and its
+    `scores.csv`: the same bootstrap over the same rows, groups and seed, with no classifier refitted."""
+    from lume_lab.analysis.remind_eval import CLASSIFIERS, ci_separation, grouped_auc_ci
+    pcols, rows = [c for c in oof if c.startswith("p_")], []
+    for k, d in oof.groupby(OOF_KEYS, sort=False):
+        P = d[[c for c in pcols if d[c].notna().all()]].rename(columns=lambda c: c[2:]).reset_index(drop=True)
+        lo, hi = grouped_auc_ci(d.y.to_numpy(), P, d.pos.iloc[0] or None, d.group.to_numpy(), n_boot, level, seed)
+        rows.append(dict(zip(OOF_KEYS, k), auc_lo=lo, auc_hi=hi))
+    fair = scores[scores.protocol == "fair"]
+    ci = fair.merge(pd.DataFrame(rows, columns=[*OOF_KEYS, "auc_lo", "auc_hi"]), on=OOF_KEYS, how="left")[CI_COLUMNS]
+    if ci.auc_lo.isna().any() or len(rows) != len(ci):
+        raise ValueError(f"the out-of-fold probabilities cover {len(rows)} of the {len(ci)} fair-protocol scores: not the same REMIND stage")
+    sep = []
+    for (m, inp), d in ci.groupby(["model", "input"], sort=False):
+        rem = d.detector.str.startswith("remind_")
+        rs, bt = d[rem].assign(classifier=d.detector[rem].str[len("remind_"):]), d[~rem].assign(baseline=d.detector[~rem], protocol="fair")
+        sep += [ci_separation(rs, bt, k).assign(model=m, input=inp, classifier=k) for k in CLASSIFIERS]
+    sep = pd.concat(sep, ignore_index=True)
+    return ci.reset_index(drop=True), sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]]
+
 def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     """`remind_intervals` on the features `stage_remind` (or, for a `stages.unlearn.ModelSource`, `remind_source`) saved: stage
     `remind_ci_<field>` (`src.result_stage('remind_ci')`); None when REMIND skipped the field."""
@@ -259,7 +299,11 @@ def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame
     if scores is None: return None
     name, dep = (f"remind_ci_{field}", f"remind_{field}") if src is None else (src.result_stage("remind_ci"), src.result_stage("remind"))
     def fn(out):
-        feats = pd.read_csv(store.path(dep) / "features.csv", dtype={"profile_id": str})
+        if (store.path(dep) / "oof.parquet").exists():          # the probabilities REMIND saved: the bootstrap only
+            ci, sep = oof_intervals(pd.read_parquet(store.path(dep) / "oof.parquet"), scores, seed=c.seed, n_boot=c.remind.n_boot)
+            ci.to_csv(out / "intervals.csv", index=False); sep.to_csv(out / "separation.csv", index=False)
+            return
+        feats = pd.read_csv(store.path(dep) / "features.csv", dtype={"profile_id": str})   # a stage cached before: refit, as REMIND did
         ci, sep = remind_intervals(feats, n_splits=int(scores.n_splits.iloc[0]), seed=c.seed, scaler=c.remind.scaler,
                                    rf_trees=c.remind.rf_trees, n_boot=c.remind.n_boot)
         both = scores[scores.protocol == "fair"].merge(ci, on=["model", "input", "detector", "comparison"], suffixes=("", "_ci"))
