@@ -9,7 +9,7 @@ Repetitions are interleaved (the machines are shared).
 
 The stage directory must come from a run made with the code that saves `oof.parquet` (e.g. `lume-lab run --preset smoke`).
 Without one (as `make bench` runs it), a stage is made up: `--profiles` profiles per class, two rows each, two models and
-both inputs, random features and baselines, scored as `score_model` scores them (`remind_scores`, `baseline_table`).
+both inputs, random features and baselines, scored as `score_model` scores them (`detector_scores`).
 """
 import argparse, json, statistics, time
 from pathlib import Path
@@ -17,28 +17,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lume_lab.pipeline.stages.remind import SCORE_COLUMNS, oof_intervals, oof_table, remind_intervals
+from lume_lab.pipeline.stages.remind import detector_scores, oof_intervals, oof_table, remind_intervals
 
 
 def made_up_stage(profiles: int, seed: int = 0, n_splits: int = 5, rf_trees: int = 100):
-    "(features, scores, oof) shaped like a REMIND stage's files, from random features: `score_model`'s scoring, no model."
+    "(features, scores, oof, remind settings, seed) shaped like a REMIND stage's files, from random features: `detector_scores`, no model."
     from lume_lab.analysis.remind import CLASSES, FEATURES
-    from lume_lab.analysis.remind_eval import BASELINES, baseline_table, remind_scores
+    from lume_lab.analysis.remind_eval import BASELINES
     rng, feats, scores, oof = np.random.default_rng(seed), [], [], []
     for model in ("none", "npo"):
         for inp in ("orig", "reph"):
             y = np.repeat(np.array(CLASSES), 2 * profiles); g = np.repeat([f"p{i}" for i in range(3 * profiles)], 2)
             F = pd.DataFrame(rng.normal(size=(len(y), len(FEATURES))), columns=list(FEATURES))
             B = pd.DataFrame(rng.normal(size=(len(y), len(BASELINES))), columns=list(BASELINES))
-            ro, bo = [], []
-            rs = remind_scores(F, y, g, n_splits=n_splits, seed=seed, rf_trees=rf_trees, oof=ro)
-            bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed, oof=bo)
-            oof += [dict(r, model=model, input=inp, detector="remind_" + r["classifier"]) for r in ro]
-            oof += [dict(r, model=model, input=inp, detector=r["baseline"]) for r in bo]
-            scores += [rs.assign(detector="remind_" + rs.classifier, protocol="fair", input=inp, model=model),
-                       bt.assign(detector=bt.baseline, input=inp, model=model)]
+            scores.append(detector_scores(F, B, y, g, model, inp, n_splits=n_splits, seed=seed, scaler="pooled", rf_trees=rf_trees, oof=oof))
             feats.append(pd.concat([pd.DataFrame({"model": model, "input": inp, "class": y, "profile_id": g}), F, B], axis=1))
-    scores = pd.concat(scores, ignore_index=True)[SCORE_COLUMNS].assign(n_splits=n_splits)
+    scores = pd.concat(scores, ignore_index=True).assign(n_splits=n_splits)
     return pd.concat(feats, ignore_index=True), scores, oof_table(oof), {"scaler": "pooled", "rf_trees": rf_trees, "n_boot": 1000}, seed
 
 

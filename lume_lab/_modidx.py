@@ -1668,6 +1668,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                      'lume_lab/pipeline/stages/remind.py'),
                                                  'lume_lab.pipeline.stages.remind.ablation_method': ( 'pipeline/stages/remind.html#ablation_method',
                                                                                                       'lume_lab/pipeline/stages/remind.py'),
+                                                 'lume_lab.pipeline.stages.remind.detector_scores': ( 'pipeline/stages/remind.html#detector_scores',
+                                                                                                      'lume_lab/pipeline/stages/remind.py'),
                                                  'lume_lab.pipeline.stages.remind.holdout_qa': ( 'pipeline/stages/remind.html#holdout_qa',
                                                                                                  'lume_lab/pipeline/stages/remind.py'),
                                                  'lume_lab.pipeline.stages.remind.in_percent': ( 'pipeline/stages/remind.html#in_percent',

@@ -167,17 +167,17 @@ def grouped_auc_ci_loop(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, lev
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #b5583a9b
 def _evaluate(X: np.ndarray, y: np.ndarray, folds: np.ndarray, model: str, seed: int, scaler: str, rf_trees: int = 100,
-              groups=None, n_boot: int = 0, level: float = 0.95, oof: list | None = None) -> list[dict]:
+              groups=None, n_boot: int = 0, level: float = 0.95, oof: list | None = None, tag: dict | None = None) -> list[dict]:
     """One row per comparison: the classifier trained and scored out of fold on that comparison's rows and labels; with
     `n_boot`, the AUC's bootstrap interval over `groups` (`auc_lo`, `auc_hi`). With a list `oof`, each comparison's labels,
-    groups, positive class and out-of-fold probabilities are appended to it (what `grouped_auc_ci` needs later)."""
+    groups, positive class and out-of-fold probabilities are appended to it, after `tag`'s keys (what `grouped_auc_ci` needs later)."""
     rows = []
     for name, cs in comparisons(_ordered(y)).items():
         if len(cs) == 1: sel, yy = np.ones(len(y), bool), np.where(y == cs[0], cs[0], "rest")
         else: sel = np.isin(y, cs); yy = y[sel]
         P = classify(X[sel], yy, model=model, seed=seed, scaler=scaler, folds=folds[sel], rf_trees=rf_trees)
         pos = None if name == "multi" else cs[0]
-        if oof is not None: oof.append(dict(comparison=name, pos=pos, y=yy, groups=np.asarray(groups)[sel], P=P))
+        if oof is not None: oof.append(dict(tag or {}, comparison=name, pos=pos, y=yy, groups=np.asarray(groups)[sel], P=P))
         ci = dict(zip(("auc_lo", "auc_hi"), grouped_auc_ci(yy, P, pos, np.asarray(groups)[sel], n_boot, level, seed))) if n_boot else {}
         rows.append(dict(comparison=name, **_metric_row(yy, P, pos), **ci, n=int(sel.sum())))
     return rows
@@ -198,11 +198,8 @@ def remind_scores(features, labels, groups, *, models=CLASSIFIERS, n_splits: int
     X, y, g, n_per = _prepare(features, labels, groups, balance, seed)
     folds = grouped_folds(y, g, n_splits, seed)
     if scaler == "pooled": X, scaler = zscore(X)[0], "none"                  # the authors': once, over every (balanced) row
-    rows = []
-    for m in models:
-        recs = [] if oof is not None else None
-        rows += [dict(classifier=m, **r) for r in _evaluate(X, y, folds, m, seed, scaler, rf_trees, g, n_boot, level, recs)]
-        if oof is not None: oof += [dict(classifier=m, **r) for r in recs]
+    rows = [dict(classifier=m, **r) for m in models
+            for r in _evaluate(X, y, folds, m, seed, scaler, rf_trees, g, n_boot, level, oof, {"classifier": m})]
     return pd.DataFrame(rows).assign(n_per_class=n_per)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #79eb2355
@@ -267,9 +264,8 @@ def baseline_table(scores: pd.DataFrame, labels, groups, *, baselines: Sequence[
     rows = []
     for j, b in enumerate(names):
         rows += [dict(baseline=b, protocol="paper", **r) for r in _paper_rows(X[:, j], y, in_sample=b == "rougeL_f1")]
-        recs = [] if oof is not None else None
-        rows += [dict(baseline=b, protocol="fair", **r) for r in _evaluate(X[:, [j]], y, folds, "lr", seed, "pooled", 100, g, n_boot, level, recs)]
-        if oof is not None: oof += [dict(baseline=b, **r) for r in recs]
+        rows += [dict(baseline=b, protocol="fair", **r)
+                 for r in _evaluate(X[:, [j]], y, folds, "lr", seed, "pooled", 100, g, n_boot, level, oof, {"baseline": b})]
     return pd.DataFrame(rows).assign(n_per_class=n_per)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #ec9912a0

@@ -20,9 +20,9 @@ from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 # %% auto #0
 __all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'REMIND_CI_VERSION', 'CI_COLUMNS', 'holdout_qa',
            'remind_examples', 'remind_models', 'remind_key', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
-           'oof_table', 'remind_class_sizes', 'stage_remind', 'remind_source', 'load_remind_features',
-           'ablation_method', 'stage_remind_ablation', 'remind_report', 'remind_intervals', 'oof_intervals',
-           'stage_remind_ci', 'in_percent']
+           'detector_scores', 'oof_table', 'remind_class_sizes', 'stage_remind', 'remind_source',
+           'load_remind_features', 'ablation_method', 'stage_remind_ablation', 'remind_report', 'remind_intervals',
+           'oof_intervals', 'stage_remind_ci', 'in_percent']
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #af288d47
 def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
@@ -100,7 +100,7 @@ def score_model(model, tokenizer, examples: list[dict], label: str, *, n_splits:
     """(features, scores) of one model: per input its class, profile, 14 features and baselines; per detector × comparison the
     metrics. A list `oof` receives the fair protocol's out-of-fold probabilities, one record per detector × comparison."""
     from lume_lab.analysis.remind import FEATURES, ill_features, variant_losses
-    from lume_lab.analysis.remind_eval import baseline_scores, baseline_table, remind_scores
+    from lume_lab.analysis.remind_eval import baseline_scores
     from lume_lab.models.ops import generate_texts
     feats, scores = [], []
     for inp in ("orig", "reph"):
@@ -113,15 +113,22 @@ def score_model(model, tokenizer, examples: list[dict], label: str, *, n_splits:
         y, g = np.array([e["class"] for e in ex]), np.array([e["profile_id"] for e in ex])
         meta = pd.DataFrame({"model": label, "input": inp, "class": y, "profile_id": g})
         feats.append(pd.concat([meta, F[list(FEATURES)].reset_index(drop=True), B[[c for c in B if c not in meta and c not in F]].reset_index(drop=True)], axis=1))
-        ro, bo = [], []
-        rs = remind_scores(F[list(FEATURES)], y, g, n_splits=n_splits, seed=seed, scaler=scaler, rf_trees=rf_trees, oof=ro)
-        bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed, oof=bo)
-        if oof is not None:
-            oof += [dict(r, model=label, input=inp, detector="remind_" + r["classifier"]) for r in ro]
-            oof += [dict(r, model=label, input=inp, detector=r["baseline"]) for r in bo]
-        scores += [rs.assign(detector="remind_" + rs.classifier, protocol="fair", input=inp), bt.assign(detector=bt.baseline, input=inp)]
-    sc = pd.concat(scores, ignore_index=True).assign(model=label)
-    return pd.concat(feats, ignore_index=True), sc[SCORE_COLUMNS]
+        scores.append(detector_scores(F[list(FEATURES)], B, y, g, label, inp, n_splits=n_splits, seed=seed, scaler=scaler,
+                                      rf_trees=rf_trees, oof=oof))
+    return pd.concat(feats, ignore_index=True), pd.concat(scores, ignore_index=True)
+
+def detector_scores(F: pd.DataFrame, B: pd.DataFrame, y, g, label: str, inp: str, *, n_splits: int, seed: int, scaler: str,
+                    rf_trees: int = 100, oof: list | None = None) -> pd.DataFrame:
+    """`SCORE_COLUMNS` of one model's inputs of one kind: REMIND (LR, RF) on the features `F` and every baseline of `B`, in
+    the same folds. A list `oof` receives their fair-protocol out-of-fold records, each with its `OOF_KEYS`."""
+    from lume_lab.analysis.remind_eval import baseline_table, remind_scores
+    recs = []
+    rs = remind_scores(F, y, g, n_splits=n_splits, seed=seed, scaler=scaler, rf_trees=rf_trees, oof=recs)
+    bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed, oof=recs)
+    if oof is not None:
+        oof += [dict(r, model=label, input=inp, detector="remind_" + r["classifier"] if "classifier" in r else r["baseline"]) for r in recs]
+    sc = pd.concat([rs.assign(detector="remind_" + rs.classifier, protocol="fair"), bt.assign(detector=bt.baseline)], ignore_index=True)
+    return sc.assign(model=label, input=inp)[SCORE_COLUMNS]
 
 OOF_KEYS = ["model", "input", "detector", "comparison"]
 
