@@ -1426,6 +1426,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                         'lume_lab/pipeline/presentation/scorecard.py'),
                                                           'lume_lab.pipeline.presentation.scorecard.report_dir': ( 'pipeline/presentation/scorecard.html#report_dir',
                                                                                                                    'lume_lab/pipeline/presentation/scorecard.py'),
+                                                          'lume_lab.pipeline.presentation.scorecard.resolved_config': ( 'pipeline/presentation/scorecard.html#resolved_config',
+                                                                                                                        'lume_lab/pipeline/presentation/scorecard.py'),
                                                           'lume_lab.pipeline.presentation.scorecard.run_config': ( 'pipeline/presentation/scorecard.html#run_config',
                                                                                                                    'lume_lab/pipeline/presentation/scorecard.py'),
                                                           'lume_lab.pipeline.presentation.scorecard.run_manifest': ( 'pipeline/presentation/scorecard.html#run_manifest',

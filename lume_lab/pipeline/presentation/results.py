@@ -14,7 +14,7 @@ import yaml
 from ...core.config import config_diff, dotted_leaves
 from ...core.store import atomic_write_text, machine_info, repo_root
 from .report import _compute_seconds, format_scorecard, reproduce_command, stage_times
-from .scorecard import run_config, run_manifest, scorecard
+from .scorecard import resolved_config, run_config, run_manifest, scorecard
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
@@ -420,7 +420,8 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
         ext = _report_csv(d, "extraction_rates.csv")
         if ext is None: continue
         cfg, splits, reach = run_config(d), _split_profiles(d), _report_csv(d, "reachability.csv")
-        secs = _compute_seconds(run_manifest(d).get("stages", {}).get("inject_masked", {}))   # a reused stage: its source's time
+        entry = run_manifest(d).get("stages", {}).get("inject_masked", {})
+        secs = None if entry.get("resumed") else _compute_seconds(entry)   # a reused stage: its source's time; a resumed one: its last attempt's only
         ext = ext[ext.model == "masked"] if "model" in ext else ext
         order = list(cfg.get("pii", {}).get("target_fields") or [])
         for f in sorted(ext.field, key=lambda f: order.index(f) if f in order else len(order)):
@@ -459,7 +460,7 @@ def testbed_lines(run_dirs: list[Path]) -> list[str]:
     lines = ["## Testbed", "From e02: per run and target field, the masked model's memorized profiles after instruction tuning "
              "(`extraction_rates.csv`), the testbed's forget and retain profiles (`testbed/testbed.json`; a retain split is scored on its "
              "paired field), and accuracy on a fresh question template and on a paraphrase as % of trained accuracy (`reachability.csv`). "
-             "Memorized per hour is per hour of the masked injection stage on the run's machine (blank where the manifest has no time).",
+             "Memorized per hour is per hour of the masked injection stage on the run's machine (blank where the manifest has no time, or where the stage resumed after an interruption: its time then covers only the last attempt).",
              "### Memorization and reach", md_table(t)]
     u = injection_utility_table(run_dirs)
     return lines + (["### Utility around the injection", md_table(u)] if len(u) else [])
@@ -469,9 +470,9 @@ def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
     "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
     groups: list[list[Path]] = []
     for d in run_dirs:
-        cfg = run_config(d)
+        cfg = resolved_config(d)                                 # a field added since a run was made: its preset's value
         for g in groups:
-            if not [k for k in config_diff(run_config(g[0]), cfg) if k != "seed"]: g.append(d); break
+            if not [k for k in config_diff(resolved_config(g[0]), cfg) if k != "seed"]: g.append(d); break
         else: groups.append([d])
     return groups
 
@@ -487,7 +488,7 @@ def _shown_value(leaves: dict, key: str) -> str:
 
 def config_difference_table(groups: list[list[Path]]) -> pd.DataFrame:
     "One row per dotted config field (seed aside) whose value differs between any two groups; one column per group."
-    leaves = [dotted_leaves(run_config(g[0])) for g in groups]
+    leaves = [dotted_leaves(resolved_config(g[0])) for g in groups]
     keys = sorted({k for i, a in enumerate(leaves) for b in leaves[i + 1:] for k in config_diff(a, b)} - {"seed"})
     return pd.DataFrame({"field": keys, **{l: [_shown_value(v, k) for k in keys] for l, v in zip(group_labels(groups), leaves)}})
 
@@ -499,7 +500,7 @@ def compare_lines(groups: list[list[Path]], cards: list[list[str]]) -> list[str]
     """The config-difference table, then per group its scorecard (`cards`, from `scorecard_lines`) and stress-test sections,
     each heading suffixed by the group's name."""
     lines = ["## Configurations", "The runs fall into these groups of one config each (seed aside); the fields that differ between "
-             "them, as each run's config.json holds them (blank: the field is not in that config):", md_table(config_difference_table(groups))]
+             "them, as today's code reads each run's config.json (a field added after a run was made takes its preset's value):", md_table(config_difference_table(groups))]
     for g, card, label in zip(groups, cards, group_labels(groups)):
         for section in (card, robustness_lines(g), remind_interval_lines(g), dose_lines(g)): lines += _headed(section, label)
     return lines

@@ -17,9 +17,9 @@ from ...core.config import config_diff
 # %% auto #0
 __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'METRICS', 'SAMPLE_SIZES', 'BETTER', 'OUTPUT_COLUMNS', 'ROBUST_TESTS',
            'DIRECTION_CHECKS', 'N_COLUMNS', 'METRIC_COLUMNS', 'paper_table2', 'Metric', 'check_metric', 'metrics_table',
-           'paper_scorecard', 'report_dir', 'run_config', 'run_manifest', 'read_output_metrics', 'read_localization',
-           'read_remind', 'read_resurfacing', 'read_robustness', 'run_scorecard', 'direction', 'direction_mismatch',
-           'n_after', 'scorecard', 'toy_run']
+           'paper_scorecard', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
+           'read_localization', 'read_remind', 'read_resurfacing', 'read_robustness', 'run_scorecard', 'direction',
+           'direction_mismatch', 'n_after', 'scorecard', 'toy_run']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -167,6 +167,17 @@ def run_config(run_dir) -> dict:
     if not p.exists(): raise FileNotFoundError(f"{run_dir} is not a run directory: no config.json")
     return json.loads(p.read_text())
 
+def resolved_config(run_dir) -> dict:
+    """The run's config as today's code reads its `config.json` (`core.config.config_from_dict`, then
+    `core.store.upgraded_config`), as a dict: a field added after the run was made takes its preset's value, as when the
+    run reopens. Two runs are one config here exactly when they would reopen as one. The saved dict where it no longer
+    resolves (a field since removed)."""
+    from lume_lab.core.config import ConfigError, config_from_dict
+    from lume_lab.core.store import upgraded_config
+    raw = run_config(run_dir)
+    try: return upgraded_config(config_from_dict(raw)).to_dict()
+    except ConfigError: return raw
+
 def run_manifest(run_dir) -> dict:
     "The run's `manifest.json` as a dict (empty when there is none yet)."
     p = Path(run_dir) / "manifest.json"
@@ -288,9 +299,9 @@ N_COLUMNS = tuple(c for n, (_, rows, _) in SAMPLE_SIZES.items() for c in (n, row
 METRIC_COLUMNS = tuple(METRICS)
 
 def _check_same_config(run_dirs: list[Path]) -> None:
-    first = run_config(run_dirs[0])
+    first = resolved_config(run_dirs[0])
     for d in run_dirs[1:]:
-        diff = [k for k in config_diff(first, run_config(d)) if k != "seed"]
+        diff = [k for k in config_diff(first, resolved_config(d)) if k != "seed"]
         if diff: raise ValueError(f"{d} and {run_dirs[0]} differ in {', '.join(diff[:8])}: a scorecard averages seeds of one config only")
 
 def n_after(metric: str) -> str | None:
