@@ -468,11 +468,11 @@ def testbed_lines(run_dirs: list[Path]) -> list[str]:
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #588c6d61
 def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
     "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
+    cfgs = {d: resolved_config(d) for d in run_dirs}            # read once; a field added since a run was made: its preset's value
     groups: list[list[Path]] = []
     for d in run_dirs:
-        cfg = resolved_config(d)                                 # a field added since a run was made: its preset's value
         for g in groups:
-            if not [k for k in config_diff(resolved_config(g[0]), cfg) if k != "seed"]: g.append(d); break
+            if not [k for k in config_diff(cfgs[g[0]], cfgs[d]) if k != "seed"]: g.append(d); break
         else: groups.append([d])
     return groups
 
