@@ -71,6 +71,7 @@ def source_card(run_dir) -> pd.DataFrame:
             if r.test.startswith("quant") and r.test.endswith("_recovery"): put(r.field, r.method, "robust_profiles", r.n)
     if (p := rep / "resurfacing_attack.csv").exists():
         for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, "heldout_pii_nll", r.nll_before)
+    if not rows: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))   # a run before e03
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"])
 
 
@@ -132,11 +133,25 @@ def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
     return checked
 
 
+def computed_entry(run_dir, name: str) -> tuple[float | None, bool]:
+    """(seconds, resumed) of the run that computed stage `name`: read straight from the manifests, walking `reused_from`
+    back while the source still holds that stage with the same hash; else what the adopting entry recorded."""
+    e = run_manifest(run_dir)["stages"][name]
+    for _ in range(32):
+        if not e.get("reused_from"): return e.get("seconds"), bool(e.get("resumed"))
+        src = Path(e["reused_from"])
+        se = run_manifest(src).get("stages", {}).get(name) if (src / "manifest.json").is_file() else None
+        if not se or se.get("status") != "done" or se.get("hash") != e.get("hash"):
+            return e.get("source_seconds"), bool(e.get("source_resumed"))
+        e = se
+    raise AssertionError(f"{name}: reused_from goes round in circles from {run_dir}")
+
+
 def expected_stage_seconds(run_dir) -> pd.Series:
-    "Seconds per stage family of a run, summed straight from manifest.json (a reused stage: its source's seconds)."
+    "Seconds per stage family of a run, summed straight from the manifests (an adopted stage: the computing run's seconds)."
     cfg, out = run_config(run_dir), {}
-    for k, e in run_manifest(run_dir).get("stages", {}).items():
-        s = e.get("source_seconds", e.get("seconds")) if e.get("reused_from") else e.get("seconds")
+    for k in run_manifest(run_dir).get("stages", {}):
+        s = computed_entry(run_dir, k)[0]
         fam = R.stage_family(k, cfg)
         out[fam] = out.get(fam, 0.0) + (s or 0.0)
     return pd.Series(out, dtype=float)
@@ -307,9 +322,8 @@ def check_testbed_tables(tables: list, run_dirs: list[Path]) -> int:
             e = e[(e.model == "masked") & (e.field == row.field)].iloc[0]
             assert row["memorized / profiles"] == f"{e.memorized} / {e.profiles}", (row.run, row.field, row["memorized / profiles"])
             assert row["mask"] == f"{100 * cfg['inject']['mask_fraction']:g} %" and row["masked steps"] == str(cfg["inject"]["steps"]), (row.run, row["mask"])
-            st = run_manifest(d).get("stages", {}).get("inject_masked", {})
-            secs = st.get("source_seconds", st.get("seconds")) if st.get("reused_from") else st.get("seconds")
-            if st.get("resumed"): secs = None                   # its time covers only the last attempt: no rate from it
+            secs, resumed = computed_entry(d, "inject_masked") if "inject_masked" in run_manifest(d).get("stages", {}) else (None, False)
+            if resumed: secs = None                             # its time covers only the last attempt: no rate from it
             if secs:
                 assert_shown(row["injection s"], secs, (row.run, "injection s"))
                 assert_shown(row["memorized per hour"], 3600 * e.memorized / secs, (row.run, row.field, "per hour")); checked += 2
@@ -392,13 +406,15 @@ GROUPED = ("Scorecard", "REMIND intervals", "Dose-response", "Quantized forget E
 
 
 def config_groups(dirs: list[Path]) -> list[list[Path]]:
-    "The runs grouped by config with the seed set aside, read here from config.json."
-    import json
+    """The runs grouped by config with the seed set aside: two runs are one config when the first's config.json, with the
+    second's seed, would reopen as the second (`core.store.same_config`, the check `lume-lab run` makes)."""
+    from lume_lab.core.config import config_from_dict
+    from lume_lab.core.store import same_config
+    one = lambda a, b: same_config(config_from_dict({**run_config(a), "seed": run_config(b)["seed"]}), config_from_dict(run_config(b)))
     groups: list[list[Path]] = []
-    key = lambda d: json.dumps({k: v for k, v in run_config(d).items() if k != "seed"}, sort_keys=True)
     for d in dirs:
         for g in groups:
-            if key(g[0]) == key(d): g.append(d); break
+            if one(g[0], d) or one(d, g[0]): g.append(d); break
         else: groups.append([d])
     return groups
 

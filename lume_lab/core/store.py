@@ -19,8 +19,8 @@ from .config import ConfigError, RunConfig, config_diff, config_from_dict, confi
 __all__ = ['CONFIG_UPGRADES', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
            'package_versions', 'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError',
            'check_resolved', 'upgraded_config', 'same_config', 'RunStore', 'StageWarning', 'capture_stage_warnings',
-           'reissue_warnings', 'reuse_sources', 'process_rank', 'load_saved_datasets', 'open_run', 'run_status',
-           'run_warnings']
+           'reissue_warnings', 'reuse_sources', 'stage_compute', 'process_rank', 'load_saved_datasets', 'open_run',
+           'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -251,6 +251,25 @@ def _set_reuse(self: RunStore, sources: Iterable[str | Path]) -> list[Path]:
     self.manifest["reuse_from"] = [str(p) for p in out]; self._save()
     return out
 
+def stage_compute(run_dir: str | Path, name: str, entry: dict | None = None) -> dict:
+    """Which run computed stage `name` of the run in `run_dir`, and its time: `{"run", "seconds", "resumed"}`.
+
+    A stage computed here gives its own manifest entry's (`entry`, when the caller has read it). An adopted stage
+    (`reused_from`) gives the computing run's, followed through adoptions of adoptions. Where a source is gone or no
+    longer holds that hash, it gives the times recorded at adoption. `resumed` says the seconds cover only the last
+    attempt of an interrupted stage."""
+    run = Path(run_dir)
+    e = entry if entry is not None else json.loads((run / "manifest.json").read_text())["stages"][name]
+    seen = {run.resolve()}
+    while e.get("reused_from"):
+        src = Path(e["reused_from"])
+        try: se = json.loads((src / "manifest.json").read_text())["stages"].get(name)
+        except (OSError, ValueError, KeyError): se = None
+        if not se or se.get("status") != "done" or se.get("hash") != e.get("hash") or src.resolve() in seen:
+            return {"run": src, "seconds": e.get("source_seconds"), "resumed": bool(e.get("source_resumed", False))}
+        seen.add(src.resolve()); run, e = src, se
+    return {"run": run, "seconds": e.get("seconds"), "resumed": bool(e.get("resumed"))}
+
 def _find_reusable(self: RunStore, name: str, h: str) -> tuple[Path, dict] | None:
     "(source run directory, its manifest entry) of the first run in `reuse_from` that finished stage `name` with hash `h`."
     me = self.dir.resolve()
@@ -273,9 +292,10 @@ def _reuse_stage(self: RunStore, name: str, h: str) -> bool:
         shutil.rmtree(work, ignore_errors=True); return False
     if final.exists(): shutil.rmtree(final)
     os.replace(work, final)
+    origin = stage_compute(src, name, e)             # the run that computed it: `src`, or the run `src` adopted it from
     self.manifest["stages"][name] = {"status": "done", "hash": h, "seconds": 0.0, "finished": _now(), "resumed": False,
                                      "cache_hits": 0, "warnings": e.get("warnings", []), "reused_from": str(src),
-                                     "source_seconds": e.get("seconds")}
+                                     "source_seconds": origin["seconds"], "source_resumed": origin["resumed"]}
     self._save()
     return True
 

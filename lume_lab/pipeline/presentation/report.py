@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.config import config_diff
-from ...core.store import atomic_write_bytes, atomic_write_text
+from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
 from .scorecard import (METRICS, SAMPLE_SIZES, direction, n_after, report_dir, run_config, run_manifest,
                                          scorecard)   # `report.scorecard` is the same function
 
@@ -469,14 +469,11 @@ def stage_family(stage: str, cfg: dict) -> str:
     m = next((m for m in sorted({*(cfg["unlearn"]["methods"] or []), "none", "floor"}, key=len, reverse=True) if name.endswith(f"_{m}")), None)
     return name.removesuffix(f"_{m}") if m else name
 
-def _compute_seconds(entry: dict):
-    "A stage's compute time: its own, or for a stage adopted from another run (`reused_from`) the source's."
-    return entry.get("source_seconds", entry.get("seconds")) if entry.get("reused_from") else entry.get("seconds")
-
 def stage_times(run_dir) -> pd.DataFrame:
-    "Per stage family of the run: number of stages, their status, and seconds summed (from manifest.json)."
+    "Per stage family of the run: number of stages, their status, and compute seconds summed (`core.store.stage_compute`)."
     cfg, st = run_config(run_dir), run_manifest(run_dir).get("stages", {})
-    rows = [{"family": stage_family(k, cfg), "stage": k, "status": v.get("status"), "seconds": _compute_seconds(v)} for k, v in st.items()]
+    rows = [{"family": stage_family(k, cfg), "stage": k, "status": v.get("status"), "seconds": stage_compute(run_dir, k, v)["seconds"]}
+            for k, v in st.items()]
     df = pd.DataFrame(rows, columns=["family", "stage", "status", "seconds"])
     return df.groupby("family", sort=False).agg(stages=("stage", "size"), done=("status", lambda s: int((s == "done").sum())),
                                                 seconds=("seconds", "sum")).reset_index()
@@ -498,11 +495,11 @@ def _run_section(run_dirs: list[Path]) -> list:
               paragraph(f"How to reproduce (from a checkout at git commit {commits}):"), preformatted("\n".join(reproduce_command(d) for d in run_dirs))]
     if len(t):
         t.loc["total"] = t.sum()
-        blocks += [paragraph("Stage time in seconds per stage family (manifest.json; cached stages, and stages adopted from another run, "
-                             "keep the time of their first run)."),
+        blocks += [paragraph("Stage time in seconds per stage family (manifest.json; a cached stage keeps the time of its first run, "
+                             "and a stage adopted from another run the time of the run that computed it)."),
                    table(t.round(1).rename_axis("stage family").reset_index())]
     for d in run_dirs:
-        st = pd.DataFrame([{"stage": k, "status": e.get("status"), "seconds": _compute_seconds(e), "finished": e.get("finished"),
+        st = pd.DataFrame([{"stage": k, "status": e.get("status"), "seconds": stage_compute(d, k, e)["seconds"], "finished": e.get("finished"),
                             "reused from": Path(e["reused_from"]).name if e.get("reused_from") else ""}
                            for k, e in run_manifest(d).get("stages", {}).items()])
         if len(st): blocks.append(details(f"Every stage of {d.name}", [table(st)]))

@@ -12,8 +12,8 @@ import pandas as pd
 import yaml
 
 from ...core.config import config_diff, dotted_leaves
-from ...core.store import atomic_write_text, machine_info, repo_root
-from .report import _compute_seconds, format_scorecard, reproduce_command, stage_times
+from ...core.store import atomic_write_text, machine_info, repo_root, stage_compute
+from .report import format_scorecard, reproduce_command, stage_times
 from .scorecard import resolved_config, run_config, run_manifest, scorecard
 from ..orchestration.sweep import read_spec
 
@@ -184,7 +184,7 @@ def stage_lines(run_dirs: list[Path]) -> list[str]:
     t = stage_table(run_dirs)
     if not len(t): return ["## Stage times", "No stage is recorded in the manifest of these runs."]
     shown = t.assign(**{c: t[c].map(lambda v: "" if pd.isna(v) else f"{v:.1f}") for c in t.columns[1:]})
-    return ["## Stage times", "Seconds per stage family and run (manifest.json; a cached or adopted stage keeps the time of its first run).",
+    return ["## Stage times", "Seconds per stage family and run (manifest.json; a cached stage keeps the time of its first run, and a stage adopted from another run the time of the run that computed it).",
             md_table(shown)]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ea20fa04
@@ -421,7 +421,8 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
         if ext is None: continue
         cfg, splits, reach = run_config(d), _split_profiles(d), _report_csv(d, "reachability.csv")
         entry = run_manifest(d).get("stages", {}).get("inject_masked", {})
-        secs = None if entry.get("resumed") else _compute_seconds(entry)   # a reused stage: its source's time; a resumed one: its last attempt's only
+        origin = stage_compute(d, "inject_masked", entry) if entry else {}     # an adopted stage: the computing run's time
+        secs = None if origin.get("resumed") else origin.get("seconds")       # a resumed one: its last attempt's only
         ext = ext[ext.model == "masked"] if "model" in ext else ext
         order = list(cfg.get("pii", {}).get("target_fields") or [])
         for f in sorted(ext.field, key=lambda f: order.index(f) if f in order else len(order)):
