@@ -163,7 +163,8 @@ def scorecard_lines(run_dirs: list[Path]) -> list[str]:
         done = sorted({e for d in run_dirs for e, v in run_manifest(d).get("experiments", {}).items() if v.get("status") == "done"})
         return ["## Scorecard", NO_SCORECARD.format(runs=", ".join(run_labels(run_dirs)), have="has" if len(run_dirs) == 1 else "have",
                                                     done=", ".join(done) or "none")]
-    seeds = f"mean ± std over {len(run_dirs)} seeds (sample std, n − 1); " if len(run_dirs) > 1 else ""
+    seeds = (f"mean ± std over {len(run_dirs)} seeds (sample std, n − 1; a value without ± comes from one run: the others have "
+             "none there); ") if len(run_dirs) > 1 else ""
     lines = ["## Scorecard", f"One row per method (`none`: before unlearning), from `pipeline.presentation.scorecard.scorecard`: {seeds}columns as on "
              "the run's report page; n columns as profiles / rows; '(paper)': Lacuna Table 2, OLMo-2 1B; ✗ names the checks whose "
              "direction differs from the paper's."]
