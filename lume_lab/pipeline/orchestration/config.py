@@ -4,54 +4,70 @@
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #f0d38ffb
 from __future__ import annotations
-import copy, json
+import copy, datetime, json
 from pathlib import Path
 
-from ...core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, config_from_dict, dotted_leaves, make_config,
-                                  set_fields, validate)
-from ...core.store import CONFIG_UPGRADES, RunStore, open_run, runs_root as _runs_root
+from ...core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash,
+                                  dotted_leaves, make_config, set_fields, validate)
+from ...core.store import RunStore, atomic_write_json, open_run, runs_root as _runs_root
 from ...unlearn.registry import BUILTIN_METHODS, get_spec
+from ...unlearn import localized_graddiff as _localized   # registers the e09 method (not a built-in)
 
 # %% auto #0
-__all__ = ['BY_HAND_PRESET', 'run_methods', 'method_hparams', 'resolve_config', 'open_experiment', 'config_sources',
+__all__ = ['AUXILIARY_METHODS', 'BY_HAND_PRESET', 'run_methods', 'config_methods', 'method_hparams', 'resolve_config',
+           'open_experiment', 'upgrade_config', 'same_config', 'open_resolved', 'config_sources',
            'format_config_sources', 'config_report']
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #3c490adf
+AUXILIARY_METHODS = {   # methods a stage runs whatever unlearn.methods says, and the stage that runs each
+    "localized_graddiff": "e09: GradDiff in the top weights of an attribution score, beside the run's methods",
+    "oracle_grad": "e11: every dose-response point runs OracleGrad's loss and hyperparameters",
+    "grad_ascent": "lume-lab export: the framework configs start from gradient ascent's schedule",
+}
+
 def run_methods(cfg: RunConfig) -> list[str]:
     "The methods of a run: `unlearn.methods`, or every built-in method when it is None."
     return list(cfg.unlearn.methods) if cfg.unlearn.methods is not None else list(BUILTIN_METHODS)
 
+def config_methods(cfg: RunConfig) -> list[str]:
+    "Every method whose hyperparameters a run's config resolves: the run's methods, then `AUXILIARY_METHODS`."
+    methods = run_methods(cfg)
+    return methods + [m for m in AUXILIARY_METHODS if m not in methods]
+
 def method_hparams(cfg: RunConfig, method: str) -> dict:
-    """Resolved hyperparameters of `method` in `cfg`: spec defaults ← `spec.presets[cfg.unlearn.hparams_preset]` (a preset
-    whose tuned points the run borrows) ← `spec.presets[cfg.preset]` ← `cfg.unlearn.hparams[method]`."""
-    try:
-        spec = get_spec(method)
-        rows = [spec.presets.get(p, {}) for p in (cfg.unlearn.hparams_preset, cfg.preset) if p]
-        return spec.resolve({k: v for row in rows for k, v in row.items()} | cfg.unlearn.hparams.get(method, {}))
-    except ValueError as e: raise ConfigError(f"unlearn.hparams.{method}: {e}") from None
+    "The resolved hyperparameters of `method` as the run's `config.json` holds them: a lookup, nothing is resolved again."
+    if method not in cfg.unlearn.hparams:
+        raise ConfigError(f"this run's config resolved no hyperparameters for {method!r} (it has {', '.join(cfg.unlearn.hparams)}); "
+                          f"add it to unlearn.methods when the run is created")
+    return dict(cfg.unlearn.hparams[method])
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #55d669be
 def _normal(cfg: RunConfig) -> RunConfig: return config_from_dict(json.loads(json.dumps(cfg.to_dict())))  # as config.json reads back
 
+def _preset_rows(preset: str) -> dict[str, dict]:
+    "The `unlearn.hparams.<method>` rows of a preset file, by method."
+    return {k.split(".", 2)[2]: v for k, v in PRESETS[preset].items() if k.startswith("unlearn.hparams.")}
+
 def resolve_config(cfg: RunConfig) -> RunConfig:
     "`cfg` with `unlearn.methods` explicit and every method's hyperparameters resolved; one `ConfigError` lists every problem."
     cfg = validate(copy.deepcopy(cfg))
-    methods, problems, hparams = run_methods(cfg), [], {}
-    problems += [f"unlearn.hparams sets {m!r}, which is not in unlearn.methods ({', '.join(methods)})" for m in cfg.unlearn.hparams if m not in methods]
-    for m in cfg.robustness.methods or []:                # the attacked methods a run unlearns (a preset's list meets a narrower unlearn.methods)
+    methods, rows, problems, hparams = config_methods(cfg), _preset_rows(cfg.preset), [], {}
+    problems += [f"unlearn.hparams sets {m!r}, which is not in unlearn.methods ({', '.join(run_methods(cfg))})"
+                 for m, row in cfg.unlearn.hparams.items() if m not in methods and row != rows.get(m)]
+    for m in cfg.robustness.methods or []:   # the attacked methods a run unlearns (a preset's list meets a narrower unlearn.methods)
         try: get_spec(m)
         except ValueError as e: problems.append(f"robustness.methods: {e}")
     for m in methods:
-        try: spec = get_spec(m)
-        except ValueError as e: problems.append(f"unlearn.methods: {e}"); continue
-        try: hparams[m] = method_hparams(cfg, m)
-        except ConfigError as e: problems.append(str(e)); continue
-        problems += [f"unlearn.hparams.{m}: {p}" for p in spec.model_problems(hparams[m], cfg.model.num_layers)]  # e.g. a layer the model lacks
+        try:
+            spec = get_spec(m)
+            hparams[m] = spec.resolve({**rows.get(m, {}), **cfg.unlearn.hparams.get(m, {})})
+        except ValueError as e:
+            where = "unlearn.methods" if m not in cfg.unlearn.hparams and m not in rows else f"unlearn.hparams.{m}"
+            problems.append(f"{where}: {e}"); continue
+        problems += [f"unlearn.hparams.{m}: {p}" for p in spec.model_problems(hparams[m], cfg.model.num_layers)]  # a layer the model lacks
     if problems: raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
-    cfg.unlearn.methods, cfg.unlearn.hparams = methods, hparams
+    cfg.unlearn.methods, cfg.unlearn.hparams = run_methods(cfg), hparams
     return _normal(cfg)
-
-if resolve_config not in CONFIG_UPGRADES: CONFIG_UPGRADES.append(resolve_config)   # an older run's config.json, read by today's code
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #cf34cee3
 BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
@@ -65,21 +81,43 @@ def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: st
     else:
         want = set_fields(open_run(run_id, root=runs_root).config, overrides)
         if seed is not None: want.seed = seed
-    return open_run(run_id, resolve_config(want), runs_root)
+    return open_resolved(run_id, resolve_config(want), runs_root)
+
+# %% ../../../nbs/pipeline/orchestration/00_config.ipynb #5c26e181
+def upgrade_config(saved: RunConfig) -> RunConfig:
+    "A saved config as today's code resolves it; `saved` itself where it no longer resolves (a method since removed, say)."
+    try: return resolve_config(saved)
+    except ConfigError: return saved
+
+def same_config(saved: RunConfig, config: RunConfig) -> bool:
+    "Whether a run whose `config.json` reads back as `saved` is the run `config` asks for (the same once `saved` is upgraded)."
+    return config_hash(saved) == config_hash(config) or config_hash(upgrade_config(saved)) == config_hash(config)
+
+def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None) -> RunStore:
+    "`core.store.open_run` with a resolved `config`, upgrading an older run's `config.json` that resolves to it today."
+    path = _runs_root(root) / run_id / "config.json"
+    if path.exists():
+        saved = config_from_dict(json.loads(path.read_text()))
+        if not same_config(saved, config):
+            raise ConfigError(f"run {run_id!r} exists with a different config ({path}); differing fields: "
+                              f"{', '.join(config_diff(upgrade_config(saved), config)[:8])}. Use another run id, or open it without a config to read it")
+        if config_hash(saved) != config_hash(config):
+            if not (orig := path.with_name("config.orig.json")).exists(): orig.write_text(path.read_text())
+            atomic_write_json(path, config.to_dict())
+            store = open_run(run_id, root=root)
+            store.manifest.update(config=config.to_dict(), config_hash=config_hash(config), config_upgraded={
+                "from_hash": config_hash(saved), "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+            store._save()
+    return open_run(run_id, config, root)
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a002
-def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool, borrowed: str | None = None) -> str:
+def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool) -> str:
     "The layer that set the dotted `key` of a resolved config (see the table above)."
     if key in set_keys: return "--set"
     if key == "seed": return "--seed" if seed_given else "default"
-    if key == "preset": return f"preset {preset}"
-    if key in preset_keys: return f"preset {preset}"
+    if key == "preset" or key in preset_keys: return f"preset {preset}"
     if key == "unlearn.methods": return "method registry"
-    if key.startswith("unlearn.hparams."):
-        method, hp = key.split(".")[2:4]
-        rows = get_spec(method).presets
-        return f"method spec {method}" + (f", preset {preset}" if hp in rows.get(preset, {}) else
-                                          f", preset {borrowed} (unlearn.hparams_preset)" if borrowed and hp in rows.get(borrowed, {}) else "")
+    if key.startswith("unlearn.hparams."): return f"method spec {key.split('.')[2]}"
     return "default"
 
 def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None,
@@ -87,7 +125,7 @@ def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, 
     "The resolved config of `preset` + `overrides` + `seed`, and the source of each value that differs from the defaults (of every value with `all_fields`)."
     cfg = resolve_config(make_config(preset, overrides, seed))
     default, keys = dotted_leaves(RunConfig()), (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {})))
-    return cfg, {k: _value_source(k, preset, *keys, seed is not None, cfg.unlearn.hparams_preset) for k, v in dotted_leaves(cfg).items()
+    return cfg, {k: _value_source(k, preset, *keys, seed is not None) for k, v in dotted_leaves(cfg).items()
                  if all_fields or k not in default or default[k] != v}
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a005
