@@ -407,9 +407,9 @@ GROUPED = ("Scorecard", "REMIND intervals", "Dose-response", "Quantized forget E
 
 def config_groups(dirs: list[Path]) -> list[list[Path]]:
     """The runs grouped by config with the seed set aside: two runs are one config when the first's config.json, with the
-    second's seed, would reopen as the second (`core.store.same_config`, the check `lume-lab run` makes)."""
+    second's seed, would reopen as the second (`pipeline.orchestration.config.same_config`, the check `lume-lab run` makes)."""
     from lume_lab.core.config import config_from_dict
-    from lume_lab.core.store import same_config
+    from lume_lab.pipeline.orchestration.config import same_config
     one = lambda a, b: same_config(config_from_dict({**run_config(a), "seed": run_config(b)["seed"]}), config_from_dict(run_config(b)))
     groups: list[list[Path]] = []
     for d in dirs:

@@ -11,7 +11,7 @@ from typing import Callable
 from ...core.config import DEFAULT_PRESET, PRESETS, ConfigError, make_config, config_hash
 from ...core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
 from ...unlearn.registry import BUILTIN_METHODS
-from .config import config_report, resolve_config
+from .config import config_report, open_resolved, resolve_config
 from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration, experiment_notebooks, plan_text,
                                       run_notebook)
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
@@ -69,7 +69,7 @@ def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: 
         from lume_lab.pipeline.stages.base import check_checkpoint   # (here: `lume-lab presets` and `status` need no transformers)
         check_checkpoint(cfg)
     set_launch_env(num_processes, launcher, fsdp2)          # inherited by the papermill kernels
-    store = open_run(run_id, cfg, root)                     # creates the run, or refuses a different config
+    store = open_resolved(run_id, cfg, root)                # creates the run, upgrades an older one, or refuses a different config
     store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}
     names = [nb.stem for nb in nbs]

@@ -15,7 +15,7 @@ from ...unlearn import localized_graddiff as _localized   # registers the e09 me
 
 # %% auto #0
 __all__ = ['AUXILIARY_METHODS', 'BY_HAND_PRESET', 'run_methods', 'config_methods', 'method_hparams', 'resolve_config',
-           'open_experiment', 'upgrade_config', 'same_config', 'open_resolved', 'config_sources',
+           'upgrade_config', 'same_config', 'open_resolved', 'open_experiment', 'config_sources',
            'format_config_sources', 'config_report']
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #3c490adf
@@ -69,20 +69,6 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     cfg.unlearn.methods, cfg.unlearn.hparams = run_methods(cfg), hparams
     return _normal(cfg)
 
-# %% ../../../nbs/pipeline/orchestration/00_config.ipynb #cf34cee3
-BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
-
-def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: str | None = None, overrides: dict | None = None,
-                    seed: int | None = None, default_preset: str = BY_HAND_PRESET) -> RunStore:
-    "The run `run_id` with its config (created from preset/overrides/seed if new); refuses values that differ from an existing run's."
-    exists = (_runs_root(runs_root) / run_id / "config.json").exists()
-    if exists and preset is None and not overrides and seed is None: return open_run(run_id, root=runs_root)
-    if preset is not None or not exists: want = make_config(preset or default_preset, overrides, seed)
-    else:
-        want = set_fields(open_run(run_id, root=runs_root).config, overrides)
-        if seed is not None: want.seed = seed
-    return open_resolved(run_id, resolve_config(want), runs_root)
-
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #5c26e181
 def upgrade_config(saved: RunConfig) -> RunConfig:
     "A saved config as today's code resolves it; `saved` itself where it no longer resolves (a method since removed, say)."
@@ -110,6 +96,20 @@ def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None
             store._save()
     return open_run(run_id, config, root)
 
+# %% ../../../nbs/pipeline/orchestration/00_config.ipynb #cf34cee3
+BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
+
+def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: str | None = None, overrides: dict | None = None,
+                    seed: int | None = None, default_preset: str = BY_HAND_PRESET) -> RunStore:
+    "The run `run_id` with its config (created from preset/overrides/seed if new); refuses values that differ from an existing run's."
+    exists = (_runs_root(runs_root) / run_id / "config.json").exists()
+    if exists and preset is None and not overrides and seed is None: return open_run(run_id, root=runs_root)
+    if preset is not None or not exists: want = make_config(preset or default_preset, overrides, seed)
+    else:
+        want = set_fields(open_run(run_id, root=runs_root).config, overrides)
+        if seed is not None: want.seed = seed
+    return open_resolved(run_id, resolve_config(want), runs_root)
+
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a002
 def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_given: bool) -> str:
     "The layer that set the dotted `key` of a resolved config (see the table above)."
@@ -129,14 +129,21 @@ def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, 
                  if all_fields or k not in default or default[k] != v}
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a005
-def format_config_sources(cfg: RunConfig, sources: dict[str, str]) -> str:
-    "The resolved `config.json` of `cfg`, then a `field | value | source` table of `sources` (from `config_sources`)."
-    rows = [("field", "value", "source")] + [(k, json.dumps(cfg[k]), s) for k, s in sources.items()]
+_FIRST = ("--set", "--seed")   # the values the user gave come first: they are what a reader checks
+
+def format_config_sources(cfg: RunConfig, sources: dict[str, str], all_fields: bool = False) -> str:
+    """A `field | value | source` table of `sources` (from `config_sources`), the user's values first. Without `all_fields`
+    the values a method's spec fills in are counted in a closing line, not listed: they are defaults too."""
+    shown = {k: s for k, s in sources.items() if all_fields or not s.startswith("method spec")}
+    order = sorted(shown, key=lambda k: (shown[k] not in _FIRST, shown[k] != f"preset {cfg.preset}"))   # stable: field order
+    rows = [("field", "value", "source")] + [(k, json.dumps(cfg[k]), shown[k]) for k in order]
     w = [max(len(r[0]) for r in rows), min(max(len(r[1]) for r in rows), 24)]   # a long list overflows its cell, not every row
     table = [f"{a:<{w[0]}} | {b:<{w[1]}} | {c}" for a, b, c in rows]
     table.insert(1, f"{'-' * w[0]}-|-{'-' * w[1]}-|-{'-' * 6}")
-    return json.dumps(cfg.to_dict(), indent=2) + "\n\n" + "\n".join(table) + "\n"
+    hidden = len(sources) - len(shown)
+    tail = [f"(and {hidden} hyperparameters at their method spec's defaults; --all lists every field)"] if hidden else []
+    return "\n".join([f"preset {cfg.preset}, seed {cfg.seed}: the values that differ from the defaults", "", *table, *tail]) + "\n"
 
 def config_report(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None, all_fields: bool = False) -> str:
-    "What `lume-lab config` prints: the resolved config.json and where each non-default value came from."
-    return format_config_sources(*config_sources(preset, overrides, seed, all_fields))
+    "What `lume-lab config` prints: each non-default value of the resolved config and where it came from (every value with `all_fields`)."
+    return format_config_sources(*config_sources(preset, overrides, seed, all_fields), all_fields=all_fields)

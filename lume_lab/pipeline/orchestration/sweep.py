@@ -15,8 +15,8 @@ import submitit
 import yaml
 
 from ...core.config import PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash, make_config
-from ...core.store import RunStore, _now, same_config, upgraded_config, atomic_write_json, atomic_write_text, reuse_sources, runs_root
-from .config import resolve_config
+from ...core.store import RunStore, _now, atomic_write_json, atomic_write_text, reuse_sources, runs_root
+from .config import resolve_config, same_config, upgrade_config
 from .runner import experiment_notebooks
 
 # %% auto #0
@@ -212,7 +212,7 @@ def _existing_conflicts(d: Path, points: list[Point]) -> list[str]:
     for p in points:
         f = d / p.name / "config.json"
         if f.exists() and not same_config(old := config_from_dict(json.loads(f.read_text())), p.config):
-            out.append(f"point {p.name} exists in {d} with a different config (differing fields: {', '.join(config_diff(upgraded_config(old), p.config)[:6])}); "
+            out.append(f"point {p.name} exists in {d} with a different config (differing fields: {', '.join(config_diff(upgrade_config(old), p.config)[:6])}); "
                        f"give the sweep another name, or remove {d / p.name}")
     return out
 

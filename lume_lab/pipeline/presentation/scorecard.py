@@ -169,13 +169,13 @@ def run_config(run_dir) -> dict:
 
 def resolved_config(run_dir) -> dict:
     """The run's config as today's code reads its `config.json` (`core.config.config_from_dict`, then
-    `core.store.upgraded_config`), as a dict: a field added after the run was made takes its preset's value, as when the
+    `pipeline.orchestration.config.upgrade_config`), as a dict: a field added after the run was made takes its preset's value, as when the
     run reopens. Two runs are one config here exactly when they would reopen as one. The saved dict where it no longer
     resolves (a field since removed)."""
     from lume_lab.core.config import ConfigError, config_from_dict
-    from lume_lab.core.store import upgraded_config
+    from lume_lab.pipeline.orchestration.config import upgrade_config
     raw = run_config(run_dir)
-    try: return upgraded_config(config_from_dict(raw)).to_dict()
+    try: return upgrade_config(config_from_dict(raw)).to_dict()
     except ConfigError: return raw
 
 def run_manifest(run_dir) -> dict:
