@@ -22,16 +22,16 @@ def test_mini_with_one_set_value_names_three_sources():
     cfg, src = config_sources("mini", SET)
     assert cfg == resolve_config(make_config("mini", SET))                     # the config `lume-lab run` would write
     assert (src["unlearn.hparams.npo.beta"], cfg["unlearn.hparams.npo.beta"]) == ("--set", 0.5)
-    default = RunConfig()
-    for k, v in PRESETS["mini"].items():                                        # every preset value that is not a default
-        if v != default[k]: assert (src[k], cfg[k]) == ("preset mini", v), k
-    npo = get_spec("npo")
-    for hp, v in npo.resolve(npo.presets["mini"]).items():                      # NPO's other values: its spec, mini's entry or default
+    default = dotted_leaves(RunConfig())
+    for k, v in dotted_leaves(PRESETS["mini"]).items():                         # every preset value that is not a default
+        if k not in default or v != default[k]: assert (src[k], cfg[k]) == ("preset mini", v), k
+    row = PRESETS["mini"]["unlearn.hparams.npo"]
+    for hp, v in get_spec("npo").resolve(row).items():                          # NPO's other values: mini's row or its spec's default
         if hp == "beta": continue
-        want = "method spec npo, preset mini" if hp in npo.presets["mini"] else "method spec npo"
+        want = "preset mini" if hp in row else "method spec npo"
         assert (src[f"unlearn.hparams.npo.{hp}"], cfg[f"unlearn.hparams.npo.{hp}"]) == (want, v), hp
     assert (src["unlearn.methods"], cfg.unlearn.methods) == ("method registry", list(BUILTIN_METHODS))
-    assert {"--set", "preset mini", "method spec npo", "method spec npo, preset mini", "method registry"} <= set(src.values())
+    assert {"--set", "preset mini", "method spec npo", "method registry"} <= set(src.values())
 
 
 def test_only_values_that_differ_from_the_defaults_are_listed_unless_asked():
@@ -49,8 +49,9 @@ def test_seed_and_preset_sources():
     assert (src["seed"], src["preset"]) == ("--seed", "preset smoke")
     _, src = config_sources("olmo2-1b")
     assert src["unlearn.methods"] == "preset olmo2-1b"                         # the OLMo presets list their methods
-    spec = get_spec("simnpo")
-    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in spec.presets["olmo2-1b"]} == {"method spec simnpo, preset olmo2-1b"}
+    row = PRESETS["olmo2-1b"]["unlearn.hparams.simnpo"]
+    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in row} == {"preset olmo2-1b"}              # the preset file's row
+    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in get_spec("simnpo").defaults if hp not in row} == {"method spec simnpo"}
 
 
 def test_report_prints_config_json_then_the_table():

@@ -23,9 +23,10 @@ def _check(hp): return [] if 0 < hp["amount"] < 1 else [f"toy_shrink.amount must
 
 def test_toy_method_through_unlearn_evaluate_localization(tmp_path):
     register_method(MethodSpec("toy_shrink", _shrink, {"amount": 0.5}, check=_check, grid={"amount": [0.1, 0.5]},
-                               presets={"smoke": {"amount": 0.25}}, summary="scale layer-0 MLP output weights"))
-    cfg = resolve_config(make_config("smoke", {"pretrain.steps": 16, "pretrain.checkpoint_every": 8, "unlearn.methods": ["toy_shrink"]}))
-    assert cfg.unlearn.hparams == {"toy_shrink": {"amount": 0.25}}         # the spec's preset value reached the resolved config
+                               summary="scale layer-0 MLP output weights"))
+    cfg = resolve_config(make_config("smoke", {"pretrain.steps": 16, "pretrain.checkpoint_every": 8, "unlearn.methods": ["toy_shrink"],
+                                               "unlearn.hparams.toy_shrink.amount": 0.25}))
+    assert cfg.unlearn.hparams["toy_shrink"] == {"amount": 0.25}          # the run's value for the new method reached the resolved config
     store = open_run("toy", cfg, tmp_path)
     prepare_testbed(store)
     field = cfg.unlearn.forget_fields[0]

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lume_lab.core.config import make_config, ConfigError
-from lume_lab.pipeline.orchestration.config import resolve_config
+from lume_lab.core.config import PRESETS, make_config, ConfigError
+from lume_lab.pipeline.orchestration.config import AUXILIARY_METHODS, resolve_config
 from lume_lab.pipeline.orchestration.runner import run_notebook, experiment_notebooks, NotebookRunError
 from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
@@ -214,8 +214,8 @@ def test_dotted_override_changes_one_method_only(tmp_path, monkeypatch):
     hp = cfg["unlearn"]["hparams"]
     assert hp["npo"] == {**plain["npo"], "beta": 0.5} and plain["npo"]["beta"] != 0.5
     assert {m: h for m, h in hp.items() if m != "npo"} == {m: h for m, h in plain.items() if m != "npo"}
-    assert set(hp) == set(BUILTIN_METHODS) and cfg["unlearn"]["methods"] == list(BUILTIN_METHODS)
-    assert hp["grad_ascent"]["lr"] == get_spec("grad_ascent").presets["mini"]["lr"]       # the preset's tuned values survive
+    assert set(hp) == set(BUILTIN_METHODS) | set(AUXILIARY_METHODS) and cfg["unlearn"]["methods"] == list(BUILTIN_METHODS)
+    assert hp["grad_ascent"]["lr"] == PRESETS["mini"]["unlearn.hparams.grad_ascent"]["lr"]   # the preset's tuned values survive
     man = json.loads((tmp_path / "r" / "manifest.json").read_text())
     from lume_lab.core.config import config_hash
     assert man["config_hash"] == config_hash(cfg)

@@ -3,6 +3,7 @@ import copy, math, os
 import pytest, torch
 
 os.environ.setdefault("IN_TEST", "1")
+from lume_lab.core.config import PRESETS
 from lume_lab.models.ops import qa_nll
 from lume_lab.models.toy import toy_problem
 from lume_lab.unlearn.registry import BUILTIN_METHODS, MethodSpec, get_spec, method_names, register_method
@@ -42,7 +43,7 @@ def test_every_method_raises_forget_loss(name, problem):
 def test_builtin_specs_registered_under_their_names():
     for name in BUILTIN_METHODS:
         spec = get_spec(name)
-        assert spec.name == name and set(spec.grid) <= set(spec.defaults) and "mini" in spec.presets
+        assert spec.name == name and set(spec.grid) <= set(spec.defaults) and f"unlearn.hparams.{name}" in PRESETS["mini"]
     assert method_names()[:len(BUILTIN_METHODS)] == list(BUILTIN_METHODS)
     assert [n for n in BUILTIN_METHODS if not get_spec(n).has_control] == ["oracle_grad", "uld"]
     assert get_spec("oracle_grad").inputs == ("ground_truth_mask",) and get_spec("alphaedit").inputs == ("neutral_texts",)
@@ -83,9 +84,11 @@ def test_bad_hparam_values_rejected(problem):
 
 @pytest.mark.parametrize("name", BUILTIN_METHODS)
 def test_presets_and_grid_resolve(name):
-    "Every preset (mini, Lacuna Table 5) and every grid value resolves; resolving is idempotent."
+    "Every preset file's row of the method (mini, Lacuna Table 5) and every grid value resolves; resolving is idempotent."
     spec = get_spec(name)
-    for preset, values in spec.presets.items():
+    rows = {preset: values[f"unlearn.hparams.{name}"] for preset, values in PRESETS.items() if f"unlearn.hparams.{name}" in values}
+    assert "mini" in rows
+    for preset, values in rows.items():
         hp = spec.resolve(values)
         assert {k: hp[k] for k in values} == values and spec.resolve(hp) == hp, preset
     for k, vals in spec.grid.items():
@@ -93,8 +96,8 @@ def test_presets_and_grid_resolve(name):
 
 
 def test_paper_presets_where_the_paper_has_them():
-    assert {n for n in BUILTIN_METHODS if "olmo2-1b" in get_spec(n).presets} == {"simnpo", "oracle_grad", "memflex", "alphaedit"}
-    assert get_spec("simnpo").resolve(get_spec("simnpo").presets["olmo3-7b"])["alpha"] == 0.5
+    assert {n for n in BUILTIN_METHODS if f"unlearn.hparams.{n}" in PRESETS["olmo2-1b"]} == {"simnpo", "oracle_grad", "memflex", "alphaedit"}
+    assert get_spec("simnpo").resolve(PRESETS["olmo3-7b"]["unlearn.hparams.simnpo"])["alpha"] == 0.5
 
 
 def test_missing_retain_is_an_error(problem):

@@ -4,6 +4,7 @@ import copy
 import pytest
 import torch
 
+from lume_lab.core.config import PRESETS
 from lume_lab.models.ops import qa_nll
 from lume_lab.models.toy import toy_problem
 from lume_lab.unlearn.registry import get_spec
@@ -133,12 +134,12 @@ def test_uld_seeded(problem):
 
 @pytest.mark.parametrize("size", ["olmo2-1b", "olmo3-7b"])
 def test_paper_hparams_resolve(size):
-    "Lacuna Table 5 presets pass the specs' checks, and AlphaEdit's layers fit a model of the paper's depth."
+    "Lacuna Table 5 rows of the model-size presets pass the specs' checks, and AlphaEdit's layers fit a model of the paper's depth."
     from lume_lab.unlearn import alphaedit as ae
-    mf = get_spec("memflex"); hp = mf.resolve(mf.presets[size])
+    hp = get_spec("memflex").resolve(PRESETS[size]["unlearn.hparams.memflex"])
     assert (hp["forget_factor"], hp["retain_factor"], hp["sim_threshold"]) == (-0.6, 2.0, 0.92)
     L = 16 if size == "olmo2-1b" else 32
-    hp = ae._model_layers(get_spec("alphaedit").resolve(get_spec("alphaedit").presets[size]), L)
+    hp = ae._model_layers(get_spec("alphaedit").resolve(PRESETS[size]["unlearn.hparams.alphaedit"]), L)
     assert hp["layers"] == [4, 5, 6, 7, 8] and hp["v_loss_layer"] == L - 1
     with pytest.raises(ValueError, match="layers must be distinct layer indices in 0..2"): ae._model_layers(hp, 3)
 

@@ -331,15 +331,7 @@ SPEC = register_method(MethodSpec(
     "alphaedit", _alphaedit, DEFAULT_HPARAMS, check=_check_alphaedit, check_model=_check_alphaedit_model, inputs=("neutral_texts",),
     needs_retain=lambda hp: "retain" in hp["mom2_data"] or hp["retain_weight"] > 0, summary="closed-form MLP edit toward 'I don't know' (or away from the answer), null-space projected",
     grid={"nullspace_threshold": [1e-3, 3e-3], "nullspace_relative": [True], "edit_site": ["residual"], "clamp_norm_factor": [1.5], "retain_weight": [0.0, 0.1],
-          "objective": ["suppress"], "mom2_data": [["neutral"]]},
-    presets={"mini": {"nullspace_threshold": 1e-3, "nullspace_relative": True, "clamp_norm_factor": 1.5, "edit_site": "residual",
-                      "objective": "suppress", "retain_weight": 0.0, "mom2_data": ["neutral"]},
-             "olmo2-1b": {"clamp_norm_factor": 0.5, "nullspace_threshold": 1e-3, "nullspace_relative": False, "v_steps": 50, "v_lr": 5e-2,
-                          "v_loss_layer": 15, "v_weight_decay": 1.0, "kl_factor": 1.0, "l2": 1.0, "mom2_data": ["neutral", "retain"],
-                          "layers": [4, 5, 6, 7, 8], "batch_size": 5, "edit_site": "residual", "objective": "idk"},
-             "olmo3-7b": {"clamp_norm_factor": 0.5, "nullspace_threshold": 1e-3, "nullspace_relative": False, "v_steps": 50, "v_lr": 5e-2,
-                          "v_loss_layer": 31, "v_weight_decay": 0.5, "kl_factor": 0.0625, "l2": 1.0, "mom2_data": ["neutral"],
-                          "layers": [4, 5, 6, 7, 8], "batch_size": 1, "edit_site": "residual", "objective": "idk"}}))
+          "objective": ["suppress"], "mom2_data": [["neutral"]]}))
 
 def alphaedit(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0, neutral_texts: list[str] | None = None):
     "Edit `model` in place so the forget prompts answer 'I don't know' (AlphaEdit); return it and the log."

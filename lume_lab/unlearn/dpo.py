@@ -54,8 +54,7 @@ def _dpo(model, tokenizer, forget, retain, hp, *, seed=0):
 SPEC = register_method(MethodSpec(
     "dpo", _dpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, needs_reference=True,
     summary="prefer 'I don't know' over the forget answer (DPO)",
-    grid={"lr": LR_GRID, "epochs": [5], "beta": [0.1, 0.5], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-4, "epochs": 5, "beta": 0.1, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [5], "beta": [0.1, 0.5], "max_grad_norm": [None]}))
 
 def dpo(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by DPO towards 'I don't know' answers (plus α·retain NLL). Trains `model` in place."

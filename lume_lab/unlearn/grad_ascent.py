@@ -30,8 +30,7 @@ def _grad_ascent(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/02_grad_ascent.ipynb #96406111
 SPEC = register_method(MethodSpec(
     "grad_ascent", _grad_ascent, DEFAULT_HPARAMS, summary="gradient ascent on the forget answers",
-    grid={"lr": LR_GRID, "epochs": [2, 5], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-5, "epochs": 2, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [2, 5], "max_grad_norm": [None]}))
 
 def grad_ascent(model, tokenizer, forget, retain=None, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by gradient ascent on its answer NLL (`retain` is only logged). Trains `model` in place."

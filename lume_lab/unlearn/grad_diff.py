@@ -32,8 +32,7 @@ def _grad_diff(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/03_grad_diff.ipynb #6269941d
 SPEC = register_method(MethodSpec(
     "grad_diff", _grad_diff, DEFAULT_HPARAMS, needs_retain=True, summary="ascent on forget, descent on retain",
-    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-5, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]}))
 
 def grad_diff(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with Gradient Difference against `retain`. Trains `model` in place."

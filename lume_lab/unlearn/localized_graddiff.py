@@ -143,8 +143,7 @@ def _localized_graddiff(model, tokenizer, forget, retain, hp, *, seed=0, ground_
 SPEC = register_method(MethodSpec(
     "localized_graddiff", _localized_graddiff, DEFAULT_HPARAMS, check=_check_localized, inputs=("ground_truth_mask",),
     needs_retain=True, has_control=False, summary="GradDiff confined to the top-k weights of a forget-set attribution score",
-    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "score": list(FORGET_SCORES), "max_grad_norm": [None]},
-    presets={"mini": {"lr": 1e-4, "epochs": 5, "gamma": 5.0, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "score": list(FORGET_SCORES), "max_grad_norm": [None]}))
 
 def localized_graddiff(model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0):
     "GradDiff confined to the top-k weights of a forget-only attribution score (k = |ground_truth_mask| by default). Trains `model` in place."

@@ -15,7 +15,7 @@ from ..core.config import finite_number
 from .registry import MethodSpec, register_method
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss', 'memflex']
+__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss', 'memflex']
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #7809cba2
 def set_gradients(model, tokenizer, examples, names: list[str], batch_size: int = 8, max_length: int | None = None) -> dict[str, torch.Tensor]:
@@ -88,10 +88,6 @@ def _memflex_step(model, batch, ref, hp):
             "retain_loss": hp["retain_factor"] * r.detach(), "forget_nll": f, "retain_nll": r}
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #002d5028
-# Training settings of the model-size presets (Table 5 states none): KnowUnDo's MemFlex run — effective batch 16 (1 × 16
-# accumulation), cosine schedule with 3 % warm-up, clipping at 1.0 (see "Differences from the reference").
-PAPER_TRAINING = {"batch_size": 16, "scheduler": "cosine", "warmup_steps": 0, "warmup_ratio": 0.03, "max_grad_norm": 1.0}
-
 def _memflex(model, tokenizer, forget, retain, hp, *, seed=0):
     forget, retain = check_qa(forget, "forget"), check_qa(retain, "retain")
     if not forget: raise ValueError("forget set is empty")
@@ -112,12 +108,7 @@ def _memflex(model, tokenizer, forget, retain, hp, *, seed=0):
 SPEC = register_method(MethodSpec(
     "memflex", _memflex, DEFAULT_HPARAMS, check=_check_memflex, needs_retain=True,
     summary="GradDiff in the tensors where forget and retain gradients disagree",
-    grid={"lr": LR_GRID, "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-5, "epochs": 5, "grad_threshold": 3e-5, "max_grad_norm": None},
-             "olmo2-1b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 3e-4, "grad_threshold": 6e-4, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING},
-             "olmo3-7b": {"forget_factor": -0.6, "retain_factor": 2.0, "lr": 1e-4, "grad_threshold": 1e-5, "sim_threshold": 0.92, "epochs": 20, **PAPER_TRAINING},
-             # no validation forget set to tune on (see the smollm2 preset): the top half of the candidate tensors by forget signal
-             "smollm2": {"grad_quantile": 0.5}}))
+    grid={"lr": LR_GRID, "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]}))
 
 def memflex(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with MemFlex (gradient-disagreement localization + GradDiff in the selected tensors). Trains `model` in place."

@@ -36,8 +36,7 @@ def _npo(model, tokenizer, forget, retain, hp, *, seed=0):
 SPEC = register_method(MethodSpec(
     "npo", _npo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, needs_reference=True,
     summary="negative preference optimization against the original model",
-    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.0, 1.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-4, "epochs": 5, "alpha": 1.0, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.0, 1.0], "max_grad_norm": [None]}))
 
 def npo(model, tokenizer, forget, retain=None, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with NPO against a frozen copy of `model` (plus α·retain NLL if α > 0). Trains `model` in place."

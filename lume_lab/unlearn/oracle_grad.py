@@ -9,14 +9,10 @@ from .grad_diff import grad_diff_step
 from .registry import MethodSpec, register_method
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'oracle_grad']
+__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'oracle_grad']
 
 # %% ../../nbs/unlearn/08_oracle_grad.ipynb #441aa244
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 5.0, "alpha": 1.0}
-
-# Training settings of the model-size presets (Table 5 states none): open-unlearning's GradDiff on TOFU — effective batch 32,
-# one epoch of linear warm-up (1/200 of the 200 epochs) then linear decay, clipping at 1.0 (see "Differences from the reference").
-PAPER_TRAINING = {"batch_size": 32, "scheduler": "linear", "warmup_steps": 0, "warmup_ratio": 1 / 200, "max_grad_norm": 1.0}
 
 def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_mask=None):
     if ground_truth_mask is None: raise ValueError("oracle_grad needs ground_truth_mask: a dict parameter name -> bool forget mask")
@@ -26,10 +22,7 @@ def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_m
 SPEC = register_method(MethodSpec(
     "oracle_grad", _oracle_grad, DEFAULT_HPARAMS, inputs=("ground_truth_mask",), needs_retain=True, has_control=False,
     summary="GradDiff confined to the ground-truth forget mask",
-    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 1e-4, "epochs": 5, "gamma": 5.0, "max_grad_norm": None},
-             "olmo2-1b": {"gamma": 5.0, "alpha": 1.0, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING},
-             "olmo3-7b": {"gamma": 1.0, "alpha": 0.5, "lr": 5e-5, "epochs": 200, **PAPER_TRAINING}}))
+    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]}))
 
 def oracle_grad(model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0):
     "GradDiff unlearning restricted to `ground_truth_mask` (name → bool forget mask). Trains `model` in place."

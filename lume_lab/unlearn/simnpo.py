@@ -11,7 +11,7 @@ from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
 from .registry import MethodSpec, register_method
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'PAPER_TRAINING', 'SPEC', 'simnpo_loss', 'simnpo']
+__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'simnpo_loss', 'simnpo']
 
 # %% ../../nbs/unlearn/07_simnpo.ipynb #e950547e
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "beta": 10.0, "delta": 1.5, "gamma": 3.0, "alpha": 1.0}
@@ -29,20 +29,13 @@ def _simnpo_step(model, batch, ref, hp):
     out = {"forget_loss": hp["gamma"] * fo.detach(), "forget_nll": (-lp.detach() / n).mean()}
     return {"loss": add_retain_nll(model, batch, hp, hp["gamma"] * fo, out), **out}
 
-# Training settings of the model-size presets: Table 5's constant schedule (🤗 `constant`: no warm-up); batch and
-# clipping from open-unlearning, which Table 5's hyperparameter names follow (see "Differences from the reference").
-PAPER_TRAINING = {"batch_size": 32, "scheduler": "constant", "warmup_steps": 0, "warmup_ratio": 0.0, "max_grad_norm": 1.0}
-
 def _simnpo(model, tokenizer, forget, retain, hp, *, seed=0):
     return unlearn_loop(model, tokenizer, forget, retain, _simnpo_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="simnpo")
 
 # %% ../../nbs/unlearn/07_simnpo.ipynb #1f4de8dd
 SPEC = register_method(MethodSpec(
     "simnpo", _simnpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, summary="reference-free, length-normalised NPO",
-    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-4, "epochs": 5, "alpha": 0.01, "max_grad_norm": None},
-             "olmo2-1b": {"gamma": 3.0, "alpha": 0.01, "beta": 10.0, "delta": 1.5, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING},
-             "olmo3-7b": {"gamma": 3.0, "alpha": 0.5, "beta": 10.0, "delta": 1.5, "lr": 1e-4, "epochs": 200, **PAPER_TRAINING}}))
+    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]}))
 
 def simnpo(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with SimNPO (plus α·retain NLL). Trains `model` in place."

@@ -44,8 +44,7 @@ def _ukl(model, tokenizer, forget, retain, hp, *, seed=0):
 # %% ../../nbs/unlearn/04_ukl.ipynb #de5bc308
 SPEC = register_method(MethodSpec(
     "ukl", _ukl, DEFAULT_HPARAMS, needs_retain=True, needs_reference=True, summary="ascent on forget, KL to the original on retain",
-    grid={"lr": LR_GRID, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 3e-5, "epochs": 5, "alpha": 1.0, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]}))
 
 def ukl(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by gradient ascent with KL(π_ref ‖ π_θ) on `retain` answers. Trains `model` in place."

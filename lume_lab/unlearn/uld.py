@@ -177,8 +177,7 @@ def _check_uld_model(hp: dict, n_layers: int) -> list[str]:
 SPEC = register_method(MethodSpec(
     "uld", _uld, DEFAULT_HPARAMS, check=_check_uld, check_model=_check_uld_model, needs_retain=True, changes_weights=False, has_control=False,
     save=_save_uld, load=_load_uld_result, summary="subtract a small assistant's logits; the model's weights never change",
-    grid={"lr": LR_GRID, "epochs": [5], "max_grad_norm": [None]},
-    presets={"mini": {"lr": 1e-3, "epochs": 5, "max_grad_norm": None}}))
+    grid={"lr": LR_GRID, "epochs": [5], "max_grad_norm": [None]}))
 
 def uld(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Train a ULD assistant on `forget`/`retain`; return `(ULDModel(model, assistant), log)`. `model` is not modified."
