@@ -96,6 +96,7 @@ def test_readme_extending_examples_run(tmp_path):
         assert card.columns.tolist()[-2:] == ["nll_gap", "direction_mismatch"], card.columns.tolist()
         assert card[["field", "method"]].values.tolist() == [["phone_number", "none"]] and abs(card.nll_gap.iat[0] - want) < 1e-12
         page = (store.dir / "report" / "index.html").read_text()
+        assert re.findall(r"<h2>([^<]+)</h2>", page)[0] == "Scorecard"             # no verdict metric: no verdict section
         sc = read_html_tables(page.split("<h2>Scorecard</h2>")[1].split("<h2>")[0])[0]
         assert sc.columns.tolist() == ["method", "NLL gap", "direction mismatch"] and sc.at[0, "NLL gap"] == f"{want:.2f}", sc
         import pandas as pd

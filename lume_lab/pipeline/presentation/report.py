@@ -528,6 +528,8 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
     M = SCORECARD_METRICS
     late = [c for c in verdict_columns() if c not in card and M[c].experiment in waiting]
     if not len(card): return [heading(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
+    if not any(c in card for c in verdict_columns()):     # only metrics the verdict does not show (a new experiment's)
+        return [heading(2, "Verdict"), _not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late])] if late else []
     png, (t, cls) = verdict_figure(card), verdict_table(card)
     bands = "; ".join(f"{_verdict_header(c)}: ± {M[c].band:g}" + ("" if M[c].reference == "none" else f" around {M[c].reference:g}")
                       for c in verdict_columns() if c in card)
