@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lume_lab.pipeline.presentation.report import VERDICT, read_html_tables
-from lume_lab.pipeline.presentation.scorecard import METRICS, OUTPUT_COLUMNS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B
+from lume_lab.pipeline.presentation.report import read_html_tables
+from lume_lab.pipeline.presentation.scorecard import (SCORECARD_METRICS as METRICS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B, metric_sources,
+                                                        verdict_columns)
 
 EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
 
@@ -54,7 +55,7 @@ def assert_verdict_matches(card: pd.DataFrame, page: str):
     t = read_html_tables(h2_sections(page)["Verdict"])[0].set_index(["field", "method"])
     checked = 0
     for (f, m), r in card.iterrows():
-        for c in VERDICT:
+        for c in verdict_columns():
             if c not in card: continue
             head = next(h for h in t.columns if h.startswith(METRICS[c].label + " "))
             want = _fmt(r[c], METRICS[c].digits)
@@ -74,7 +75,7 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
     for p in sorted(rep.glob("table2_*.csv")):
         field, t = p.stem.removeprefix("table2_"), pd.read_csv(p, index_col=[0, 1])
         for m in [c for c in t.columns if c not in ("n_profiles", "n_rows")]:
-            for col, key in OUTPUT_COLUMNS.items():
+            for col, key in metric_sources("table2").items():
                 assert _same(card.at[(field, m), col], t.at[key, m]), (field, m, col)
                 assert html[field].at[m, METRICS[col].label] == _fmt(t.at[key, m], 1), (field, m, col)
                 checked += 1

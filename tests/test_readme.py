@@ -54,9 +54,13 @@ def test_readme_reading_order_lists_every_library_notebook():
 
 def test_readme_extending_examples_run(tmp_path):
     """The method, metric and experiment examples, exactly as README prints them, in a fresh interpreter; the experiment's
-    section on the page of a run made for it: "not yet run" while e10 is to come, its table once e10 wrote its CSV."""
+    section on the page of a run made for it: "not yet run" while e10 is to come, its table once e10 wrote its CSV; the
+    metric's one declaration puts its column in the scorecard (scorecard.csv and the page's table, under its label)."""
     blocks = _python_blocks(_section("Extending"))
     assert len(blocks) == 3, len(blocks)
+    from lume_lab.pipeline.presentation.scorecard import register_metric         # the prose names where metrics are declared
+    metric = _section("Extending").split("**Add a metric**")[1].split("**Add an experiment**")[0]
+    assert f"`register_metric` in `{register_metric.__module__}`" in metric and metric.count("register_metric(") == 1
     check = textwrap.dedent("""
         import math, torch
         from lume_lab.unlearn.registry import get_spec
@@ -83,7 +87,20 @@ def test_readme_extending_examples_run(tmp_path):
         shown = section(write_report([store.dir]).read_text())
         assert "not yet run" not in shown
         t = read_html_tables(shown)[0]
-        assert list(t.columns) == ["model", "nll_gap"] and abs(float(t.at[0, "nll_gap"]) - want) < 1e-9, (t, want)
+        assert list(t.columns) == ["field", "method", "nll_gap"] and abs(float(t.at[0, "nll_gap"]) - want) < 1e-9, (t, want)
+        # the metric example's one declaration: the scorecard's last metric column, read from the experiment's file,
+        # on the page's scorecard table under its label and digits, and in scorecard.csv
+        from lume_lab.pipeline.presentation.scorecard import SCORECARD_METRICS, scorecard
+        assert list(SCORECARD_METRICS)[-1] == "nll_gap" and SCORECARD_METRICS["nll_gap"].label == "NLL gap"
+        card = scorecard([store.dir])
+        assert card.columns.tolist()[-2:] == ["nll_gap", "direction_mismatch"], card.columns.tolist()
+        assert card[["field", "method"]].values.tolist() == [["phone_number", "none"]] and abs(card.nll_gap.iat[0] - want) < 1e-12
+        page = (store.dir / "report" / "index.html").read_text()
+        assert re.findall(r"<h2>([^<]+)</h2>", page)[0] == "Scorecard"             # no verdict metric: no verdict section
+        sc = read_html_tables(page.split("<h2>Scorecard</h2>")[1].split("<h2>")[0])[0]
+        assert sc.columns.tolist() == ["method", "NLL gap", "direction mismatch"] and sc.at[0, "NLL gap"] == f"{want:.2f}", sc
+        import pandas as pd
+        assert abs(pd.read_csv(store.dir / "report" / "scorecard.csv").nll_gap.iat[0] - want) < 1e-12
         try: write_report_file(store, "gap.csv", t); raise SystemExit("a name no section declares was written")
         except ValueError as e: assert "nll_gap.csv" in str(e), e
         assert sorted(p.name for p in (store.dir / "report").iterdir()) == ["index.html", "nll_gap.csv", "report.md", "scorecard.csv"]

@@ -181,7 +181,7 @@ def test_verdict_first_and_small_split_banner(tmp_path):
     page = R.write_report([run]).read_text()
     assert _h2(page)[0] == "Verdict"
     card = pd.read_csv(run / "report" / "scorecard.csv")
-    present = [c for c in R.VERDICT if c in card]       # the copied mini run predates e10: its robustness columns are absent
+    present = [c for c in S.verdict_columns() if c in card]       # the copied mini run predates e10: its robustness columns are absent
     assert len(present) >= 6 and assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(present)
     small = card.groupby("field", sort=False)[["forget_profiles", "retain_profiles"]].min()
     assert (small.forget_profiles < 10).any()                       # the mini run's own split sizes: the precondition of the banner
@@ -196,7 +196,7 @@ def test_verdict_first_and_small_split_banner(tmp_path):
     marks, shown = R.verdict_marks(S.scorecard([run])), re.findall(r'<td class="(better|worse|same|ref)">', h2_sections(page)["Verdict"])
     for cls, v in (("better", 1), ("same", 0), ("worse", -1)): assert shown.count(cls) == int((marks == v).sum().sum()), cls
     assert (marks == 1).sum().sum() > 0 and (marks == -1).sum().sum() > 0
-    n_ref = sum(S.METRICS[c].reference == "none" for c in present)          # every verdict column measured against `none` (not AUC: chance)
+    n_ref = sum(S.SCORECARD_METRICS[c].reference == "none" for c in present)          # every verdict column measured against `none` (not AUC: chance)
     assert n_ref >= 5 and shown.count("ref") == (card.method == "none").sum() * n_ref
     # every split at 10 or more: no banner (constructed from the same run)
     _set_split_sizes(run, 10, 12)
@@ -231,7 +231,7 @@ def test_sections_still_to_come_say_not_yet_run(tmp_path):
 def test_section_registry_is_the_page_order(tmp_path):
     "Sections come from the registry, in order; a registration with a bad experiment id is refused by name."
     run = _copy_run(tmp_path / "mini")
-    titles = [s.title for s in R.SECTIONS]
+    titles = [s.title for s in R.PAGE_SECTIONS]
     got = [h for h in _h2(R.write_report([run]).read_text()) if h in titles]
     assert got == [t for t in titles if t in got] and len(got) >= 5
     with pytest.raises(ValueError, match="experiments must be ids like 'e03'"): R.register_section("x", ("remind",), (), lambda rep: [])
@@ -247,7 +247,7 @@ def test_renderers_read_only_their_declared_files(tmp_path):
     and on a run without outputs); the scorecard reads only declared files; a renderer reading an undeclared file is caught."""
     full, empty = _copy_run(tmp_path / "mini"), tmp_path / "empty"
     (empty / "report").mkdir(parents=True); shutil.copy(MINI / "config.json", empty / "config.json")
-    for s in R.SECTIONS:
+    for s in R.PAGE_SECTIONS:
         seen = _looked_at(s.render, full) + _looked_at(s.render, empty)
         assert seen, s.title                                            # the tracer saw the renderer look for its files
         assert not undeclared(seen, s.files), (s.title, undeclared(seen, s.files), s.files)
@@ -276,7 +276,7 @@ def test_experiments_write_report_files_through_the_helper():
     assert _written_names('write_report_file(store, f"table2_{f}.csv", t, index=True)') == ["table2_x.csv"]
     assert written.pop("e99_report") == [] and all(written.values()), written
     for stem, names in written.items():
-        own = [p for s in R.SECTIONS if stem[:3] in s.experiments for p in s.files]
+        own = [p for s in R.PAGE_SECTIONS if stem[:3] in s.experiments for p in s.files]
         assert not undeclared(names, own), (stem, undeclared(names, own))
 
 
@@ -297,7 +297,7 @@ def test_write_report_file(tmp_path):
     with pytest.raises(ValueError, match="write a DataFrame as .csv"): R.write_report_file(run, "utility_base.png", t)
     with pytest.raises(ValueError, match=r"with \['dpi'\]"): R.write_report_file(run, "data_sizes.csv", t, dpi=90)
     with pytest.raises(ValueError, match="the page's own files"): R.register_section("x", ("e10",), ("*.html",), lambda rep: [])
-    assert "x" not in [s.title for s in R.SECTIONS]
+    assert "x" not in [s.title for s in R.PAGE_SECTIONS]
 
 
 def _separation(remind: pd.DataFrame, half_width: float) -> pd.DataFrame:

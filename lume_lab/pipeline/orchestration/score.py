@@ -39,10 +39,10 @@ def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: 
     "One scorecard row (`pipeline.presentation.scorecard` columns) of `label` on `field` from its stages' tables."
     from lume_lab.analysis.resurfacing import leakage_table
     from lume_lab.metrics.evaluate import table2
-    from lume_lab.pipeline.presentation.scorecard import OUTPUT_COLUMNS
+    from lume_lab.pipeline.presentation.scorecard import metric_sources
     from lume_lab.pipeline.stages.remind import remind_report
     t = table2(ev, by="model")                           # evaluate() labelled its rows `model`
-    row = {"field": field, "method": label, **{c: float(t.at[k, label]) if k in t.index else float("nan") for c, k in OUTPUT_COLUMNS.items()}}
+    row = {"field": field, "method": label, **{c: float(t.at[k, label]) if k in t.index else float("nan") for c, k in metric_sources("table2").items()}}
     s = loc.set_index("labels")
     row |= {f"auc_{k}": float(s.at[k, "auc"]) for k in ("forget", "unified")}
     row |= {k: float(s[k].iloc[0]) for k in ("cast_share", "changed_share") if k in s}

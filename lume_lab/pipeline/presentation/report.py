@@ -15,22 +15,25 @@ import pandas as pd
 
 from ...core.config import config_diff
 from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
-from .scorecard import (METRICS, SAMPLE_SIZES, direction, n_after, report_dir, run_config, run_manifest,
-                                         scorecard)   # `report.scorecard` is the same function
+from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir, robustness_csv,
+                                         run_config, run_manifest, scorecard, verdict_columns)   # `report.scorecard` is the same function
 
 # %% auto #0
-__all__ = ['LUME_COLUMNS', 'SECTIONS', 'PAGE_FILES', 'VERDICT', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
-           'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details',
-           'Section', 'register_section', 'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits',
-           'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'report_blocks',
-           'render_html', 'render_markdown', 'read_html_tables', 'write_report']
+__all__ = ['LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
+           'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted',
+           'details', 'fields_in', 'remind_separation', 'dose_summary', 'Section', 'register_section',
+           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'verdict_table', 'verdict_figure',
+           'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html', 'md_table',
+           'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
-def _num(v, digits: int) -> str: return "" if pd.isna(v) else f"{v:.{digits}f}"
+def fmt_num(v, digits: int) -> str:
+    "`v` at `digits` decimals; blank when missing."
+    return "" if pd.isna(v) else f"{v:.{digits}f}"
 
 def _value(row, col: str, digits: int) -> str:
     s = row.get(f"{col}_std")
-    return _num(row[col], digits) + (f" ± {_num(s, digits)}" if s is not None and not pd.isna(s) else "")
+    return fmt_num(row[col], digits) + (f" ± {fmt_num(s, digits)}" if s is not None and not pd.isna(s) else "")
 
 def _n(row, a: str, b: str | None = None) -> str:
     if a not in row or pd.isna(row[a]): return ""
@@ -45,10 +48,10 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
         if "n_seeds" in r and card.n_seeds.max() > 1: out["seeds"] = f"{r['n_seeds']:.0f}"
         for n, (label, rows_col, first) in SAMPLE_SIZES.items():
             if first and n in r: out[label] = _n(r, n, rows_col)
-        for c, m in METRICS.items():
+        for c, m in SCORECARD_METRICS.items():
             if c not in r: continue
             out[m.label] = _value(r, c, m.digits)
-            if f"{c}_paper" in r: out[f"{m.label} (paper)"] = _num(r[f"{c}_paper"], m.digits)
+            if f"{c}_paper" in r: out[f"{m.label} (paper)"] = fmt_num(r[f"{c}_paper"], m.digits)
             if (n := n_after(c)) and n in r: out[SAMPLE_SIZES[n][0]] = _n(r, n, SAMPLE_SIZES[n][1])
         out["direction mismatch"] = "✗ " + r["direction_mismatch"] if r.get("direction_mismatch") else ""
         rows.append(out)
@@ -67,10 +70,11 @@ def details(summary: str, blocks: list) -> tuple: return ("details", summary, bl
 def _fig(rep: Path, name: str, caption: str) -> list:
     return [figure(rep / name, caption)] if (rep / name).exists() else []
 
-def _fields_in(rep: Path, prefix: str) -> list[str]:
-    "What follows `prefix` in the names of the report's PNGs, in the run's forget-field order (config), then by name."
-    order = list(run_config(rep.parent)["unlearn"]["forget_fields"] or [])
-    names = [p.stem.removeprefix(prefix) for p in sorted(rep.glob(f"{prefix}*.png"))]
+def fields_in(run_dirs, prefix: str, ext: str = "png") -> list[str]:
+    "What follows `prefix` in the names of the runs' report files `<prefix>*.<ext>`, in the first run's forget-field order (config), then by name."
+    run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    order = list(run_config(run_dirs[0]).get("unlearn", {}).get("forget_fields") or [])
+    names = dict.fromkeys(p.stem.removeprefix(prefix) for d in run_dirs for p in sorted(report_dir(d).glob(f"{prefix}*.{ext}")))
     return sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n))
 
 def _data_section(rep: Path) -> list:
@@ -112,23 +116,27 @@ def _injection_section(rep: Path) -> list:
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #09da7167
 def _unlearning_section(rep: Path) -> list:
     "e03: forget / retain / utility per method (Fig. 4a) and the training logs."
-    blocks = [b for f in _fields_in(rep, "unlearning_") if f != "logs"
+    blocks = [b for f in fields_in(rep.parent, "unlearning_") if f != "logs"
               for b in _fig(rep, f"unlearning_{f}.png", f"Fig. 4a analogue, {f}: forget / retain EM and utility per method")]
     blocks += _fig(rep, "unlearning_logs.png", "Forget and retain NLL during unlearning")
     return blocks
 
 def _localization_section(rep: Path) -> list:
     "e04: best localization AUC per method against m^F and m^F ∪ m^R (Fig. 4b), paper values as black ticks."
-    blocks = [b for f in _fields_in(rep, "localization_") for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: localization AUC")]
+    blocks = [b for f in fields_in(rep.parent, "localization_") for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: localization AUC")]
     return blocks
 
 def _ci(t: pd.DataFrame, who: str) -> pd.Series: return t[f"{who}_auc"].map("{:.1f}".format) + t[f"{who}_lo"].map(" [{:.1f}, ".format) + t[f"{who}_hi"].map("{:.1f}]".format)
 
+def remind_separation(run_dir, field: str) -> pd.DataFrame | None:
+    """e05's `remind_separation_<field>.csv`, its multi-class rows on the original inputs: per model and classifier, REMIND's AUC and
+    the best fair baseline's with their 95 % intervals, and the verdict; None without it."""
+    p = report_dir(run_dir) / f"remind_separation_{field}.csv"
+    return pd.read_csv(p).query("input == 'orig' and comparison == 'multi'") if p.exists() else None
+
 def _remind_separation(rep: Path, field: str) -> list:
     "The multi-class AUCs (original inputs) of REMIND LR / RF and the best fair baseline with their intervals, and whether they separate."
-    p = rep / f"remind_separation_{field}.csv"
-    if not p.exists(): return []
-    s = pd.read_csv(p).query("input == 'orig' and comparison == 'multi'")
+    if (s := remind_separation(rep.parent, field)) is None: return []
     s = s.assign(r=_ci(s, "remind"), b=s.baseline + " " + _ci(s, "baseline"))
     per = lambda col, name: s.pivot(index="model", columns="classifier", values=col).rename(columns=lambda k: name.format(k.upper()))
     w = pd.concat([per("r", "REMIND {} % [95% CI]"), s.groupby("model", sort=False).b.first().rename("best fair baseline % [95% CI]"),
@@ -142,7 +150,7 @@ def _remind_separation(rep: Path, field: str) -> list:
 
 def _remind_section(rep: Path) -> list:
     "e05: REMIND against the baselines with its intervals, and its K × p ablation."
-    fields = [f for f in _fields_in(rep, "remind_") if not f.startswith(("ablation_", "features_"))]
+    fields = [f for f in fields_in(rep.parent, "remind_") if not f.startswith(("ablation_", "features_"))]
     blocks = [b for f in fields for b in (_fig(rep, f"remind_{f}.png", f"REMIND vs baselines, {f} (multi-class AUC %)") + _remind_separation(rep, f)
                                            + _fig(rep, f"remind_ablation_{f}.png", f"REMIND ablation over K and p, {f}"))]
     return blocks
@@ -165,7 +173,7 @@ def _resurfacing_section(rep: Path) -> list:
                              "and the attack's validation loss at step 0 and at the checkpoint it kept (kept step 0: no step helped)."),
                    table(a[["field", "method", "nll_before", "val_start", "val_kept", "kept_step"]].round(3))]
     blocks += _fig(rep, "resurfacing_attack.png", "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the never-injected floor")
-    blocks += [b for f in _fields_in(rep, "resurfacing_jaccard_")
+    blocks += [b for f in fields_in(rep.parent, "resurfacing_jaccard_")
                for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
     return blocks
 
@@ -174,7 +182,7 @@ def _robustness_section(rep: Path) -> list:
     "e10: each method's recovery under quantization and relearning, with intervals, and where its update lies (issue #40)."
     blocks = []
     for f in [p.stem.removeprefix("robustness_") for p in sorted(rep.glob("robustness_*.csv"))]:
-        t = pd.read_csv(rep / f"robustness_{f}.csv")
+        t = robustness_csv(rep.parent, f)
         ci = lambda r: "" if pd.isna(r.lo) else f"[{r.lo:.2f}, {r.hi:.2f}]"
         t = t.assign(interval=[ci(r) for r in t.itertuples()], value=t.value.round(3))
         blocks += [paragraph(f"{f}: recovery = (EM after − EM unlearned) / (EM before − EM unlearned), 95 % interval over the scored "
@@ -184,6 +192,11 @@ def _robustness_section(rep: Path) -> list:
     blocks += _fig(rep, "robustness_recovery.png", "Recovery of forget EM under each attack (95 % intervals over profiles)")
     return blocks
 
+def dose_summary(run_dir, field: str) -> pd.DataFrame | None:
+    "e11's `dose_summary_<field>.csv`: per mask (kind, level) its achieved precision and recall, the seeds, each measure's mean and `<measure>_sd`; None without it."
+    p = report_dir(run_dir) / f"dose_summary_{field}.csv"
+    return pd.read_csv(p) if p.is_file() else None
+
 def _dose_section(rep: Path) -> list:
     "e11: GradDiff in masks of controlled precision and recall, per field: the means over seeds, the curves, the localization-robustness scatter."
     if not any(rep.glob("dose_summary_*.csv")): return []                  # e11 not run: no section
@@ -191,7 +204,8 @@ def _dose_section(rep: Path) -> list:
                         "OracleGrad, base a random mask) or to a share r of m^F (recall); mean over the seeds, sd beside it. EM, "
                         "utility Δ and leak rates in points, recoveries as fractions.")]
     for p in sorted(rep.glob("dose_summary_*.csv")):
-        f, t = p.stem.removeprefix("dose_summary_"), pd.read_csv(p)
+        f = p.stem.removeprefix("dose_summary_")
+        t = dose_summary(rep.parent, f)
         cols = [c for c in ("kind", "level", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget", "share_in_forget",
                             "quant4_recovery", "relearn_forget_half_recovery", "relearn_retain_only_recovery", "leak_after") if c in t]
         blocks += [paragraph(f"{f}:"), table(t[cols].round(3))]
@@ -287,7 +301,7 @@ class Section(NamedTuple):
     files: tuple[str, ...]                # the renderer reads only these; the scorecard, results pages and sweeps read some of them too
     render: Callable[[Path], list]        # report dir -> blocks under the heading ([] when its files are absent)
 
-SECTIONS: list[Section] = []
+PAGE_SECTIONS: list[Section] = []
 PAGE_FILES = ("index.html", "report.md", "scorecard.csv", "verdict.png")   # the page's own files, written by write_report
 
 def register_section(title: str, experiments: tuple, files: tuple, render: Callable[[Path], list]) -> Section:
@@ -300,9 +314,9 @@ def register_section(title: str, experiments: tuple, files: tuple, render: Calla
         raise ValueError(f"files {clash} match the page's own files {list(PAGE_FILES)}, which only write_report writes")
     if not callable(render): raise ValueError(f"render must be a function of the report dir, got {render!r}")
     s = Section(title, tuple(experiments), tuple(files), render)
-    i = next((i for i, x in enumerate(SECTIONS) if x.title == title), None)
-    if i is None: SECTIONS.append(s)
-    else: SECTIONS[i] = s
+    i = next((i for i, x in enumerate(PAGE_SECTIONS) if x.title == title), None)
+    if i is None: PAGE_SECTIONS.append(s)
+    else: PAGE_SECTIONS[i] = s
     return s
 
 register_section("Data and base model", ("e00", "e01"), ("data_sizes.csv", "utility_base.csv", "utility_base.png", "pistol_graphs.png"),
@@ -331,7 +345,7 @@ register_section("Attribution against the ground truth (e09)", ("e09",), ("attri
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #7c1e0a04
 def report_patterns() -> list[str]:
     "Every file name or glob the registered sections declare: what an experiment may write under report/."
-    return list(dict.fromkeys(p for s in SECTIONS for p in s.files))
+    return list(dict.fromkeys(p for s in PAGE_SECTIONS for p in s.files))
 
 def write_report_file(store, name: str, obj, *, index: bool = False, **savefig) -> Path:
     "Write `obj` to `report/<name>` of `store` (a RunStore or run dir), atomically: DataFrame as CSV, figure as PNG, str as text."
@@ -347,14 +361,13 @@ def write_report_file(store, name: str, obj, *, index: bool = False, **savefig) 
     return atomic_write_bytes(report_dir(getattr(store, "dir", store)) / name, data)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #8f4539ab
-VERDICT = ("forget_em", "retain_em", "utility_delta", "auc_forget", "remind_auc_rf", "leak_after", "quant4_recovery", "relearn_half_recovery")
 ARROWS = {"lower": "↓", "higher": "↑", "closer": "→ before"}
 
-def verdict_marks(card: pd.DataFrame, columns=VERDICT) -> pd.DataFrame:
+def verdict_marks(card: pd.DataFrame, columns=None) -> pd.DataFrame:
     "+1 better / 0 same / −1 worse than each metric's reference (`none` of the same field, or a number); NaN without a value or on `none`."
     out = pd.DataFrame(index=card.index, dtype=float)
-    for c in [c for c in columns if c in card]:
-        m, x = METRICS[c], card[c].astype(float).to_numpy()
+    for c in [c for c in (verdict_columns() if columns is None else columns) if c in card]:
+        m, x = SCORECARD_METRICS[c], card[c].astype(float).to_numpy()
         ref = (card.field.map(card[card.method == "none"].set_index("field")[c]).astype(float).to_numpy()
                if m.reference == "none" else np.full(len(card), float(m.reference)))
         if m.better == "lower": s = direction(ref, x, m.band)
@@ -383,18 +396,18 @@ def _split_banner(card: pd.DataFrame) -> list:
                    "so read these rows as individual cases, not rates.")]
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6c89fa67
-def _verdict_header(c: str) -> str: return f"{METRICS[c].label} {ARROWS[METRICS[c].better]}"
+def _verdict_header(c: str) -> str: return f"{SCORECARD_METRICS[c].label} {ARROWS[SCORECARD_METRICS[c].better]}"
 
 def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     "The verdict table as display strings, and the class of every cell (better / same / worse / ref / '')."
-    cols, marks = [c for c in VERDICT if c in card], verdict_marks(card)
+    cols, marks = [c for c in verdict_columns() if c in card], verdict_marks(card)
     rows, classes = [], []
     for i, r in card.iterrows():
         out, cls = {"field": r["field"], "method": r["method"]}, {"field": "", "method": ""}
         if "forget_profiles" in r: out["n forget / retain"], cls["n forget / retain"] = f"{_n(r, 'forget_profiles')} / {_n(r, 'retain_profiles')}", ""
         for c in cols:
-            m, p = METRICS[c], r.get(f"{c}_paper")
-            out[_verdict_header(c)] = _value(r, c, m.digits) + (f" ({_num(p, m.digits)})" if p is not None and pd.notna(p) else "")
+            m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
+            out[_verdict_header(c)] = _value(r, c, m.digits) + (f" ({fmt_num(p, m.digits)})" if p is not None and pd.notna(p) else "")
             mark = marks.at[i, c]
             cls[_verdict_header(c)] = ({1.0: "better", 0.0: "same", -1.0: "worse"}[mark] if pd.notna(mark)
                                        else "ref" if r["method"] == "none" and m.reference == "none" else "")
@@ -409,7 +422,7 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    cols = [c for c in VERDICT if c in card and card[c].notna().any()]
+    cols = [c for c in verdict_columns() if c in card and card[c].notna().any()]
     if not cols: return None
     methods, fields, marks = list(dict.fromkeys(card.method)), list(dict.fromkeys(card.field)), verdict_marks(card)
     fig = Figure(figsize=(2.3 * len(cols) + 1.0, 0.24 * len(methods) + 1.5), layout="constrained")
@@ -417,7 +430,7 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
     shift = dict(zip(fields, np.linspace(-0.2, 0.2, len(fields)) if len(fields) > 1 else [0.0]))
     shapes = dict(zip(fields, "osD^vP"))                      # one marker shape per field; colour: the verdict
     for ax, c in zip(axes, cols):
-        m = METRICS[c]
+        m = SCORECARD_METRICS[c]
         for f in fields:
             sub = card[card.field == f]
             y = np.array([methods.index(x) for x in sub.method]) + shift[f]
@@ -512,18 +525,21 @@ def _not_yet(stems: list[str]) -> tuple:
 
 def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
     "Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come."
-    late = [c for c in VERDICT if c not in card and METRICS[c].experiment in waiting]
+    M = SCORECARD_METRICS
+    late = [c for c in verdict_columns() if c not in card and M[c].experiment in waiting]
     if not len(card): return [heading(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
+    if not any(c in card for c in verdict_columns()):     # only metrics the verdict does not show (a new experiment's)
+        return [heading(2, "Verdict"), _not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late])] if late else []
     png, (t, cls) = verdict_figure(card), verdict_table(card)
-    bands = "; ".join(f"{_verdict_header(c)}: ± {METRICS[c].band:g}" + ("" if METRICS[c].reference == "none" else f" around {METRICS[c].reference:g}")
-                      for c in VERDICT if c in card)
+    bands = "; ".join(f"{_verdict_header(c)}: ± {M[c].band:g}" + ("" if M[c].reference == "none" else f" around {M[c].reference:g}")
+                      for c in verdict_columns() if c in card)
     blocks = [heading(2, "Verdict")]
     if png: blocks.append(figure(out_dir / "verdict.png", "Verdict: each method against the model before unlearning (none) and the paper", png))
     blocks += [table(t, "verdict", cls),
                paragraph("Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than the band, red: "
                          f"worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's value (Lacuna Table 2, "
                          "OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard below.")]
-    if late: blocks.append(_not_yet([f"{METRICS[c].label} ({waiting[METRICS[c].experiment]})" for c in late]))
+    if late: blocks.append(_not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late]))
     return blocks
 
 def _scorecard_section(card: pd.DataFrame, waiting: dict) -> list:
@@ -544,7 +560,7 @@ def report_blocks(run_dirs: list[Path], card: pd.DataFrame, pending: list[str] =
                                          + (f" · run under way: {', '.join(waiting.values())} still to come" if waiting else ""))]
     blocks += _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting) + _scorecard_section(card, waiting)
     sections, shown = [], False
-    for s in SECTIONS:
+    for s in PAGE_SECTIONS:
         if body := s.render(rep): sections += [heading(2, s.title), *body]; shown = True
         elif late := [waiting[e] for e in s.experiments if e in waiting]: sections += [heading(2, s.title), _not_yet(late)]
     if not len(card) and not shown and not waiting:   # e99 alone on a fresh run: say so, rather than a page that looks finished
@@ -609,9 +625,10 @@ def render_html(blocks: list) -> str:
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n" + "\n".join(map(one, blocks)) + "\n</body></html>\n")
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #e0b5e600
-def _md_table(df: pd.DataFrame) -> str:
-    cell = lambda v: ("" if pd.isna(v) else str(v)).replace("|", "\\|").replace("\n", " ")
-    lines = ["| " + " | ".join(map(cell, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+def md_table(df: pd.DataFrame) -> str:
+    "A DataFrame as a GitHub markdown table: first column left-aligned, the others right-aligned; `|` escaped, NaN blank."
+    cell = lambda v: ("" if v is None or (pd.api.types.is_scalar(v) and pd.isna(v)) else str(v)).replace("|", "\\|").replace("\n", " ")
+    lines = ["| " + " | ".join(map(cell, df.columns)) + " |", "|" + "|".join([":---"] + ["---:"] * (len(df.columns) - 1)) + "|"]
     return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in df.itertuples(index=False)])
 
 def render_markdown(blocks: list, out_dir: Path) -> str:
@@ -621,7 +638,7 @@ def render_markdown(blocks: list, out_dir: Path) -> str:
         if kind == "h": return "#" * b[1] + " " + b[2]
         if kind == "p": return f"*{b[1]}*" if b[2] == "pending" else b[1]
         if kind == "banner": return f"> **{b[1]}**"
-        if kind == "table": return _md_table(b[1])
+        if kind == "table": return md_table(b[1])
         if kind == "figure": return f"![{b[2]}]({Path(os.path.relpath(b[1], out_dir)).as_posix()})\n\n*{b[2]}*"
         if kind == "pre": return "```\n" + b[1] + "\n```"
         if kind == "details": return f"#### {b[1]}\n\n" + "\n\n".join(map(one, b[2]))

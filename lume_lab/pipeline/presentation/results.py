@@ -13,19 +13,21 @@ import yaml
 
 from ...core.config import config_diff, dotted_leaves
 from ...core.store import atomic_write_text, machine_info, repo_root, stage_compute
-from .report import format_scorecard, reproduce_command, stage_times
-from .scorecard import resolved_config, run_config, run_manifest, scorecard
+from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table, remind_separation,
+                                                     reproduce_command, stage_times)
+from .scorecard import (SCORECARD_METRICS, metric_sources, resolved_config, robustness_csv, run_config,
+                                                        run_manifest, scorecard)
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
-__all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'QUANT_EM', 'UTILITY_ROWS',
-           'NAME_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields',
-           'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels', 'seeds_command', 'header_lines',
-           'md_table', 'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
+__all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
+           'UTILITY_ROWS', 'NAME_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table',
+           'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels', 'seeds_command',
+           'header_lines', 'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
            'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
-           'remind_interval_lines', 'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table',
-           'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
-           'group_labels', 'config_difference_table', 'compare_lines', 'results_page', 'write_results',
+           'remind_interval_lines', 'dose_label', 'dose_display', 'dose_lines', 'quantized_em_label',
+           'quantized_em_table', 'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines',
+           'config_groups', 'group_labels', 'config_difference_table', 'compare_lines', 'results_page', 'write_results',
            'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
@@ -128,12 +130,6 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
              f"- **Seeds**: {', '.join(dict.fromkeys(str(run_config(d)['seed']) for d in run_dirs))}"]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #207a2511
-def md_table(df: pd.DataFrame) -> str:
-    "A DataFrame as a GitHub markdown table: first column left-aligned, the others right-aligned; `|` escaped, NaN blank."
-    cell = lambda v: ("" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v)).replace("|", "\\|").replace("\n", " ")
-    lines = ["| " + " | ".join(map(cell, df.columns)) + " |", "|" + "|".join([":---"] + ["---:"] * (len(df.columns) - 1)) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in df.itertuples(index=False)])
-
 def read_markdown_tables(text: str) -> list[tuple[tuple, pd.DataFrame]]:
     "Every table of a markdown page as (the headings above it, from ## down; a DataFrame of strings), fenced code skipped."
     out, heads, lines, i, fenced = [], {}, text.splitlines(), 0, False
@@ -234,27 +230,25 @@ def sweep_values(sweep_dir) -> tuple[pd.DataFrame, dict]:
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #57a6f0a3
 def _label(row, cats: list[str]) -> str: return " · ".join(str(row[c]) for c in cats)
 
-def _fmt(v, digits: int) -> str: return "" if pd.isna(v) else f"{v:.{digits}f}"
-
 def sweep_tables(sweep_dir) -> tuple[dict, list[tuple[str, pd.DataFrame]]]:
     "The sweep's tables as (title, display DataFrame): points × categories of y, n per category, mean ± std over seeds."
     points, (df, s) = sweep_points_table(sweep_dir), sweep_values(sweep_dir)
     swept, y, k = swept_fields(points), s["y"], s["digits"]
-    base = points[["point", *swept, "seed", "status"]].assign(seconds=points.seconds.map(lambda v: _fmt(v, 1)))
+    base = points[["point", *swept, "seed", "status"]].assign(seconds=points.seconds.map(lambda v: fmt_num(v, 1)))
     if y is None or not len(df): return s, [("Points", base)]
     df = df.assign(column=[_label(r, s["cats"]) or y for _, r in df.iterrows()])
     order = list(dict.fromkeys(df.column))
     values = df.pivot_table(index="point", columns="column", values=y, aggfunc="mean", sort=False).reindex(columns=order)
-    shown = base.join(values.map(lambda v: _fmt(v, k)), on="point")
+    shown = base.join(values.map(lambda v: fmt_num(v, k)), on="point")
     tables = [("Points", shown)]
     if s["n"]:
         n = df.groupby("column", sort=False)[s["n"]].agg(["min", "max"]).reindex(order)
-        tables.append((f"n ({s['n']})", n.map(lambda v: _fmt(v, 0)).rename_axis("column").reset_index()))
+        tables.append((f"n ({s['n']})", n.map(lambda v: fmt_num(v, 0)).rename_axis("column").reset_index()))
     if points.seed.nunique() > 1 and swept:
         per = points[["point", *swept]].join(values, on="point")
         g = per.groupby(swept, sort=False)[order]
         mean, std, count = g.mean(), g.std(ddof=1), g.count().max(axis=1)
-        cells = mean.map(lambda v: _fmt(v, k)) + std.map(lambda v: "" if pd.isna(v) else f" ± {v:.{k}f}")
+        cells = mean.map(lambda v: fmt_num(v, k)) + std.map(lambda v: "" if pd.isna(v) else f" ± {v:.{k}f}")
         tables.append(("Mean ± std over seeds", cells.assign(seeds=count).reset_index()[[*swept, "seeds", *order]]))
     return s, tables
 
@@ -286,20 +280,12 @@ def sweep_lines(sweep_dir, command: str | None = None) -> list[str]:
 REMIND_VERDICTS = {"REMIND ahead": "intervals separate, REMIND ahead", "baseline ahead": "intervals separate, baseline ahead",
                    "intervals overlap": "intervals overlap"}   # ci_separation's verdicts -> the page's columns
 
-def _report_fields(run_dirs: list[Path], prefix: str) -> list[str]:
-    "The fields of `report/<prefix><field>.csv` over the runs, in the config's order of forget fields (as the scorecard)."
-    found = list(dict.fromkeys(p.stem.removeprefix(prefix) for d in run_dirs for p in sorted((Path(d) / "report").glob(f"{prefix}*.csv"))))
-    order = list(run_config(run_dirs[0]).get("unlearn", {}).get("forget_fields") or [])
-    return sorted(found, key=lambda f: order.index(f) if f in order else len(order))
-
 def remind_interval_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     """Per run and classifier, from `remind_separation_<field>.csv` (multi-class AUC, original inputs): the models scored, on how
     many REMIND's AUC is above the best fair baseline's, and how many of each interval verdict."""
     rows = []
     for d, label in zip(run_dirs, run_labels(run_dirs)):
-        p = Path(d) / "report" / f"remind_separation_{field}.csv"
-        if not p.is_file(): continue
-        s = pd.read_csv(p).query("input == 'orig' and comparison == 'multi'")
+        if (s := remind_separation(d, field)) is None: continue
         for k, g in s.groupby("classifier", sort=False):
             v = g.verdict.value_counts()
             rows.append({"run": label, "classifier": f"REMIND {k.upper()}", "models": len(g),
@@ -309,7 +295,7 @@ def remind_interval_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
 
 def remind_interval_lines(run_dirs: list[Path]) -> list[str]:
     "The REMIND-interval section, one table per field; nothing when no run has e05's interval files."
-    fields = _report_fields(run_dirs, "remind_separation_")
+    fields = fields_in(run_dirs, "remind_separation_", "csv")
     if not fields: return []
     lines = ["## REMIND intervals", "From e05's `remind_separation_<field>.csv`, multi-class AUC on the original inputs: per run and "
              "classifier, the models REMIND scored (the model before unlearning among them), on how many REMIND's AUC is above the best fair baseline's, and how their 95 % "
@@ -318,26 +304,31 @@ def remind_interval_lines(run_dirs: list[Path]) -> list[str]:
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ed383526
-DOSE_COLUMNS = {  # dose_summary_<field>.csv column -> (the page's label, digits); EM, Δ and leak in points, AUC and shares as fractions
-    "forget_em": ("forget EM", 1), "retain_em": ("retain EM", 1), "utility_delta": ("utility Δ", 1), "auc_forget": ("AUC m^F", 3),
-    "share_in_forget": ("share of |Δθ| in m^F", 3), "quant4_recovery": ("4-bit recovery", 2), "quant8_recovery": ("8-bit recovery", 2),
-    "relearn_forget_half_recovery": ("relearn ½ recovery", 2), "relearn_other_fields_recovery": ("other-fields recovery", 2),
-    "relearn_retain_only_recovery": ("retain-only recovery", 2), "leak_after": ("leak after", 1)}
+DOSE_COLUMNS = ("forget_em", "retain_em", "utility_delta", "auc_forget", "share_in_forget", "quant4_recovery", "quant8_recovery",  # of
+                "relearn_forget_half_recovery", "relearn_other_fields_recovery", "relearn_retain_only_recovery", "leak_after")  # dose_summary_<field>.csv
+DOSE_SHARE = ("share of |Δθ| in m^F", 3)   # the one measure that is no scorecard metric: (label, digits)
+
+def dose_label(column: str) -> tuple[str, int]:
+    "A dose_summary column's label and digits on the page: those of the scorecard metric it is (by column, or by e10's test name)."
+    if column == "share_in_forget": return DOSE_SHARE
+    m = SCORECARD_METRICS[{k: c for c, k in metric_sources("robustness").items()}.get(column, column)]
+    return m.label, m.digits
 
 def dose_display(summary: pd.DataFrame) -> pd.DataFrame:
     "e11's summary as display strings: the point (kind, level, achieved precision and recall, seeds), then each measure as mean ± sd."
     out = pd.DataFrame({"kind": summary.kind.astype(str), "level": summary.level.astype(str),
-                        "precision": summary.precision.map(lambda v: _fmt(v, 3)), "recall": summary.recall.map(lambda v: _fmt(v, 3)),
-                        "seeds": summary.seeds.map(lambda v: _fmt(v, 0))})
-    for c, (label, k) in DOSE_COLUMNS.items():
+                        "precision": summary.precision.map(lambda v: fmt_num(v, 3)), "recall": summary.recall.map(lambda v: fmt_num(v, 3)),
+                        "seeds": summary.seeds.map(lambda v: fmt_num(v, 0))})
+    for c in DOSE_COLUMNS:
         if c not in summary: continue
+        label, k = dose_label(c)
         sd = summary[f"{c}_sd"] if f"{c}_sd" in summary else pd.Series(np.nan, index=summary.index)
-        out[label] = [_fmt(m, k) + ("" if pd.isna(m) or pd.isna(s) else f" ± {s:.{k}f}") for m, s in zip(summary[c], sd)]
+        out[label] = [fmt_num(m, k) + ("" if pd.isna(m) or pd.isna(s) else f" ± {s:.{k}f}") for m, s in zip(summary[c], sd)]
     return out
 
 def dose_lines(run_dirs: list[Path]) -> list[str]:
     "The dose-response section: per field, one table per run that ran e11; nothing when none did."
-    fields = _report_fields(run_dirs, "dose_summary_")
+    fields = fields_in(run_dirs, "dose_summary_", "csv")
     if not fields: return []
     lines = ["## Dose-response", "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in masks of |m^F| weights with a share q "
              "inside m^F (kind precision; q = 1 is OracleGrad, `base` a random mask) or in a share r of m^F (kind recall); mean ± sd over "
@@ -345,8 +336,7 @@ def dose_lines(run_dirs: list[Path]) -> list[str]:
     for f in fields:
         lines.append(f"### {f}")
         for d, label in zip(run_dirs, run_labels(run_dirs)):
-            p = Path(d) / "report" / f"dose_summary_{f}.csv"
-            if p.is_file(): lines += [f"#### {label}", md_table(dose_display(pd.read_csv(p)))]
+            if (t := dose_summary(d, f)) is not None: lines += [f"#### {label}", md_table(dose_display(t))]
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #d8f618ad
@@ -370,10 +360,7 @@ def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     mean ± std over the runs that hold the row, with how many do. The 4-bit recovery of the scorecard is read against `none`'s row."""
     parts = []
     for d in run_dirs:
-        p = Path(d) / "report" / f"robustness_{field}.csv"
-        if p.is_file():
-            t = pd.read_csv(p)
-            parts.append(t[t.test.str.fullmatch(QUANT_EM)])
+        if (t := robustness_csv(d, field)) is not None: parts.append(t[t.test.str.fullmatch(QUANT_EM)])
     if not parts: return pd.DataFrame()
     t = pd.concat(parts)
     tests = sorted(dict.fromkeys(t.test), key=_quantized_em_order)
@@ -382,12 +369,12 @@ def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     methods = sorted(mean.index, key=lambda m: m != "none")
     out = pd.DataFrame({"method": methods, "runs": [f"{n.loc[m].max():.0f}" for m in methods]})
     for s in tests:
-        out[quantized_em_label(s)] = [_fmt(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
+        out[quantized_em_label(s)] = [fmt_num(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
     return out
 
 def robustness_lines(run_dirs: list[Path]) -> list[str]:
     "The quantized-EM section (e10), one table per field; nothing when no run has e10's table with EM rows."
-    fields = [f for f in _report_fields(run_dirs, "robustness_") if len(quantized_em_table(run_dirs, f))]
+    fields = [f for f in fields_in(run_dirs, "robustness_", "csv") if len(quantized_em_table(run_dirs, f))]
     if not fields: return []
     lines = ["## Quantized forget EM", "From e10's `robustness_<field>.csv`: forget EM (%) of each model at full precision and after RTN "
              "quantization at each bit width; `none` is the model before unlearning, the most a quantization attack can bring back. "
@@ -429,13 +416,13 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
         for f in sorted(ext.field, key=lambda f: order.index(f) if f in order else len(order)):
             e = ext[ext.field == f].iloc[0]
             r = reach[(reach.field == f) & (reach.model == "masked")].set_index("kind") if reach is not None else pd.DataFrame()
-            share = lambda k: _fmt(100 * r.at[k, "vs_trained"], 0) if k in r.index else ""
+            share = lambda k: fmt_num(100 * r.at[k, "vs_trained"], 0) if k in r.index else ""
             rows.append({"run": label, "field": f, "model": _model_label(cfg), "mask": f"{100 * cfg['inject']['mask_fraction']:g} %",
-                         "masked steps": str(cfg["inject"]["steps"]), "injection s": _fmt(secs, 0) if secs else "",
+                         "masked steps": str(cfg["inject"]["steps"]), "injection s": fmt_num(secs, 0) if secs else "",
                          "memorized / profiles": f"{int(e.memorized)} / {int(e.profiles)}",
-                         "memorized per hour": _fmt(3600 * e.memorized / secs, 0) if secs else "",
+                         "memorized per hour": fmt_num(3600 * e.memorized / secs, 0) if secs else "",
                          "forget profiles": str(splits.get(f"forget_{f}", "")), "retain profiles": str(splits.get(f"retain_{f}", "")),
-                         "trained EM": _fmt(r.at["trained", "accuracy"], 1) if "trained" in r.index else "",
+                         "trained EM": fmt_num(r.at["trained", "accuracy"], 1) if "trained" in r.index else "",
                          "fresh, % of trained": share("fresh"), "paraphrase, % of trained": share("paraphrase")})
     return pd.DataFrame(rows)
 
@@ -451,7 +438,7 @@ def injection_utility_table(run_dirs: list[Path]) -> pd.DataFrame:
         row = {"run": label, "model": _model_label(run_config(d))}
         for metric, (name, k) in UTILITY_ROWS.items():
             for model, when in (("base", "before"), ("masked", "after")):
-                row[f"{name}, {when} injection"] = _fmt(v.get((model, metric), np.nan), k)
+                row[f"{name}, {when} injection"] = fmt_num(v.get((model, metric), np.nan), k)
         rows.append(row)
     return pd.DataFrame(rows)
 

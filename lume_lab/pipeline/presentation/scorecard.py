@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #642c9319
 from __future__ import annotations
-import json
+import json, re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,11 +15,12 @@ from ...analysis.localization import PAPER_PRECISION_OLMO2_1B
 from ...core.config import config_diff
 
 # %% auto #0
-__all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'METRICS', 'SAMPLE_SIZES', 'BETTER', 'OUTPUT_COLUMNS', 'ROBUST_TESTS',
-           'DIRECTION_CHECKS', 'N_COLUMNS', 'METRIC_COLUMNS', 'paper_table2', 'Metric', 'check_metric', 'metrics_table',
-           'paper_scorecard', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
-           'read_localization', 'read_remind', 'read_resurfacing', 'read_robustness', 'run_scorecard', 'direction',
-           'direction_mismatch', 'n_after', 'scorecard', 'toy_run']
+__all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPLE_SIZES', 'BETTER', 'READERS', 'DIRECTION_CHECKS',
+           'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources', 'verdict_columns',
+           'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
+           'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
+           'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
+           'n_after', 'scorecard', 'toy_run']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -70,40 +71,19 @@ def paper_table2(paper: dict = PAPER_TABLE2_OLMO2_1B, methods: tuple = PAPER_MET
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #ec08fd96
 class Metric(NamedTuple):
-    "One scorecard column: how the page shows it, the n it rests on, which way is better, and the paper's key."
-    label: str                  # on the page
-    digits: int                 # display digits
-    n: str | None               # the scorecard column holding its n (a key of SAMPLE_SIZES)
-    better: str                 # "lower", "higher", or "closer" (to the reference)
-    reference: str | float      # "none": the model before unlearning, same field; a number: a fixed level (chance)
-    band: float                 # |difference| <= band counts as "same"
-    paper: tuple | None         # Table 2 (split, metric), ("utility_delta", "mean"), ("precision", labels), or None
-    experiment: str             # the experiment whose files hold it
+    "One scorecard column: how the page shows it, which way is better, where it is read from, the n it rests on, the paper's key."
+    label: str                        # on the page
+    digits: int                       # display digits
+    better: str                       # "lower", "higher", or "closer" (to the reference)
+    experiment: str                   # the experiment whose files hold it
+    source: tuple                     # (file family, key): a reader of READERS and its key, or (a report file name, its column)
+    n: str | None = None              # the scorecard column holding its n (a key of SAMPLE_SIZES)
+    reference: str | float = "none"   # "none": the model before unlearning, same field; a number: a fixed level (chance)
+    band: float = 0.0                 # |difference| <= band counts as "same"
+    paper: tuple | None = None        # Table 2 (split, metric), ("utility_delta", "mean"), ("precision", labels), or None
+    verdict: bool = False             # shown in the page's verdict (in declaration order)
 
-METRICS = {
-    "forget_em":       Metric("forget EM", 1, "forget_profiles", "lower", "none", 5.0, ("forget", "em"), "e03"),
-    "forget_es":       Metric("forget ES", 1, "forget_profiles", "lower", "none", 5.0, ("forget", "es"), "e03"),
-    "forget_prob":     Metric("forget Prob", 1, "forget_profiles", "lower", "none", 5.0, ("forget", "prob"), "e03"),
-    "forget_para_em":  Metric("forget EM para", 1, "forget_profiles", "lower", "none", 5.0, ("forget_paraphrase", "em"), "e03"),
-    "retain_em":       Metric("retain EM", 1, "retain_profiles", "higher", "none", 5.0, ("retain", "em"), "e03"),
-    "retain_es":       Metric("retain ES", 1, "retain_profiles", "higher", "none", 5.0, ("retain", "es"), "e03"),
-    "retain_prob":     Metric("retain Prob", 1, "retain_profiles", "higher", "none", 5.0, ("retain", "prob"), "e03"),
-    "retain_para_em":  Metric("retain EM para", 1, "retain_profiles", "higher", "none", 5.0, ("retain_paraphrase", "em"), "e03"),
-    "utility_delta":   Metric("utility Δ", 1, "utility_n", "higher", "none", 2.0, ("utility_delta", "mean"), "e03"),
-    "auc_forget":      Metric("AUC m^F", 3, None, "higher", 0.5, 0.005, ("precision", "forget"), "e04"),
-    "auc_unified":     Metric("AUC m^F∪m^R", 3, None, "higher", 0.5, 0.005, ("precision", "unified"), "e04"),
-    "remind_auc_lr":   Metric("REMIND LR", 1, "remind_n_per_class", "lower", "none", 5.0, None, "e05"),
-    "remind_auc_rf":   Metric("REMIND RF", 1, "remind_n_per_class", "lower", "none", 5.0, None, "e05"),
-    "leak_before":     Metric("leak before", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
-    "leak_after":      Metric("leak after", 1, "leak_profiles", "lower", "none", 5.0, None, "e06"),
-    "heldout_pii_nll": Metric("held-out PII NLL", 2, None, "closer", "none", 0.1, None, "e06"),
-    "quant4_recovery": Metric("4-bit recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
-    "quant8_recovery": Metric("8-bit recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
-    "relearn_half_recovery": Metric("relearn ½ recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
-    "relearn_other_recovery": Metric("other-fields recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
-    "relearn_retain_recovery": Metric("retain-only recovery", 2, "robust_profiles", "lower", 0.0, 0.1, None, "e10"),
-    "cast_share":      Metric("cast-only Δ %", 1, None, "lower", 0.0, 0.0, None, "e04"),   # external checkpoints: weights rounding alone changes
-}
+SCORECARD_METRICS: dict[str, Metric] = {}   # scorecard column -> its declaration, in the scorecard's column order
 
 SAMPLE_SIZES = {  # n column -> (label on the page, the rows column shown after " / ", shown before the metrics)
     "forget_profiles": ("n forget (profiles / rows)", "forget_rows", True),
@@ -125,36 +105,31 @@ def check_metric(column: str, m: Metric) -> Metric:
         raise ValueError(f"{column}: reference must be 'none' (the model before unlearning) or a number, got {m.reference!r}")
     if not (isinstance(m.digits, int) and m.digits >= 0 and m.band >= 0):
         raise ValueError(f"{column}: digits must be an int >= 0 and band a number >= 0, got {m.digits!r}, {m.band!r}")
+    if not re.fullmatch(r"[a-z][0-9]{2}", str(m.experiment)): raise ValueError(f"{column}: experiment must be an id like 'e03', got {m.experiment!r}")
+    if not (isinstance(m.source, tuple) and len(m.source) == 2 and (m.source[0] in READERS or str(m.source[0]).endswith(".csv"))):
+        raise ValueError(f"{column}: source must be (family, key) with a family of {', '.join(READERS)} or a report file name (.csv), got {m.source!r}")
     return m
 
+def register_metric(column: str, label: str, digits: int, better: str, experiment: str, source: tuple, *, n: str | None = None,
+                    reference: str | float = "none", band: float = 0.0, paper: tuple | None = None, verdict: bool = False) -> Metric:
+    "Declare the scorecard column `column` (checked; a second declaration replaces the first in place); returns it."
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", str(column)) or column in SAMPLE_SIZES or column.endswith(("_std", "_paper", "_rows")):
+        raise ValueError(f"column must be a new snake_case name (not an n column, nor ending in _std, _paper or _rows), got {column!r}")
+    m = check_metric(column, Metric(label, digits, better, experiment, tuple(source), n, reference, band, paper, verdict))
+    SCORECARD_METRICS[column] = m
+    return m
+
+def metric_sources(family: str) -> dict:
+    "Scorecard column -> its key in `family`, for every metric declared on that file family."
+    return {c: m.source[1] for c, m in SCORECARD_METRICS.items() if m.source[0] == family}
+
+def verdict_columns() -> tuple:
+    "The metrics the page's verdict shows, in declaration order."
+    return tuple(c for c, m in SCORECARD_METRICS.items() if m.verdict)
+
 def metrics_table() -> pd.DataFrame:
-    "`METRICS` as a table, one row per scorecard column."
-    return pd.DataFrame([{"column": c, **{k: check_metric(c, m)._asdict()[k] for k in Metric._fields}} for c, m in METRICS.items()])
-
-# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #38c0f4ad
-OUTPUT_COLUMNS = {  # scorecard column -> (split, metric) row of e03's table2_<field>.csv (the reader's map)
-    "forget_em": ("forget", "em"), "forget_es": ("forget", "es"), "forget_prob": ("forget", "prob"),
-    "forget_para_em": ("forget_paraphrase", "em"),
-    "retain_em": ("retain", "em"), "retain_es": ("retain", "es"), "retain_prob": ("retain", "prob"),
-    "retain_para_em": ("retain_paraphrase", "em"),
-    "utility_delta": ("utility_delta", "mc_acc"),
-}
-
-def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
-    "The paper's value for `METRICS[...].paper` from one (field, method)'s Table 2 rows and its (AUC m^F, AUC m^F∪m^R)."
-    src, k = key
-    if src == "precision": return auc[("forget", "unified").index(k)]
-    if k == "mean": return rows.loc[src].mean()                  # utility: mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
-    return rows.get((src, k), np.nan)
-
-def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:
-    "The paper's values as scorecard columns (`<column>_paper`), indexed by (field, method)."
-    t = paper_table2(paper).set_index(["field", "method", "split", "metric"]).value
-    rows = {}
-    for (f, m), v in t.groupby(level=["field", "method"], sort=False):
-        v, auc = v.droplevel(["field", "method"]), precision.get(f, {}).get(m, (np.nan, np.nan))
-        rows[(f, m)] = {f"{c}_paper": _paper_value(x.paper, v, auc) for c, x in METRICS.items() if x.paper}
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"]).astype(float)
+    "`SCORECARD_METRICS` as a table, one row per scorecard column."
+    return pd.DataFrame([{"column": c, **check_metric(c, m)._asdict()} for c, m in SCORECARD_METRICS.items()])
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #3b05126d
 def report_dir(run_dir) -> Path:
@@ -187,76 +162,151 @@ def _cell(t: pd.DataFrame, row: tuple, col: str) -> float:
     return float(t.at[row, col]) if row in t.index and col in t.columns else np.nan
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #a6bf1577
-def read_output_metrics(run_dir) -> pd.DataFrame | None:
-    "e03's `table2_<field>.csv` as scorecard rows: OUTPUT_COLUMNS and the n beside them; None without e03."
+def read_output_metrics(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
+    "e03's `table2_<field>.csv` as scorecard rows: each column of `columns` (keys: (split, metric) rows) and the n beside them; None without e03."
+    columns = metric_sources("table2") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("table2_*.csv")):
         t = pd.read_csv(p, index_col=[0, 1])
         methods = [c for c in t.columns if c not in ("n_profiles", "n_rows")]
-        d = pd.DataFrame({c: [_cell(t, k, m) for m in methods] for c, k in OUTPUT_COLUMNS.items()}, index=methods)
+        d = pd.DataFrame({c: [_cell(t, k, m) for m in methods] for c, k in columns.items()}, index=methods)
         d = d.assign(forget_profiles=_cell(t, ("forget", "em"), "n_profiles"), forget_rows=_cell(t, ("forget", "em"), "n_rows"),
                      retain_profiles=_cell(t, ("retain", "em"), "n_profiles"), retain_rows=_cell(t, ("retain", "em"), "n_rows"),
-                     utility_n=_cell(t, OUTPUT_COLUMNS["utility_delta"], "n_rows"))
+                     utility_n=_cell(t, ("utility_delta", "mc_acc"), "n_rows"))
         parts.append(d.rename_axis("method").reset_index().assign(field=p.stem.removeprefix("table2_")))
     return pd.concat(parts, ignore_index=True).set_index(["field", "method"]) if parts else None
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #1f657ebc
-def read_localization(run_dir) -> pd.DataFrame | None:
-    "e04's best localization AUC per (field, method): `auc_forget` (labels m^F) and `auc_unified` (m^F ∪ m^R); an external checkpoint's `cast_share`."
+def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
+    "e04's best localization AUC per (field, method) (keys: `labels`, m^F `forget` or m^F ∪ m^R `unified`), or another column of the file (an external checkpoint's `cast_share`)."
+    columns = metric_sources("localization") if columns is None else columns
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
     s = t.set_index(["field", "method", "labels"]).auc.unstack("labels")
-    s = s.rename(columns=lambda c: f"auc_{c}")[[f"auc_{c}" for c in ("forget", "unified") if c in s.columns]]
-    return s.join(t.groupby(["field", "method"]).cast_share.first()) if "cast_share" in t else s
+    out = s[[k for k in columns.values() if k in s.columns]].rename(columns={k: c for c, k in columns.items()})
+    for c, k in columns.items():
+        if k not in s.columns and k in t: out = out.join(t.groupby(["field", "method"])[k].first().rename(c))
+    return out
 
-def read_remind(run_dir) -> pd.DataFrame | None:
-    "e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model: logistic regression and random forest."
+def read_remind(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
+    "e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model (keys: detectors, `remind_lr`, `remind_rf`)."
+    columns = metric_sources("remind") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("remind_*.csv")):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         t = pd.read_csv(p)
-        t = t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])]
-        w = t.pivot(index="model", columns="detector", values="multi").rename(columns=lambda c: c.replace("remind_", "remind_auc_"))
+        t = t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(list(columns.values()))]
+        w = t.pivot(index="model", columns="detector", values="multi").rename(columns={k: c for c, k in columns.items()})
         w["remind_n_per_class"] = t.groupby("model").n_per_class.first()
         parts.append(w.rename_axis("method").reset_index().assign(field=p.stem.removeprefix("remind_")))
     return pd.concat(parts, ignore_index=True).set_index(["field", "method"]) if parts else None
 
-def read_resurfacing(run_dir) -> pd.DataFrame | None:
-    """e06's leakage (% of forget profiles that leak) before and after the resurfacing attack, and how many profiles;
-    with `resurfacing_attack.csv`, also `heldout_pii_nll`: the answer NLL of memorized people in neither forget nor retain
-    (the attack set) before the attack, which shows what a method erased beyond its forget set."""
+def read_resurfacing(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
+    """e06's leakage (% of forget profiles that leak; keys: stages, `before` and `after` the resurfacing attack), and how many
+    profiles; a key that is no stage is a column of `resurfacing_attack.csv`, such as `nll_before`: the answer NLL of memorized
+    people in neither forget nor retain (the attack set) before the attack, which shows what a method erased beyond its forget set."""
+    columns = metric_sources("resurfacing") if columns is None else columns
     p = report_dir(run_dir) / "resurfacing.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
+    stages = {c: k for c, k in columns.items() if k in set(t.stage)}
     w = t.pivot_table(index=["field", "method"], columns="stage", values="rate", aggfunc="first", sort=False)
-    w = w.rename(columns=lambda c: f"leak_{c}")[[f"leak_{c}" for c in ("before", "after") if c in set(t.stage)]]
-    w = w.assign(leak_profiles=t.groupby(["field", "method"]).n_profiles.first())
+    w = w[list(stages.values())].set_axis(list(stages), axis=1).assign(leak_profiles=t.groupby(["field", "method"]).n_profiles.first())
     a = report_dir(run_dir) / "resurfacing_attack.csv"
-    if a.exists(): w = w.join(pd.read_csv(a).set_index(["field", "method"]).nll_before.rename("heldout_pii_nll"))
+    if a.exists() and (rest := {c: k for c, k in columns.items() if c not in stages}):
+        at = pd.read_csv(a).set_index(["field", "method"])
+        for c, k in rest.items():
+            if k in at: w = w.join(at[k].rename(c))
     return w
 
-ROBUST_TESTS = {"quant4_recovery": "quant4_recovery", "quant8_recovery": "quant8_recovery", "relearn_forget_half_recovery": "relearn_half_recovery",
-                "relearn_other_fields_recovery": "relearn_other_recovery", "relearn_retain_only_recovery": "relearn_retain_recovery"}
+def robustness_csv(run_dir, field: str) -> pd.DataFrame | None:
+    "e10's `robustness_<field>.csv` as written (field, method, test, value, lo, hi, n, note); None without it."
+    p = report_dir(run_dir) / f"robustness_{field}.csv"
+    return pd.read_csv(p) if p.is_file() else None
 
-def read_robustness(run_dir) -> pd.DataFrame | None:
-    "e10's recoveries (`robustness_<field>.csv`: tests named in `ROBUST_TESTS`) and the forget profiles behind them (`robust_profiles`)."
+def read_robustness(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
+    "e10's recoveries (keys: tests of `robustness_<field>.csv`) and the forget profiles behind them (`robust_profiles`)."
+    columns = metric_sources("robustness") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("robustness_*.csv")):
-        t = pd.read_csv(p)
-        t = t[t.test.isin(list(ROBUST_TESTS))]
+        t = robustness_csv(run_dir, p.stem.removeprefix("robustness_"))
+        t = t[t.test.isin(list(columns.values()))]
         if t.empty: continue
-        w = t.pivot_table(index=["field", "method"], columns="test", values="value", aggfunc="first", sort=False, dropna=False).rename(columns=ROBUST_TESTS)
+        w = t.pivot_table(index=["field", "method"], columns="test", values="value", aggfunc="first", sort=False, dropna=False)
         n = t[t.test.str.startswith("quant")].groupby(["field", "method"]).n.first()
-        parts.append(w.assign(robust_profiles=n))
+        parts.append(w.rename(columns={k: c for c, k in columns.items()}).assign(robust_profiles=n))
     return pd.concat(parts) if parts else None
+
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #ae4fcced
+def read_report_table(run_dir, name: str, columns: dict) -> pd.DataFrame | None:
+    "The report file `name` (or glob: one file per field) holding `field` and `method` columns: each column of `columns` is the file's column named by its key."
+    parts = [pd.read_csv(p) for p in sorted(report_dir(run_dir).glob(name))]
+    if not parts: return None
+    t = pd.concat(parts, ignore_index=True).set_index(["field", "method"])
+    return pd.DataFrame({c: t[k] for c, k in columns.items() if k in t}, index=t.index)
+
+READERS = {"table2": read_output_metrics, "localization": read_localization, "remind": read_remind,   # a metric's source family ->
+           "resurfacing": read_resurfacing, "robustness": read_robustness}                            # its reader; a file name: read_report_table
+
+def read_family(run_dir, family: str) -> pd.DataFrame | None:
+    "The scorecard columns declared on `family` (and their n), read from the run; None without its files."
+    columns = metric_sources(family)
+    return READERS[family](run_dir, columns) if family in READERS else read_report_table(run_dir, family, columns)
+
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #6c84898c
+register_metric("forget_em", "forget EM", 1, "lower", "e03", ("table2", ("forget", "em")), n="forget_profiles", band=5.0, paper=("forget", "em"), verdict=True)
+register_metric("forget_es", "forget ES", 1, "lower", "e03", ("table2", ("forget", "es")), n="forget_profiles", band=5.0, paper=("forget", "es"))
+register_metric("forget_prob", "forget Prob", 1, "lower", "e03", ("table2", ("forget", "prob")), n="forget_profiles", band=5.0, paper=("forget", "prob"))
+register_metric("forget_para_em", "forget EM para", 1, "lower", "e03", ("table2", ("forget_paraphrase", "em")), n="forget_profiles", band=5.0,
+                paper=("forget_paraphrase", "em"))
+register_metric("retain_em", "retain EM", 1, "higher", "e03", ("table2", ("retain", "em")), n="retain_profiles", band=5.0, paper=("retain", "em"), verdict=True)
+register_metric("retain_es", "retain ES", 1, "higher", "e03", ("table2", ("retain", "es")), n="retain_profiles", band=5.0, paper=("retain", "es"))
+register_metric("retain_prob", "retain Prob", 1, "higher", "e03", ("table2", ("retain", "prob")), n="retain_profiles", band=5.0, paper=("retain", "prob"))
+register_metric("retain_para_em", "retain EM para", 1, "higher", "e03", ("table2", ("retain_paraphrase", "em")), n="retain_profiles", band=5.0,
+                paper=("retain_paraphrase", "em"))
+register_metric("utility_delta", "utility Δ", 1, "higher", "e03", ("table2", ("utility_delta", "mc_acc")), n="utility_n", band=2.0,
+                paper=("utility_delta", "mean"), verdict=True)
+register_metric("auc_forget", "AUC m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5, band=0.005, paper=("precision", "forget"), verdict=True)
+register_metric("auc_unified", "AUC m^F∪m^R", 3, "higher", "e04", ("localization", "unified"), reference=0.5, band=0.005, paper=("precision", "unified"))
+register_metric("remind_auc_lr", "REMIND LR", 1, "lower", "e05", ("remind", "remind_lr"), n="remind_n_per_class", band=5.0)
+register_metric("remind_auc_rf", "REMIND RF", 1, "lower", "e05", ("remind", "remind_rf"), n="remind_n_per_class", band=5.0, verdict=True)
+register_metric("leak_before", "leak before", 1, "lower", "e06", ("resurfacing", "before"), n="leak_profiles", band=5.0)
+register_metric("leak_after", "leak after", 1, "lower", "e06", ("resurfacing", "after"), n="leak_profiles", band=5.0, verdict=True)
+register_metric("heldout_pii_nll", "held-out PII NLL", 2, "closer", "e06", ("resurfacing", "nll_before"), band=0.1)
+register_metric("quant4_recovery", "4-bit recovery", 2, "lower", "e10", ("robustness", "quant4_recovery"), n="robust_profiles", reference=0.0, band=0.1, verdict=True)
+register_metric("quant8_recovery", "8-bit recovery", 2, "lower", "e10", ("robustness", "quant8_recovery"), n="robust_profiles", reference=0.0, band=0.1)
+register_metric("relearn_half_recovery", "relearn ½ recovery", 2, "lower", "e10", ("robustness", "relearn_forget_half_recovery"), n="robust_profiles",
+                reference=0.0, band=0.1, verdict=True)
+register_metric("relearn_other_recovery", "other-fields recovery", 2, "lower", "e10", ("robustness", "relearn_other_fields_recovery"), n="robust_profiles",
+                reference=0.0, band=0.1)
+register_metric("relearn_retain_recovery", "retain-only recovery", 2, "lower", "e10", ("robustness", "relearn_retain_only_recovery"), n="robust_profiles",
+                reference=0.0, band=0.1)
+register_metric("cast_share", "cast-only Δ %", 1, "lower", "e04", ("localization", "cast_share"), reference=0.0)   # external checkpoints: weights rounding alone changes
+
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #38c0f4ad
+def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
+    "The paper's value for `SCORECARD_METRICS[...].paper` from one (field, method)'s Table 2 rows and its (AUC m^F, AUC m^F∪m^R)."
+    src, k = key
+    if src == "precision": return auc[("forget", "unified").index(k)]
+    if k == "mean": return rows.loc[src].mean()                  # utility: mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
+    return rows.get((src, k), np.nan)
+
+def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:
+    "The paper's values as scorecard columns (`<column>_paper`), indexed by (field, method)."
+    t = paper_table2(paper).set_index(["field", "method", "split", "metric"]).value
+    rows = {}
+    for (f, m), v in t.groupby(level=["field", "method"], sort=False):
+        v, auc = v.droplevel(["field", "method"]), precision.get(f, {}).get(m, (np.nan, np.nan))
+        rows[(f, m)] = {f"{c}_paper": _paper_value(x.paper, v, auc) for c, x in SCORECARD_METRICS.items() if x.paper}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"]).astype(float)
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #72b92c09
 def run_scorecard(run_dir) -> pd.DataFrame:
     "The scorecard of one run, indexed by (field, method): every column its files hold; empty if none. Checkpoints scored with `lume-lab score` (`external:<name>`) come after the methods."
     cfg = run_config(run_dir)
-    parts = [r for r in (read_output_metrics(run_dir), read_localization(run_dir), read_remind(run_dir), read_resurfacing(run_dir),
-                         read_robustness(run_dir)) if r is not None]
+    families = dict.fromkeys(m.source[0] for m in SCORECARD_METRICS.values())        # each file family once, in declaration order
+    parts = [r for f in families if (r := read_family(run_dir, f)) is not None]
     if not parts: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))
     card = pd.concat(parts, axis=1, join="outer")
     methods = ["none", *(cfg["unlearn"]["methods"] or [])]
@@ -268,13 +318,13 @@ def run_scorecard(run_dir) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #d3e53a66
 DIRECTION_CHECKS = {  # name: (a, b, tolerance); direction = sign(a − b) with a dead band of ± tolerance; b a column or a constant
-    "EM": ("retain_em", "forget_em", METRICS["retain_em"].band),
-    "ES": ("retain_es", "forget_es", METRICS["retain_es"].band),
-    "Prob": ("retain_prob", "forget_prob", METRICS["retain_prob"].band),
-    "para EM": ("retain_para_em", "forget_para_em", METRICS["retain_para_em"].band),
-    "utility Δ": ("utility_delta", 0.0, METRICS["utility_delta"].band),
-    "AUC m^F": ("auc_forget", 0.5, METRICS["auc_forget"].band),
-    "AUC m^F∪m^R": ("auc_unified", 0.5, METRICS["auc_unified"].band),
+    "EM": ("retain_em", "forget_em", SCORECARD_METRICS["retain_em"].band),
+    "ES": ("retain_es", "forget_es", SCORECARD_METRICS["retain_es"].band),
+    "Prob": ("retain_prob", "forget_prob", SCORECARD_METRICS["retain_prob"].band),
+    "para EM": ("retain_para_em", "forget_para_em", SCORECARD_METRICS["retain_para_em"].band),
+    "utility Δ": ("utility_delta", 0.0, SCORECARD_METRICS["utility_delta"].band),
+    "AUC m^F": ("auc_forget", 0.5, SCORECARD_METRICS["auc_forget"].band),
+    "AUC m^F∪m^R": ("auc_unified", 0.5, SCORECARD_METRICS["auc_unified"].band),
 }
 
 def direction(a, b, tol: float) -> np.ndarray:
@@ -295,9 +345,6 @@ def direction_mismatch(card: pd.DataFrame, checks: dict = DIRECTION_CHECKS) -> p
     return pd.Series([", ".join(x) for x in out], index=card.index, name="direction_mismatch", dtype=object)
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #7954038b
-N_COLUMNS = tuple(c for n, (_, rows, _) in SAMPLE_SIZES.items() for c in (n, rows) if c)
-METRIC_COLUMNS = tuple(METRICS)
-
 def _check_same_config(run_dirs: list[Path]) -> None:
     first = resolved_config(run_dirs[0])
     for d in run_dirs[1:]:
@@ -306,16 +353,16 @@ def _check_same_config(run_dirs: list[Path]) -> None:
 
 def n_after(metric: str) -> str | None:
     "The n column shown right after `metric`: its n when `metric` is the last metric resting on it (split sizes come first)."
-    n = METRICS[metric].n
+    n = SCORECARD_METRICS[metric].n
     if n is None or SAMPLE_SIZES[n][2]: return None
-    return n if [c for c, m in METRICS.items() if m.n == n][-1] == metric else None
+    return n if [c for c, m in SCORECARD_METRICS.items() if m.n == n][-1] == metric else None
 
 def _column_order(cols) -> list[str]:
     "field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n after it)."
     want = ["field", "method", "n_seeds"]
     for n, (_, rows, first) in SAMPLE_SIZES.items():
         if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
-    for c in METRIC_COLUMNS:
+    for c in SCORECARD_METRICS:
         want += [c, f"{c}_std", f"{c}_paper"]
         if n_after(c): want += [n_after(c), f"{n_after(c)}_std"]
     return [c for c in want + ["direction_mismatch"] if c in cols]
@@ -332,7 +379,7 @@ def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
         g = pd.concat(cards).groupby(level=["field", "method"], sort=False)
         card = g.mean().join(g.std(ddof=1).add_suffix("_std")).assign(n_seeds=g.size())
     if card.empty: return pd.DataFrame(columns=["field", "method", "n_seeds", "direction_mismatch"])
-    ours = [c for c in card.columns if c in METRIC_COLUMNS]
+    ours = [c for c in card.columns if c in SCORECARD_METRICS]
     paper = paper_scorecard()
     card = card.join(paper[[f"{c}_paper" for c in ours if f"{c}_paper" in paper]], how="left")
     card["direction_mismatch"] = direction_mismatch(card)
