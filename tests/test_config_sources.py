@@ -14,7 +14,7 @@ def _table(report: str) -> dict[str, list[str]]:
     "The `field | value | source` rows of a report, by field."
     lines = report.split("\n\n", 1)[1].splitlines()
     assert [c.strip() for c in lines[0].split(" | ")] == ["field", "value", "source"]
-    return {r.split(" | ")[0].strip(): [c.strip() for c in r.split(" | ")[1:]] for r in lines[2:]}
+    return {r.split(" | ")[0].strip(): [c.strip() for c in r.split(" | ")[1:]] for r in lines[2:] if " | " in r}
 
 
 def test_mini_with_one_set_value_names_three_sources():
@@ -54,14 +54,18 @@ def test_seed_and_preset_sources():
     assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in get_spec("simnpo").defaults if hp not in row} == {"method spec simnpo"}
 
 
-def test_report_prints_config_json_then_the_table():
+def test_report_lists_the_users_values_first_and_counts_spec_defaults():
     out = config_report("mini", SET)
     cfg, src = config_sources("mini", SET)
-    assert json.loads(out.split("\n\n", 1)[0]) == cfg.to_dict()               # exactly the resolved config.json
     rows = _table(out)
-    assert rows.keys() == src.keys()
+    listed = {k for k, s in src.items() if not s.startswith("method spec")}
+    assert rows.keys() == listed                                                 # every non-default value but the spec's
+    assert next(iter(rows)) == "unlearn.hparams.npo.beta"                        # the user's value first
     assert rows["unlearn.hparams.npo.beta"] == ["0.5", "--set"]
     assert rows["pii.n_groups"] == [json.dumps(PRESETS["mini"]["pii.n_groups"]), "preset mini"]
+    assert out.rstrip().endswith("--all lists every field)") and f"(and {len(src) - len(listed)} hyperparameters" in out
+    every = _table(config_report("mini", SET, all_fields=True))
+    assert every.keys() == config_sources("mini", SET, all_fields=True)[1].keys()
 
 
 def test_bad_input_is_refused_naming_the_field():
@@ -77,17 +81,18 @@ def test_default_preset_is_mini():
     assert config_sources()[0].preset == DEFAULT_PRESET
 
 
-def test_cli_config_prints_the_resolved_config_and_three_sources(capsys):
-    "`lume-lab config --preset mini --set unlearn.hparams.npo.beta=0.5`: config.json as `run` writes it, then the sources."
+def test_cli_config_prints_the_values_and_three_sources(capsys):
+    "`lume-lab config --preset mini --set unlearn.hparams.npo.beta=0.5`: the user's value first; `--all` every value, with its source."
     from lume_lab.pipeline.orchestration.cli import main
     assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5"]) == 0
-    out = capsys.readouterr().out
-    cfg = resolve_config(make_config("mini", SET))
-    assert json.loads(out.split("\n\n", 1)[0]) == cfg.to_dict()
-    rows = _table(out)
-    assert rows["unlearn.hparams.npo.beta"] == ["0.5", "--set"]
+    rows = _table(capsys.readouterr().out)
+    assert next(iter(rows)) == "unlearn.hparams.npo.beta" and rows["unlearn.hparams.npo.beta"] == ["0.5", "--set"]
     assert rows["inject.mask_fraction"] == [json.dumps(PRESETS["mini"]["inject.mask_fraction"]), "preset mini"]
+    assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5", "--all"]) == 0
+    rows = _table(capsys.readouterr().out)
     assert rows["unlearn.hparams.npo.gamma"] == [json.dumps(get_spec("npo").defaults["gamma"]), "method spec npo"]
+    cfg = resolve_config(make_config("mini", SET))
+    assert {k: json.loads(v[0]) for k, v in rows.items()} == dotted_leaves(cfg)   # every value of the resolved config
 
 
 def test_cli_config_refuses_a_bad_field(capsys):

@@ -103,7 +103,8 @@ def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: st
                     seed: int | None = None, default_preset: str = BY_HAND_PRESET) -> RunStore:
     "The run `run_id` with its config (created from preset/overrides/seed if new); refuses values that differ from an existing run's."
     exists = (_runs_root(runs_root) / run_id / "config.json").exists()
-    if exists and preset is None and not overrides and seed is None: return open_run(run_id, root=runs_root)
+    if exists and preset is None and not overrides and seed is None:   # as the run is; an older run's config.json upgraded first
+        return open_resolved(run_id, upgrade_config(open_run(run_id, root=runs_root).config), runs_root)
     if preset is not None or not exists: want = make_config(preset or default_preset, overrides, seed)
     else:
         want = set_fields(open_run(run_id, root=runs_root).config, overrides)
