@@ -78,5 +78,27 @@ for f in (lambda: U.evaluate_source(store, src), lambda: U.localization_source(s
 ALLOW.add(src.result_stage("remind"))
 attempt(None, lambda: R.stage_remind_ci(store, F, src))
 
-OUT.write_text(json.dumps(captured, indent=1))
+# the same stages under other presets' sections and single changed fields (config changed in memory, stages captured)
+from dataclasses import asdict
+from lume_lab.core.config import make_config, set_fields
+from lume_lab.pipeline.stages import testbed as TB
+def section_overrides(preset, sec, keep=None):
+    want = asdict(getattr(make_config(preset), sec)); have = asdict(getattr(base_cfg, sec))
+    return {f"{sec}.{k}": v for k, v in want.items() if v != have[k] and (keep is None or k in keep)}
+OVR = {}
+def attempt2(label, f, overrides):
+    OVR[label] = overrides
+    attempt(label, f, lambda c: c.__dict__.update(set_fields(c, overrides).__dict__))
+for p in ("mini", "smollm2", "study"):
+    o = section_overrides(p, "inject", keep=None)
+    o = {k: v for k, v in o.items() if k.split(".")[1] not in ("seq_len",) or v <= base_cfg.model.max_seq_len}
+    attempt2(f"inject_{p}", lambda: TB.stage_inject(store, False), o)
+    attempt2(f"inject_{p}_masked", lambda: TB.stage_inject(store, True), {k: v for k, v in o.items() if k not in ("inject.mask_fraction", "inject.mask_kind")})
+attempt2("roles", lambda: TB.stage_inject(store, True), {"inject.neutral_replay": "stream", "inject.qa_resample": True, "inject.paraphrase_roles": ["instruct"]})
+attempt2("utility100", lambda: B.stage_utility(store), {"world.utility_texts": 100})
+attempt2("utility100", lambda: U.reference_utility(store), {"world.utility_texts": 100})
+attempt2("maxw", lambda: U.stage_localization(store, F, list(base_cfg.unlearn.methods)), {"localization.max_weights": 4000000})
+attempt2("attack", lambda: RS.stage_resurface(store, "npo", F), {"resurface.lr": 0.01, "resurface.epochs": 3, "resurface.temperature": 0.7})
+attempt2("nocontrols", lambda: U.stage_localization(store, F, list(base_cfg.unlearn.methods)), {"unlearn.controls": False})
+OUT.write_text(json.dumps({"captured": captured, "overrides": OVR}, indent=1, default=str))
 print(len(captured), "captured:", [c["name"] + (f" [{c['mutation']}]" if c["mutation"] else "") for c in captured])
