@@ -345,6 +345,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'lume_lab/core/store.py'),
                                      'lume_lab.core.store._find_reusable': ('core/store.html#_find_reusable', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._link_or_copy': ('core/store.html#_link_or_copy', 'lume_lab/core/store.py'),
+                                     'lume_lab.core.store._no_run': ('core/store.html#_no_run', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._now': ('core/store.html#_now', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._record_experiment': ( 'core/store.html#_record_experiment',
                                                                                  'lume_lab/core/store.py'),
