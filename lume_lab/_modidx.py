@@ -876,6 +876,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'lume_lab.models.toy.toy_tokenizer': ('models/toy.html#toy_tokenizer', 'lume_lab/models/toy.py')},
             'lume_lab.pipeline.orchestration.cli': { 'lume_lab.pipeline.orchestration.cli._base_done': ( 'pipeline/orchestration/cli.html#_base_done',
                                                                                                          'lume_lab/pipeline/orchestration/cli.py'),
+                                                     'lume_lab.pipeline.orchestration.cli._main': ( 'pipeline/orchestration/cli.html#_main',
+                                                                                                    'lume_lab/pipeline/orchestration/cli.py'),
                                                      'lume_lab.pipeline.orchestration.cli._parser': ( 'pipeline/orchestration/cli.html#_parser',
                                                                                                       'lume_lab/pipeline/orchestration/cli.py'),
                                                      'lume_lab.pipeline.orchestration.cli._rewrite_page': ( 'pipeline/orchestration/cli.html#_rewrite_page',
