@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from tqdm.auto import tqdm
-# torch is imported inside the functions that use it: `lume-lab --help`, `presets` and `status` reach this module (the
-# launch settings, `ENV_FSDP2`) and must not wait seconds for torch. Annotations are not evaluated (`annotations` above).
+# torch (and tqdm) are imported inside the functions that use them: `lume-lab --help`, `presets` and `status` reach this
+# module (the launch settings, `ENV_FSDP2`) and must not wait seconds for torch. Annotations are not evaluated (`annotations` above).
 
 # %% auto #0
 __all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'end_process_group', 'fsdp2_requested', 'is_fsdp2',
@@ -94,4 +93,5 @@ def in_test() -> bool:
 
 def progress(iterable: Iterable | None = None, desc: str = "", total: int | None = None, disable: bool = False, **kw):
     "A tqdm bar over `iterable`, silent under tests (`kw` go to tqdm, e.g. `initial=` when resuming)."
+    from tqdm.auto import tqdm
     return tqdm(iterable, desc=desc, total=total, disable=disable or in_test(), **kw)
