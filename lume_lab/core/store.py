@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-import torch
 
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash
 
@@ -24,6 +23,7 @@ __all__ = ['seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
     "Seed python, numpy and torch global RNGs."
+    import torch   # here, not at the top: `lume-lab status` and `presets` read runs through this module without torch
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
     if torch.cuda.is_available(): torch.cuda.manual_seed_all(seed)
 
@@ -148,10 +148,12 @@ class RunStore:
         atomic_write_json(self.config_path, config.to_dict())
         self.config = config
         self.manifest.update(config=config.to_dict(), config_hash=config_hash(config), seed=config.seed,
-                             versions=package_versions(), git_commit=git_commit(), updated=_now())
+                             versions=package_versions(), git_commit=git_commit())
         self._save()
 
-    def _save(self) -> None: atomic_write_json(self.manifest_path, self.manifest)
+    def _save(self) -> None:
+        "Write the manifest (atomic), stamped `updated` with the time of this save."
+        self.manifest["updated"] = _now(); atomic_write_json(self.manifest_path, self.manifest)
     def reload(self) -> None:
         "Re-read the manifest from disk (after another process, e.g. a launched multi-process stage, wrote it)."
         self.manifest = json.loads(self.manifest_path.read_text())
@@ -387,11 +389,18 @@ def open_run(run_id: str, config: RunConfig | None = None, root: str | Path | No
     seed_everything(store.config.seed)
     return store
 
+def _no_run(run_id: str, root: str | Path | None = None) -> FileNotFoundError:
+    "The error for a run id without a manifest: it names the runs that exist under the runs root, or says there are none."
+    rr = runs_root(root)
+    names = sorted(p.name for p in rr.iterdir() if (p / "manifest.json").exists()) if rr.is_dir() else []
+    there = f"runs there: {', '.join(names)}" if names else "there are no runs there"
+    return FileNotFoundError(f"no run {run_id!r} under {rr} (no manifest.json); {there}")
+
 def run_status(run_id: str, root: str | Path | None = None):
     "A DataFrame with one row per stage of run `run_id`: status, seconds, cache hits, and the run a reused stage came from."
     import pandas as pd
     m = runs_root(root) / run_id / "manifest.json"
-    if not m.exists(): raise FileNotFoundError(f"no run {run_id!r} under {runs_root(root)} (no manifest.json)")
+    if not m.exists(): raise _no_run(run_id, root)
     man = json.loads(m.read_text())
     cols = ("status", "seconds", "cache_hits", "resumed", "finished", "error")
     rows = [{"stage": k, **{c: v.get(c) for c in cols}, "warnings": len(v.get("warnings", [])),
@@ -402,6 +411,6 @@ def run_warnings(run_id: str, root: str | Path | None = None):
     "A DataFrame of every warning the stages of run `run_id` recorded: stage, category, message and the warning's data."
     import pandas as pd
     m = runs_root(root) / run_id / "manifest.json"
-    if not m.exists(): raise FileNotFoundError(f"no run {run_id!r} under {runs_root(root)} (no manifest.json)")
+    if not m.exists(): raise _no_run(run_id, root)
     rows = [{"stage": k, **w} for k, v in json.loads(m.read_text())["stages"].items() for w in v.get("warnings", [])]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(["stage", "category", "message"] + [c for r in rows for c in r])))

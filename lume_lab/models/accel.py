@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-import torch
-from torch import nn
-from tqdm.auto import tqdm
+# torch (and tqdm) are imported inside the functions that use them: `lume-lab --help`, `presets` and `status` reach this
+# module (the launch settings, `ENV_FSDP2`) and must not wait seconds for torch. Annotations are not evaluated (`annotations` above).
 
 # %% auto #0
 __all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'end_process_group', 'fsdp2_requested', 'is_fsdp2',
@@ -20,6 +19,7 @@ def default_device() -> torch.device:
     """Where a model goes when no device is named: `$LUME_LAB_DEVICE` if set, else accelerate's device for this process
     (a distributed rank's own GPU, the GPU of a one-GPU machine, else the CPU). Every stage that builds or loads a model
     asks here, so nothing falls back to the CPU on a GPU machine and a multi-process job puts each rank on its own GPU."""
+    import torch
     if os.environ.get("LUME_LAB_DEVICE"): return torch.device(os.environ["LUME_LAB_DEVICE"])
     from accelerate import PartialState
     return PartialState(cpu=_cpu_job()).device
@@ -28,6 +28,7 @@ def _cpu_job() -> bool:
     """Whether accelerate must be told `cpu=True`: `ACCELERATE_USE_CPU` is set, or this is a multi-process job with no GPU.
     The first `PartialState()` of a process fixes its state for every later `Accelerator()`, and one made without
     `cpu=True` in a CPU `torchrun` job sees a single process: every rank would then train alone on all the data."""
+    import torch
     from accelerate.utils import parse_flag_from_env
     return parse_flag_from_env("ACCELERATE_USE_CPU") or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available())
 
@@ -71,7 +72,7 @@ def fsdp2_shard(model: nn.Module, device=None) -> nn.Module:
     """Shard `model` in place with FSDP2 over every process of the job: `fully_shard` on each block class named in
     `model._no_split_modules` (the decoder layers: what accelerate's transformer wrap policy picks), then on the root.
     For a job that accelerate did not start with its FSDP2 plugin (e.g. `torchrun` on CPU, gloo)."""
-    import torch.distributed as dist
+    import torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     if not dist.is_initialized():
@@ -92,4 +93,5 @@ def in_test() -> bool:
 
 def progress(iterable: Iterable | None = None, desc: str = "", total: int | None = None, disable: bool = False, **kw):
     "A tqdm bar over `iterable`, silent under tests (`kw` go to tqdm, e.g. `initial=` when resuming)."
+    from tqdm.auto import tqdm
     return tqdm(iterable, desc=desc, total=total, disable=disable or in_test(), **kw)

@@ -176,8 +176,8 @@ def presets_table():
                      "inject steps": c.inject.steps, "methods": len(c.unlearn.methods or BUILTIN_METHODS)})
     return pd.DataFrame(rows)
 
-def main(argv: list[str] | None = None) -> int:
-    "`lume-lab` console script."
+def _main(argv: list[str] | None = None) -> int:
+    "Parse `argv`, run the command, return the exit status (`main` adds the closed-pipe handling)."
     a = _parser().parse_args(argv)
     try:
         if getattr(a, "workers", None) is not None and a.workers < 1:
@@ -214,6 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, NotebookRunError, StageError, FileNotFoundError, ValueError) as e:   # StageError: a stage whose inputs are not done
         print(f"lume-lab: error: {e}", file=sys.stderr); return 2
     return 0
+
+# %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #da5e0bb4
+def main(argv: list[str] | None = None) -> int:
+    "`lume-lab` console script: `_main`, ending quietly with exit status 0 when the reader of its output has gone."
+    try:
+        try: return _main(argv)
+        finally: sys.stdout.flush()          # a closed pipe shows here, inside the handler, not in Python's flush at exit
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # what is still buffered goes nowhere
+        return 0
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #c5c07061
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())   # a script, not a notebook kernel

@@ -7,12 +7,9 @@ from __future__ import annotations
 import json, os, threading, time, uuid
 from pathlib import Path
 
-import papermill as pm
-from papermill.exceptions import PapermillExecutionError
-from nbclient.exceptions import DeadKernelError
-from papermill.translators import PythonTranslator
 from traitlets.config import Config
-import nbformat
+# papermill, nbclient and nbformat are imported inside the functions that run or read notebooks: they take seconds to
+# import (jsonschema's format checkers), and `lume-lab --help`, `presets` and `status` reach this module without running one
 
 from ...core.store import runs_root, repo_root, package_dir
 
@@ -27,6 +24,8 @@ class NotebookRunError(RuntimeError):
 
 def notebook_parameters(nb_path: str | Path) -> dict:
     "The parameters declared in the notebook's `parameters` cell: name → {default, inferred_type_name}."
+    import nbformat
+    from papermill.translators import PythonTranslator
     nb = nbformat.read(str(nb_path), as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     if not cells: raise ValueError(f"{nb_path} has no cell tagged 'parameters' (papermill would ignore every input)")
@@ -61,6 +60,9 @@ def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | N
                  kernel: str = "python3", root: str | Path | None = None, progress: bool = False,
                  cwd: str | Path | None = None) -> Path:
     "Execute `nb_path` with `parameters` into `out_path` (which must lie under the runs root); `progress`: papermill's per-cell bar."
+    import nbformat, papermill as pm
+    from nbclient.exceptions import DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
     nb_path, out_path = Path(nb_path), Path(out_path).resolve()
     if not nb_path.exists(): raise FileNotFoundError(f"no notebook {nb_path}")
     rr = runs_root(root)

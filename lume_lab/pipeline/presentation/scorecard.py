@@ -11,7 +11,6 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ...analysis.localization import PAPER_PRECISION_OLMO2_1B
 from ...core.config import config_diff
 
 # %% auto #0
@@ -292,8 +291,11 @@ def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
     if k == "mean": return rows.loc[src].mean()                  # utility: mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
     return rows.get((src, k), np.nan)
 
-def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:
-    "The paper's values as scorecard columns (`<column>_paper`), indexed by (field, method)."
+def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict | None = None) -> pd.DataFrame:
+    """The paper's values as scorecard columns (`<column>_paper`), indexed by (field, method).
+    `precision`: AUCs by field and method, default the paper's (`analysis.localization.PAPER_PRECISION_OLMO2_1B`)."""
+    if precision is None:   # imported here, not at the top: analysis.localization loads torch, which the CLI's --help never needs
+        from lume_lab.analysis.localization import PAPER_PRECISION_OLMO2_1B as precision
     t = paper_table2(paper).set_index(["field", "method", "split", "metric"]).value
     rows = {}
     for (f, m), v in t.groupby(level=["field", "method"], sort=False):
