@@ -887,6 +887,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                               'lume_lab/pipeline/orchestration/cli.py'),
                                                      'lume_lab.pipeline.orchestration.cli.presets_table': ( 'pipeline/orchestration/cli.html#presets_table',
                                                                                                             'lume_lab/pipeline/orchestration/cli.py'),
+                                                     'lume_lab.pipeline.orchestration.cli.presets_text': ( 'pipeline/orchestration/cli.html#presets_text',
+                                                                                                           'lume_lab/pipeline/orchestration/cli.py'),
                                                      'lume_lab.pipeline.orchestration.cli.run_pipeline': ( 'pipeline/orchestration/cli.html#run_pipeline',
                                                                                                            'lume_lab/pipeline/orchestration/cli.py'),
                                                      'lume_lab.pipeline.orchestration.cli.run_stage_entry': ( 'pipeline/orchestration/cli.html#run_stage_entry',

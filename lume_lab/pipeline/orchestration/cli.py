@@ -8,7 +8,7 @@ import argparse, json, os, sys, time
 from pathlib import Path
 from typing import Callable
 
-from ...core.config import DEFAULT_PRESET, PRESETS, ConfigError, make_config, config_hash
+from ...core.config import DEFAULT_PRESET, PRESETS, PRESET_DESCRIPTIONS, ConfigError, make_config, config_hash
 from ...core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
 from ...unlearn.registry import BUILTIN_METHODS
 from .config import config_report, open_resolved, resolve_config
@@ -21,7 +21,8 @@ from .export import export_run
 from .score import add_export_arguments, add_score_arguments, score_main
 
 # %% auto #0
-__all__ = ['REPORT_EXPERIMENT', 'parse_overrides', 'run_pipeline', 'stage_entries', 'run_stage_entry', 'presets_table', 'main']
+__all__ = ['REPORT_EXPERIMENT', 'parse_overrides', 'run_pipeline', 'stage_entries', 'run_stage_entry', 'presets_text',
+           'presets_table', 'main']
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #353480b8
 def parse_overrides(items: list[str] | None) -> dict:
@@ -164,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
     add_score_arguments(sub.add_parser("score", help="score an unlearned checkpoint of a run's testbed model as external:NAME, through the stages a method goes through"))
     return p
 
+def presets_text() -> str:
+    "What `lume-lab presets` prints: each preset's one-line description (from its file), then their headline sizes."
+    w = max(map(len, PRESETS))
+    lines = [f"{name:<{w}}  {PRESET_DESCRIPTIONS[name]}" for name in PRESETS]
+    return "\n".join(lines + ["", presets_table().to_string(index=False), "", "each is lume_lab/presets/<name>.yaml"])
+
 def presets_table():
     "One row per preset with its headline sizes."
     import pandas as pd
@@ -184,7 +191,7 @@ def _main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--workers must be an int >= 1 (how many run at once), got {a.workers}")
         if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
             raise ConfigError("--only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain")
-        if a.cmd == "presets": print(presets_table().to_string(index=False))
+        if a.cmd == "presets": print(presets_text())
         elif a.cmd == "config": print(config_report(a.preset, parse_overrides(a.set), a.seed, a.all), end="")
         elif a.cmd == "results": return results_main(a)
         elif a.cmd == "export": export_run(a.run_id, a.out, a.runs_root, a.field)
