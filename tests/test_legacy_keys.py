@@ -74,7 +74,7 @@ def test_a_changed_input_or_an_older_version_does_not_match():
     assert h("world", later) == man["stages"]["world"]["hash"]          # a stage that never read remind.* still matches
     other = copy.deepcopy(man); other["stages"]["testbed"]["hash"] = "0" * 16   # a dep recomputed since
     assert h("unlearn_npo_email_address", cfg, other) != man["stages"]["unlearn_npo_email_address"]["hash"]
-    old = {**L.legacy_key("world", cfg), "v": L.STAGE_VERSIONS["world"] - 1}     # the key before the last version bump
+    old = {**L.legacy_key("world", cfg), "v": L._STAGE_VERSIONS["world"] - 1}     # the key before the last version bump
     assert config_hash({"key": old, "deps": {}}) != man["stages"]["world"]["hash"]
     missing = copy.deepcopy(man); missing["stages"]["base"]["status"] = "failed"
     assert h("masks", cfg, missing) is None

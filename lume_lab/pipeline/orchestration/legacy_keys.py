@@ -10,36 +10,29 @@ from pathlib import Path
 from ...core.config import RunConfig, config_hash, gguf_source
 
 # %% auto #0
-__all__ = ['TARGET_FIELDS', 'STAGE_VERSIONS', 'LUME_STAGE_VERSIONS', 'ATTRIBUTION_STAGE_VERSION', 'REMIND_CI_VERSION',
-           'DOSE_VERSION', 'ROBUST_VERSION', 'CI_LEVEL', 'MIN_SPLIT_PROFILES', 'TUNE_UTILITY_TEXTS', 'UTILITY_TEXTS',
-           'EVALUATE_COLUMNS', 'LOCALIZATION_SIZES', 'LATE_FIELDS', 'MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS',
-           'PISTOL_FINETUNE_KEYS', 'PISTOL_UNLEARN_KEYS', 'DEGREE_EDGES', 'RELEARN_ATTACKS', 'SECTION_FIELDS',
-           'METHOD_DEFAULTS', 'METHOD_PRESETS', 'HPARAMS_PRESET', 'METHOD_GRIDS', 'INPUT_DEPS', 'NO_CONTROL',
-           'UTILITY_MODELS', 'STAGE_PATTERNS', 'section', 'section_key', 'world_key', 'utility_key', 'method_hparams',
-           'unlearn_name', 'has_control', 'inject_key', 'remind_key', 'dose_point', 'parse_stage', 'legacy_key',
-           'legacy_deps', 'legacy_hash', 'verify_legacy', 'legacy_facts']
+__all__ = ['STAGE_PATTERNS', 'parse_stage', 'legacy_key', 'legacy_deps', 'legacy_hash', 'verify_legacy', 'legacy_facts']
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #b8b53bca
-TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
-STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1, "masks": 1, "inject": 2,
+_TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
+_STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1, "masks": 1, "inject": 2,
                   "instruct": 1, "testbed": 1, "reachability": 1, "unlearn": 1, "evaluate": 1, "localization": 1, "remind": 1,
                   "resurface": 1, "external": 1}
-LUME_STAGE_VERSIONS = {"lume_nonmembers": 1, "lume_finetune": 1, "lume_eval": 1, "lume_unlearn": 1}
-ATTRIBUTION_STAGE_VERSION, REMIND_CI_VERSION, DOSE_VERSION, ROBUST_VERSION = 1, 1, 1, 1
-CI_LEVEL, MIN_SPLIT_PROFILES, TUNE_UTILITY_TEXTS, UTILITY_TEXTS = 0.95, 10, 200, 300
-EVALUATE_COLUMNS = ["split", "metric", "value", "n_profiles", "n_rows"]
-LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
-LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None, "inject.grouped": False}
-MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the control never read
-CONTROL_ONLY_FIELDS = ("control_steps",)                                                    # and the one the masked model never read
-PISTOL_FINETUNE_KEYS = ("questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs", "finetune_check_every",
+_LUME_STAGE_VERSIONS = {"lume_nonmembers": 1, "lume_finetune": 1, "lume_eval": 1, "lume_unlearn": 1}
+_ATTRIBUTION_STAGE_VERSION, _REMIND_CI_VERSION, _DOSE_VERSION, _ROBUST_VERSION = 1, 1, 1, 1
+_CI_LEVEL, _MIN_SPLIT_PROFILES, _TUNE_UTILITY_TEXTS, _UTILITY_TEXTS = 0.95, 10, 200, 300
+_EVALUATE_COLUMNS = ["split", "metric", "value", "n_profiles", "n_rows"]
+_LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
+_LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None, "inject.grouped": False}
+_MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the control never read
+_CONTROL_ONLY_FIELDS = ("control_steps",)                                                    # and the one the masked model never read
+_PISTOL_FINETUNE_KEYS = ("questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs", "finetune_check_every",
                         "finetune_target", "max_new_tokens")
-PISTOL_UNLEARN_KEYS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens")
-DEGREE_EDGES = ("A-B", "A-C")
-RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")
+_PISTOL_UNLEARN_KEYS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens")
+_DEGREE_EDGES = ("A-B", "A-C")
+_RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #47ed0c11
-SECTION_FIELDS = {   # the fields of each section a key hashed whole, as the sections had them
+_SECTION_FIELDS = {   # the fields of each _section a key hashed whole, as the sections had them
     "model": ("name_or_path", "revision", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_seq_len", "vocab_size", "dtype"),
     "world": ("n_public_people", "n_cities", "facts_per_relation", "public_paraphrases_per_field", "n_mc_questions", "n_mc_options",
               "heldout_fraction", "utility_texts"),
@@ -59,30 +52,30 @@ SECTION_FIELDS = {   # the fields of each section a key hashed whole, as the sec
     "attribution": ("counts", "contrast_lambda", "signature_max_weights", "signature_folds"),
 }
 
-def section(cfg: RunConfig, name: str, drop=()) -> dict:
+def _section(cfg: RunConfig, name: str, drop=()) -> dict:
     "Section `name` of `cfg` as `asdict` gave it then: the fields of `SECTION_FIELDS[name]` but `drop`."
     s = getattr(cfg, name)
-    return {f: copy.deepcopy(getattr(s, f)) for f in SECTION_FIELDS[name] if f not in drop}
+    return {f: copy.deepcopy(getattr(s, f)) for f in _SECTION_FIELDS[name] if f not in drop}
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c0e0c32f
-def section_key(cfg: RunConfig, name: str) -> dict:
-    "`core.config.section_key` as it was: section `name` less `LATE_FIELDS` at their defaults."
-    return {k: v for k, v in section(cfg, name).items() if not (f"{name}.{k}" in LATE_FIELDS and v == LATE_FIELDS[f"{name}.{k}"])}
+def _section_key(cfg: RunConfig, name: str) -> dict:
+    "`core.config.section_key` as it was: _section `name` less `LATE_FIELDS` at their defaults."
+    return {k: v for k, v in _section(cfg, name).items() if not (f"{name}.{k}" in _LATE_FIELDS and v == _LATE_FIELDS[f"{name}.{k}"])}
 
-def world_key(cfg: RunConfig) -> dict: return section(cfg, "world", drop=("utility_texts",))
-def utility_key(cfg: RunConfig) -> dict: return {} if cfg.world.utility_texts == UTILITY_TEXTS else {"utility_texts": cfg.world.utility_texts}
+def _world_key(cfg: RunConfig) -> dict: return _section(cfg, "world", drop=("utility_texts",))
+def _utility_key(cfg: RunConfig) -> dict: return {} if cfg.world.utility_texts == _UTILITY_TEXTS else {"utility_texts": cfg.world.utility_texts}
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #bd66f900
 _BASE_HP = {"lr": 0.001, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant", "warmup_steps": 0, "warmup_ratio": 0.0,
             "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None}
-METHOD_DEFAULTS = {   # spec defaults of the methods a stage resolved outside `unlearn.hparams`
+_METHOD_DEFAULTS = {   # spec defaults of the methods a stage resolved outside `unlearn.hparams`
     "grad_ascent": _BASE_HP, "grad_diff": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0}, "ukl": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0},
     "npo": {**_BASE_HP, "beta": 0.1, "gamma": 1.0, "alpha": 0.0}, "oracle_grad": {**_BASE_HP, "gamma": 5.0, "alpha": 1.0},
     "localized_graddiff": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None, "n_examples": None},
     "uld": {**_BASE_HP, "n_layers": None, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "retain_weight": 5.0, "alpha": 1.0,
             "top_logit_filter": 0.1},
 }
-METHOD_PRESETS = {   # their spec.presets rows: preset -> values
+_METHOD_PRESETS = {   # their spec.presets rows: preset -> values
     "oracle_grad": {"mini": {"lr": 0.0001, "epochs": 5, "gamma": 5.0, "max_grad_norm": None},
                     "olmo2-1b": {"gamma": 5.0, "alpha": 1.0, "lr": 0.0001, "epochs": 200, "batch_size": 32, "scheduler": "linear",
                                  "warmup_steps": 0, "warmup_ratio": 0.005, "max_grad_norm": 1.0},
@@ -90,11 +83,11 @@ METHOD_PRESETS = {   # their spec.presets rows: preset -> values
                                  "warmup_steps": 0, "warmup_ratio": 0.005, "max_grad_norm": 1.0}},
     "localized_graddiff": {"mini": {"lr": 0.0001, "epochs": 5, "gamma": 5.0, "max_grad_norm": None}},
 }
-HPARAMS_PRESET = {"smollm2": "mini"}   # the removed `unlearn.hparams_preset` as each preset set it (None elsewhere)
+_HPARAMS_PRESET = {"smollm2": "mini"}   # the removed `unlearn.hparams_preset` as each preset set it (None elsewhere)
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #02e0bf16
 _LR = [1e-05, 3e-05, 0.0001, 0.0003, 0.001]
-METHOD_GRIDS = {   # each spec's tuning grid: the `grid` of a `tune_<method>` key when t00 was given none
+_METHOD_GRIDS = {   # each spec's tuning grid: the `grid` of a `tune_<method>` key when t00 was given none
     "grad_ascent": {"lr": _LR, "epochs": [2, 5], "max_grad_norm": [None]},
     "grad_diff": {"lr": _LR, "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
     "ukl": {"lr": _LR, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
@@ -108,22 +101,22 @@ METHOD_GRIDS = {   # each spec's tuning grid: the `grid` of a `tune_<method>` ke
     "uld": {"lr": _LR, "epochs": [5], "max_grad_norm": [None]},
     "localized_graddiff": {"lr": _LR, "epochs": [5], "gamma": [1.0, 5.0], "score": ["grad", "fisher", "snip", "act_grad"], "max_grad_norm": [None]},
 }
-INPUT_DEPS = {"oracle_grad": ["masks"], "localized_graddiff": ["masks"], "alphaedit": ["world"]}   # stages of a method's run-level inputs
-NO_CONTROL = ("oracle_grad", "uld", "localized_graddiff")   # methods whose spec had no unmasked-control run
+_INPUT_DEPS = {"oracle_grad": ["masks"], "localized_graddiff": ["masks"], "alphaedit": ["world"]}   # stages of a method's run-level inputs
+_NO_CONTROL = ("oracle_grad", "uld", "localized_graddiff")   # methods whose spec had no unmasked-control run
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #71989ed1
-def method_hparams(cfg: RunConfig, method: str) -> dict | None:
+def _method_hparams(cfg: RunConfig, method: str) -> dict | None:
     "The hyperparameters a stage hashed for `method`: the config's row, else the frozen spec defaults and preset rows; None if unknown."
     if method in cfg.unlearn.hparams: return dict(cfg.unlearn.hparams[method])
-    if method not in METHOD_DEFAULTS: return None
-    rows = METHOD_PRESETS.get(method, {})
-    return {**METHOD_DEFAULTS[method], **rows.get(HPARAMS_PRESET.get(cfg.preset), {}), **rows.get(cfg.preset, {})}
+    if method not in _METHOD_DEFAULTS: return None
+    rows = _METHOD_PRESETS.get(method, {})
+    return {**_METHOD_DEFAULTS[method], **rows.get(_HPARAMS_PRESET.get(cfg.preset), {}), **rows.get(cfg.preset, {})}
 
-def unlearn_name(method: str, field: str, control: bool = False) -> str: return f"unlearn_{method}_{field}" + ("_control" if control else "")
-def has_control(cfg: RunConfig, method: str) -> bool: return cfg.unlearn.controls and method not in NO_CONTROL
+def _unlearn_name(method: str, field: str, control: bool = False) -> str: return f"unlearn_{method}_{field}" + ("_control" if control else "")
+def _has_control(cfg: RunConfig, method: str) -> bool: return cfg.unlearn.controls and method not in _NO_CONTROL
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #18f41e6d
-def _world(c, f): return {"v": STAGE_VERSIONS["world"], "world": world_key(c), "content_types": c.pii.content_types, "seed": c.seed}, []
+def _world(c, f): return {"v": _STAGE_VERSIONS["world"], "world": _world_key(c), "content_types": c.pii.content_types, "seed": c.seed}, []
 
 def _hf_key(c, f) -> list | None:
     "What identified a checkpoint: name and revision, and for a GGUF file its content digest (fact `gguf_digest`)."
@@ -132,117 +125,117 @@ def _hf_key(c, f) -> list | None:
     return [p, c.model.revision, f["gguf_digest"]] if "gguf_digest" in f else None
 
 def _tokenizer(c, f):
-    v = STAGE_VERSIONS["tokenizer"]
+    v = _STAGE_VERSIONS["tokenizer"]
     if c.model.name_or_path is not None: return (None if (hf := _hf_key(c, f)) is None else {"v": v, "hf": hf}), []
     return {"v": v, "vocab_size": c.model.vocab_size, "max_seq_len": c.model.max_seq_len}, ["world"]
 
 def _base(c, f):
-    v = STAGE_VERSIONS["base"]
+    v = _STAGE_VERSIONS["base"]
     if c.model.name_or_path is not None:
         return (None if (hf := _hf_key(c, f)) is None else {"v": v, "hf": hf, "dtype": c.model.dtype}), ["tokenizer"]
-    return {"v": v, "model": section(c, "model"), "pretrain": section(c, "pretrain"), "seed": c.seed}, ["world", "tokenizer"]
+    return {"v": v, "model": _section(c, "model"), "pretrain": _section(c, "pretrain"), "seed": c.seed}, ["world", "tokenizer"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c9e74429
-UTILITY_MODELS = {"base": "base", "masked": "instruct_masked", "unmasked": "instruct_unmasked"}   # utility_<name>: the model scored
+_UTILITY_MODELS = {"base": "base", "masked": "instruct_masked", "unmasked": "instruct_unmasked"}   # utility_<name>: the model scored
 
-def _utility(c, f, name): return {"v": STAGE_VERSIONS["utility"], **utility_key(c)}, ["world", UTILITY_MODELS[name]]
-def _pii(c, f): return {"v": STAGE_VERSIONS["pii"], "pii": section(c, "pii"), "seed": c.seed}, []
-def _pistol(c, f): return {"v": STAGE_VERSIONS["pistol"], "seed": c.seed}, []
-def _lume(c, f): return {"v": STAGE_VERSIONS["lume"], "lume": section(c, "lume"), "seed": c.seed}, ["world"]
+def _utility(c, f, name): return {"v": _STAGE_VERSIONS["utility"], **_utility_key(c)}, ["world", _UTILITY_MODELS[name]]
+def _pii(c, f): return {"v": _STAGE_VERSIONS["pii"], "pii": _section(c, "pii"), "seed": c.seed}, []
+def _pistol(c, f): return {"v": _STAGE_VERSIONS["pistol"], "seed": c.seed}, []
+def _lume(c, f): return {"v": _STAGE_VERSIONS["lume"], "lume": _section(c, "lume"), "seed": c.seed}, ["world"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #3d5ab8fc
 def _masks(c, f):
-    return {"v": STAGE_VERSIONS["masks"], "groups": c.pii.n_groups, "fraction": c.inject.mask_fraction, "kind": c.inject.mask_kind, "seed": c.seed}, ["base"]
+    return {"v": _STAGE_VERSIONS["masks"], "groups": c.pii.n_groups, "fraction": c.inject.mask_fraction, "kind": c.inject.mask_kind, "seed": c.seed}, ["base"]
 
-def inject_key(c: RunConfig, masked: bool) -> dict:
-    "`stages.testbed.inject_key` as it was: the inject section less the other model's fields and late fields at their old values."
-    inj = {k: v for k, v in section_key(c, "inject").items() if k not in (CONTROL_ONLY_FIELDS if masked else MASK_ONLY_FIELDS)}
+def _inject_key(c: RunConfig, masked: bool) -> dict:
+    "`stages.testbed.inject_key` as it was: the inject _section less the other model's fields and late fields at their old values."
+    inj = {k: v for k, v in _section_key(c, "inject").items() if k not in (_CONTROL_ONLY_FIELDS if masked else _MASK_ONLY_FIELDS)}
     if not inj.get("paraphrase_roles"): inj.pop("paraphrase_roles", None)
     for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all"), ("qa_resample", False)):
         if inj.get(k) == old: del inj[k]
-    return {"v": STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
+    return {"v": _STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
 
-def _inject(c, f, which): return inject_key(c, which == "masked"), ["world", "pii", "base"] + (["masks"] if which == "masked" else [])
+def _inject(c, f, which): return _inject_key(c, which == "masked"), ["world", "pii", "base"] + (["masks"] if which == "masked" else [])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #d48b2a82
-def _instruct_key(c): return {"v": STAGE_VERSIONS["instruct"], "instruct": section(c, "instruct"), "seed": c.seed}
+def _instruct_key(c): return {"v": _STAGE_VERSIONS["instruct"], "instruct": _section(c, "instruct"), "seed": c.seed}
 def _instruct(c, f, which): return _instruct_key(c), ["pii", f"inject_{which}"]
 def _instruct_floor(c, f): return _instruct_key(c), ["pii", "base"]
 
 def _testbed(c, f):
-    return {"v": STAGE_VERSIONS["testbed"], "testbed": section(c, "testbed"), "seed": c.seed, "min_split_profiles": MIN_SPLIT_PROFILES}, ["pii", "instruct_masked"]
+    return {"v": _STAGE_VERSIONS["testbed"], "testbed": _section(c, "testbed"), "seed": c.seed, "min_split_profiles": _MIN_SPLIT_PROFILES}, ["pii", "instruct_masked"]
 
 def _extraction(c, f, stage):
-    return {"v": STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens, "min_share": c.testbed.min_share}, ["pii", stage]
+    return {"v": _STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens, "min_share": c.testbed.min_share}, ["pii", stage]
 
 def _reachability(c, f, stage):
-    key = {"v": STAGE_VERSIONS["reachability"], "n_fresh": 2, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+    key = {"v": _STAGE_VERSIONS["reachability"], "n_fresh": 2, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
     return key, ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #441e8cb2
-def _forget_fields(c, f): return {"v": STAGE_VERSIONS["unlearn"], "forget_fields": list(c.unlearn.forget_fields)}, ["testbed"]
+def _forget_fields(c, f): return {"v": _STAGE_VERSIONS["unlearn"], "forget_fields": list(c.unlearn.forget_fields)}, ["testbed"]
 
 def _unlearn(c, f, method, field, control):
-    hp = method_hparams(c, method)
-    key = None if hp is None else {"v": STAGE_VERSIONS["unlearn"], "method": method, "field": field, "hparams": hp, "seed": c.seed}
-    return key, ["testbed", "instruct_unmasked" if control else "instruct_masked"] + INPUT_DEPS.get(method, [])
+    hp = _method_hparams(c, method)
+    key = None if hp is None else {"v": _STAGE_VERSIONS["unlearn"], "method": method, "field": field, "hparams": hp, "seed": c.seed}
+    return key, ["testbed", "instruct_unmasked" if control else "instruct_masked"] + _INPUT_DEPS.get(method, [])
 
-def _utility_reference(c, f): return {"v": STAGE_VERSIONS["evaluate"], **utility_key(c)}, ["world", "instruct_masked"]
+def _utility_reference(c, f): return {"v": _STAGE_VERSIONS["evaluate"], **_utility_key(c)}, ["world", "instruct_masked"]
 
 def _evaluate_key(c):
-    return {"v": STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": EVALUATE_COLUMNS, **utility_key(c)}
+    return {"v": _STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": _EVALUATE_COLUMNS, **_utility_key(c)}
 
 def _evaluate(c, f, label, field):
-    return _evaluate_key(c), ["testbed", "world", "instruct_masked"] + ([] if label == "none" else [unlearn_name(label, field)])
+    return _evaluate_key(c), ["testbed", "world", "instruct_masked"] + ([] if label == "none" else [_unlearn_name(label, field)])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #03524ad8
 def _localization_key(c):
-    return {"v": STAGE_VERSIONS["localization"], "localization": section_key(c, "localization"), "seed": c.seed, "sizes": LOCALIZATION_SIZES}
+    return {"v": _STAGE_VERSIONS["localization"], "localization": _section_key(c, "localization"), "seed": c.seed, "sizes": _LOCALIZATION_SIZES}
 
 def _localization(c, f, field):
     ms = list(c.unlearn.methods)
-    deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [unlearn_name(m, field) for m in ms]
-    return {**_localization_key(c), "methods": ms}, deps + [unlearn_name(m, field, True) for m in ms if has_control(c, m)]
+    deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [_unlearn_name(m, field) for m in ms]
+    return {**_localization_key(c), "methods": ms}, deps + [_unlearn_name(m, field, True) for m in ms if _has_control(c, m)]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #dd31aab5
-def remind_key(c): return section(c, "remind", drop=("n_boot",))
-def _remind_inputs(c, f, field): return {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c), "field": field, "seed": c.seed}, ["testbed", "pii", "base"]
+def _remind_key(c): return _section(c, "remind", drop=("n_boot",))
+def _remind_inputs(c, f, field): return {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "field": field, "seed": c.seed}, ["testbed", "pii", "base"]
 
 def _remind(c, f, field):
     ms = list(c.unlearn.methods)
-    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c), "methods": ms, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
-    return key, [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [unlearn_name(m, field) for m in ms]
+    key = {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "methods": ms, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+    return key, [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [_unlearn_name(m, field) for m in ms]
 
 def _remind_ablation(c, f, field):
     m = "npo" if "npo" in c.unlearn.methods else c.unlearn.methods[0]
-    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c), "method": m, "seed": c.seed}
-    return key, [f"remind_{field}", f"remind_inputs_{field}", "base", unlearn_name(m, field)]
+    key = {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "method": m, "seed": c.seed}
+    return key, [f"remind_{field}", f"remind_inputs_{field}", "base", _unlearn_name(m, field)]
 
-def _remind_ci(c, f, field): return {"v": REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": CI_LEVEL}, [f"remind_{field}"]
+def _remind_ci(c, f, field): return {"v": _REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": _CI_LEVEL}, [f"remind_{field}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #84830559
 def _resurface_key(c, label, field):
-    r, icfg = c.resurface, section(c, "instruct")
+    r, icfg = c.resurface, _section(c, "instruct")
     icfg.update(lr=c.instruct.lr if r.lr is None else r.lr, epochs=c.instruct.epochs if r.epochs is None else r.epochs)
-    return {"v": STAGE_VERSIONS["resurface"], "resurface": section(c, "resurface", drop=("epochs",)), "instruct": icfg, "label": label,
+    return {"v": _STAGE_VERSIONS["resurface"], "resurface": _section(c, "resurface", drop=("epochs",)), "instruct": icfg, "label": label,
             "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
 
 def _resurface(c, f, label, field):
-    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", unlearn_name(label, field)])
+    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", _unlearn_name(label, field)])
     return _resurface_key(c, label, field), ["testbed", "pii"] + src
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c9242a27
 def _attribution(c, f, field):
-    return {"v": ATTRIBUTION_STAGE_VERSION, "attribution": section(c, "attribution"), "seed": c.seed}, ["testbed", "instruct_masked", "masks"]
+    return {"v": _ATTRIBUTION_STAGE_VERSION, "attribution": _section(c, "attribution"), "seed": c.seed}, ["testbed", "instruct_masked", "masks"]
 
 def _mask_signature(c, f):
     a = c.attribution
-    key = {"v": ATTRIBUTION_STAGE_VERSION, "max_weights": a.signature_max_weights, "folds": a.signature_folds, "seed": c.seed}
+    key = {"v": _ATTRIBUTION_STAGE_VERSION, "max_weights": a.signature_max_weights, "folds": a.signature_folds, "seed": c.seed}
     return key, ["base", "instruct_masked", "masks"]
 
 def _attribution_localization(c, f, field):
-    key = {"v": ATTRIBUTION_STAGE_VERSION, "localization": section_key(c, "localization"), "seed": c.seed}
-    return key, ["base", "instruct_masked", "masks", unlearn_name("localized_graddiff", field)]
+    key = {"v": _ATTRIBUTION_STAGE_VERSION, "localization": _section_key(c, "localization"), "seed": c.seed}
+    return key, ["base", "instruct_masked", "masks", _unlearn_name("localized_graddiff", field)]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #e99ce431
 def _robust(c, kind: str, label: str, field: str, stage: str):
@@ -253,12 +246,12 @@ def _robust(c, kind: str, label: str, field: str, stage: str):
     elif kind == "robust_weights": more, extra = {"alphas": list(r.lmc_alphas)}, ["masks"]
     elif kind.startswith("robust_relearn_"):
         more, extra = {"attack": kind[len("robust_relearn_"):], "mode": r.relearn_mode, "lr": r.relearn_lr, "epochs": r.relearn_epochs,
-                       "instruct": section(c, "instruct")}, ["pii"]
-    key = {"v": ROBUST_VERSION, "label": label, "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens, **more}
+                       "instruct": _section(c, "instruct")}, ["pii"]
+    key = {"v": _ROBUST_VERSION, "label": label, "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens, **more}
     return key, list(dict.fromkeys(["testbed", "instruct_masked", stage])) + extra
 
 def _method_robust(c, f, kind, label, field):
-    return _robust(c, kind, label, field, "instruct_masked" if label == "none" else unlearn_name(label, field))
+    return _robust(c, kind, label, field, "instruct_masked" if label == "none" else _unlearn_name(label, field))
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #6304f93c
 def _source_result(c, kind: str, label: str, field: str, stage: str, prefix: str):
@@ -266,14 +259,14 @@ def _source_result(c, kind: str, label: str, field: str, stage: str, prefix: str
     if kind == "evaluate": return _evaluate_key(c), ["testbed", "world", "instruct_masked", stage]
     if kind == "localization": return _localization_key(c), ["base", "instruct_masked", "instruct_unmasked", "masks", stage]
     if kind == "remind":
-        key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+        key = {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
         return key, [f"remind_inputs_{field}", "instruct_masked", stage]
-    if kind == "remind_ci": return {"v": REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": CI_LEVEL}, [f"{prefix}remind_{field}"]
+    if kind == "remind_ci": return {"v": _REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": _CI_LEVEL}, [f"{prefix}remind_{field}"]
     if kind == "resurface": return _resurface_key(c, label, field), ["testbed", "pii", "instruct_masked", stage]
     return _robust(c, kind, label, field, stage)
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c2072125
-def dose_point(c: RunConfig, tag: str) -> tuple | None:
+def _dose_point(c: RunConfig, tag: str) -> tuple | None:
     "(kind, level, seed) of dose tag `tag`, the level as `dose.precisions` / `dose.recalls` holds it; None if the config has no such point."
     m = re.fullmatch(r"([pr])(.+)_s(\d+)", tag)
     if m is None: return None
@@ -283,8 +276,8 @@ def dose_point(c: RunConfig, tag: str) -> tuple | None:
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #b6d18ff5
 def _dose_unlearn(c, f, tag, field):
-    pt, hp = dose_point(c, tag), method_hparams(c, "oracle_grad")
-    key = None if pt is None or hp is None else {"v": DOSE_VERSION, "method": "oracle_grad", "hparams": hp, "field": field,
+    pt, hp = _dose_point(c, tag), _method_hparams(c, "oracle_grad")
+    key = None if pt is None or hp is None else {"v": _DOSE_VERSION, "method": "oracle_grad", "hparams": hp, "field": field,
                                                  "kind": pt[0], "level": pt[1], "seed": pt[2]}
     return key, ["testbed", "instruct_masked", "masks"]
 
@@ -292,7 +285,7 @@ def _dose_result(c, f, tag, kind, field):
     return _source_result(c, kind, f"dose_{tag}", field, f"dose_{tag}_unlearn_{field}", f"dose_{tag}_")
 
 def _external_checkpoint(c, f, name, field):
-    key = None if "checkpoint" not in f else {"v": STAGE_VERSIONS["external"], "name": name, "field": field, "checkpoint": f["checkpoint"],
+    key = None if "checkpoint" not in f else {"v": _STAGE_VERSIONS["external"], "name": name, "field": field, "checkpoint": f["checkpoint"],
                                               "control": f.get("control"), "dtype": c.model.dtype}
     return key, ["testbed", "masks", "instruct_masked"] + (["instruct_unmasked"] if f.get("control") else [])
 
@@ -301,45 +294,45 @@ def _external_result(c, f, name, kind, field):
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #9dcfc6eb
 def _tune(c, f, method):
-    grid, hp = f.get("grid", METHOD_GRIDS.get(method)), method_hparams(c, method)
+    grid, hp = f.get("grid", _METHOD_GRIDS.get(method)), _method_hparams(c, method)
     ref = f.get("reference_rows") if c.unlearn.tune_match_steps else None
-    deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *INPUT_DEPS.get(method, [])]))
+    deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *_INPUT_DEPS.get(method, [])]))
     if grid is None or hp is None or (c.unlearn.tune_match_steps and ref is None): return None, deps
-    return {"v": STAGE_VERSIONS["unlearn"], "method": method, "grid": grid, "base": {k: v for k, v in hp.items() if k not in grid},
+    return {"v": _STAGE_VERSIONS["unlearn"], "method": method, "grid": grid, "base": {k: v for k, v in hp.items() if k not in grid},
             "seed": c.seed, "require_memorized": c.testbed.require_memorized, "max_ppl_ratio": c.unlearn.tune_max_ppl_ratio,
-            "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS}, deps
+            "reference_rows": ref, "utility_texts": _TUNE_UTILITY_TEXTS}, deps
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #fba08f39
-def _pistol_protocol(p, *extra) -> dict: return {k: copy.deepcopy(getattr(p, k)) for k in (*PISTOL_UNLEARN_KEYS, *extra)}
+def _pistol_protocol(p, *extra) -> dict: return {k: copy.deepcopy(getattr(p, k)) for k in (*_PISTOL_UNLEARN_KEYS, *extra)}
 
 def _pistol_finetune(c, f, dataset):
-    ft = {k: copy.deepcopy(getattr(c.pistol, k)) for k in PISTOL_FINETUNE_KEYS}
-    return {"v": STAGE_VERSIONS["pistol"], "dataset": dataset, "seed": c.seed, "finetune": ft}, ["pistol", "base"]
+    ft = {k: copy.deepcopy(getattr(c.pistol, k)) for k in _PISTOL_FINETUNE_KEYS}
+    return {"v": _STAGE_VERSIONS["pistol"], "dataset": dataset, "seed": c.seed, "finetune": ft}, ["pistol", "base"]
 
 def _pistol_degree(c, f, method):
-    key = {"v": STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "lrs", "retain_floor", "seeds"), "seed": c.seed}
+    key = {"v": _STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "lrs", "retain_floor", "seeds"), "seed": c.seed}
     return key, ["pistol", "pistol_finetune_dataset1"]
 
 def _pistol_density(c, f, method):
-    key = None if "lr" not in f else {"v": STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "density_draws"),
+    key = None if "lr" not in f else {"v": _STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "density_draws"),
                                       "seed": c.seed, "lr": f["lr"]}
     return key, ["pistol", "pistol_finetune_dataset2", f"pistol_degree_{method}"]
 
 def _pistol_before(c, f, dataset):
-    edges = [[e, {}] for e in DEGREE_EDGES] if dataset == "dataset1" else f.get("edges")
-    key = None if edges is None else {"v": STAGE_VERSIONS["pistol"], "edges": edges, "eval_retain_rows": c.pistol.eval_retain_rows,
+    edges = [[e, {}] for e in _DEGREE_EDGES] if dataset == "dataset1" else f.get("edges")
+    key = None if edges is None else {"v": _STAGE_VERSIONS["pistol"], "edges": edges, "eval_retain_rows": c.pistol.eval_retain_rows,
                                       "max_new_tokens": c.pistol.max_new_tokens}
     return key, [f"pistol_finetune_{dataset}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #e68bf910
 def _lume_nonmembers(c, f):
-    key = {"v": LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": section(c, "lume"), "n": c.lume_exp.n_nonmembers, "world": world_key(c),
+    key = {"v": _LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": _section(c, "lume"), "n": c.lume_exp.n_nonmembers, "world": _world_key(c),
            "content_types": c.pii.content_types, "seed": c.seed}
     return key, ["lume", "world"]
 
 def _lume_finetune(c, f, which):
     e = c.lume_exp
-    return {"v": LUME_STAGE_VERSIONS["lume_finetune"], "which": which, "docs_per_task": e.docs_per_task, "epochs": e.finetune_epochs,
+    return {"v": _LUME_STAGE_VERSIONS["lume_finetune"], "which": which, "docs_per_task": e.docs_per_task, "epochs": e.finetune_epochs,
             "lr": e.finetune_lr, "batch_size": e.finetune_batch_size, "max_seq_len": c.model.max_seq_len, "seed": c.seed}, ["base", "lume"]
 
 def _lume_eval_key(c):
@@ -348,18 +341,18 @@ def _lume_eval_key(c):
 
 def _lume_eval(c, f, label):
     deps = ["base", "lume", "lume_nonmembers", "world"] + ([f"lume_{label}"] if label != "base" else [])
-    return {"v": LUME_STAGE_VERSIONS["lume_eval"], "label": label, "eval": _lume_eval_key(c)}, deps
+    return {"v": _LUME_STAGE_VERSIONS["lume_eval"], "label": label, "eval": _lume_eval_key(c)}, deps
 
 def _lume_unlearn(c, f, method):
     e = c.lume_exp
-    hp = None if method not in METHOD_DEFAULTS else {**METHOD_DEFAULTS[method], "lr": e.lr, "epochs": e.epochs, "batch_size": e.batch_size,
+    hp = None if method not in _METHOD_DEFAULTS else {**_METHOD_DEFAULTS[method], "lr": e.lr, "epochs": e.epochs, "batch_size": e.batch_size,
                                                      "max_length": c.model.max_seq_len, **e.hparams.get(method, {})}
-    key = None if hp is None else {"v": LUME_STAGE_VERSIONS["lume_unlearn"], "method": method, "hparams": hp, "eval": _lume_eval_key(c)}
+    key = None if hp is None else {"v": _LUME_STAGE_VERSIONS["lume_unlearn"], "method": method, "hparams": hp, "eval": _lume_eval_key(c)}
     return key, ["lume_target", "lume_nonmembers", "lume", "world"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #91cdd493
-_F = "(?P<field>" + "|".join(TARGET_FIELDS) + ")"
-_ROB = "robust_(?:scores|quant|q4_1|weights|relearn_(?:" + "|".join(RELEARN_ATTACKS) + "))"
+_F = "(?P<field>" + "|".join(_TARGET_FIELDS) + ")"
+_ROB = "robust_(?:scores|quant|q4_1|weights|relearn_(?:" + "|".join(_RELEARN_ATTACKS) + "))"
 _KIND = f"(?P<kind>evaluate|localization|remind_ci|remind|resurface|{_ROB})"
 _TAG, _EXT = "dose_(?P<tag>[pr][^_]+_s[0-9]+)_", "external_(?P<name>[A-Za-z0-9][A-Za-z0-9.-]{0,63})_"
 STAGE_PATTERNS = [   # (stage-name pattern, key family)
