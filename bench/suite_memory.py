@@ -1,0 +1,149 @@
+"""Peak resident memory and wall time of the test suite, one notebook (or pytest file) per process.
+
+`make test` runs the library notebooks in two long-lived nbdev-test workers (each runs many notebooks) and the pytest
+files in two pytest-xdist workers. A worker's peak is at least the peak of the largest notebook it ran, plus whatever an
+earlier notebook left behind. This script runs each notebook alone, `nbdev-test <nb> --flags slow --n-workers 0`
+(the notebook executes in that process), and optionally each pytest file alone, ONE AT A TIME, and prints a table sorted
+by peak resident memory, with the goal (every test process <= 6 GB) marked.
+
+The peak of one run is `ru_maxrss` from `os.wait4` on that process: the largest resident set of the process or of any
+descendant it waited for (a papermill kernel, an accelerate worker). A process whose tree passes `--kill-gb` is stopped
+and reported as over that limit (the machines are shared; an unbounded run could take the others down with it).
+
+    .venv/bin/python bench/suite_memory.py [--tests] [--only nbs/x/NN_y.ipynb ...] [--out docs/results/suite-memory.md]
+
+Wall times are from a shared 2-core machine: read them as a rough ranking, not a benchmark.
+"""
+import argparse, datetime, os, re, signal, subprocess, sys, time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SKIP_FOLDER = re.compile(r"^([_.]|experiments$)")   # the Makefile's --skip-folder-re
+GOAL_GB = 6.0
+
+
+def library_notebooks(nbs: Path = ROOT / "nbs") -> list[Path]:
+    "The notebooks `make test` hands to nbdev-test: none in a folder matching SKIP_FOLDER, none whose name starts with _ or ."
+    out = []
+    for p in sorted(nbs.rglob("*.ipynb")):
+        rel = p.relative_to(nbs)
+        if any(SKIP_FOLDER.search(d) for d in rel.parts[:-1]) or p.name.startswith(("_", ".")): continue
+        out.append(p)
+    return out
+
+
+def test_env(threads: int = 1) -> dict:
+    "The environment of `make test` (TEST_ENV in the Makefile), with this checkout first on the path."
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               PYTHONHASHSEED="0", PYTHONPATH=str(ROOT))
+    return env
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    "The largest resident set (bytes) of one process in `proc`'s tree, `proc` included."
+    best = 0
+    try: procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error: return 0
+    for p in procs:
+        try: best = max(best, p.memory_info().rss)
+        except psutil.Error: pass
+    return best
+
+
+def measure(cmd: list[str], cwd: Path, env: dict, kill_gb: float, poll_s: float = 0.5) -> dict:
+    "Run `cmd` to its end; its wall seconds, peak RSS (MB, ru_maxrss of it and its waited-for descendants), exit code."
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    ps, killed = psutil.Process(p.pid), False
+    log = []
+    os.set_blocking(p.stdout.fileno(), False)
+    while True:
+        chunk = p.stdout.read()
+        if chunk: log.append(chunk)
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid: break
+        if not killed and _tree_rss(ps) > kill_gb * 2**30:
+            killed = True
+            os.killpg(p.pid, signal.SIGKILL)
+        time.sleep(poll_s)
+    p.stdout.close()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return dict(wall_s=time.monotonic() - t0, peak_mb=ru.ru_maxrss / 1024, rc=p.returncode, killed=killed,
+                log=b"".join(c for c in log if c).decode(errors="replace"))
+
+
+def nb_cmd(nb: Path, flags: str = "slow") -> list[str]:
+    return [str(BIN / "nbdev-test"), str(nb), "--flags", flags, "--n-workers", "0"]
+
+
+def pytest_cmd(f: Path) -> list[str]:
+    return [str(BIN / "pytest"), "-q", "-p", "no:cacheprovider", str(f)]
+
+
+def status(r: dict, kill_gb: float) -> str:
+    if r["killed"]: return f"stopped at > {kill_gb:g} GB"
+    return "pass" if r["rc"] == 0 else f"FAIL (exit {r['rc']})"
+
+
+def table(rows: list[dict], kill_gb: float) -> str:
+    "Markdown table, largest peak first; the goal column says whether the process stays within GOAL_GB."
+    lines = ["| process | wall s | peak RSS MB | ≤ 6 GB | result |", "|:---|---:|---:|:---:|:---|"]
+    for r in sorted(rows, key=lambda r: -r["peak_mb"]):
+        ok = "yes" if r["peak_mb"] <= GOAL_GB * 1024 and not r["killed"] else "**NO**"
+        lines.append(f"| `{r['name']}` | {r['wall_s']:.0f} | {r['peak_mb']:,.0f} | {ok} | {status(r, kill_gb)} |")
+    return "\n".join(lines)
+
+
+def header(argv: list[str]) -> str:
+    from lume_lab.core.store import git_commit, machine_info
+    mem = psutil.virtual_memory().total / 2**30
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    return "\n".join([
+        "# Suite memory: peak resident memory per test process",
+        "",
+        "Generated by `bench/suite_memory.py`; regenerate it, do not edit it.",
+        "",
+        "- **Command**: `" + " ".join([".venv/bin/python bench/suite_memory.py", *argv]) + "`",
+        f"- **Commit**: `{git_commit(ROOT)}`",
+        f"- **Date**: {now.date()} (written {now.isoformat()})",
+        f"- **Machine**: {machine_info()}, {mem:.0f} GiB memory; shared with other jobs, so wall times are rough",
+        "",
+        "Each notebook runs alone, `nbdev-test <nb> --flags slow --n-workers 0`, one process at a time, with the "
+        "environment of `make test` (one BLAS thread); each pytest file alone, `pytest -q <file>`. Peak RSS: `ru_maxrss` "
+        f"of that process (or of its largest waited-for descendant). Goal: every test process ≤ {GOAL_GB:g} GB.",
+        "",
+    ])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, help="notebooks or pytest files to run (default: every library notebook)")
+    ap.add_argument("--tests", action="store_true", help="also run each tests/test_*.py file alone")
+    ap.add_argument("--no-nbs", action="store_true", help="skip the notebooks (with --tests: only the pytest files)")
+    ap.add_argument("--kill-gb", type=float, default=12.0, help="stop a process tree whose largest process passes this")
+    ap.add_argument("--out", default=None, help="write the markdown page here (rewritten after every process)")
+    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.only:
+        items = [ROOT / p for p in args.only]
+    else:
+        items = [] if args.no_nbs else library_notebooks()
+        if args.tests: items += sorted((ROOT / "tests").glob("test_*.py"))
+    env, rows = test_env(), []
+    head = header(argv)
+    for i, it in enumerate(items, 1):
+        cmd = nb_cmd(it) if it.suffix == ".ipynb" else pytest_cmd(it)
+        r = measure(cmd, ROOT, env, args.kill_gb)
+        r["name"] = str(it.relative_to(ROOT))
+        rows.append(r)
+        print(f"[{i}/{len(items)}] {r['name']}: {r['wall_s']:.0f} s, {r['peak_mb']:,.0f} MB, {status(r, args.kill_gb)}", flush=True)
+        if r["rc"] != 0: print(r["log"][-3000:], flush=True)
+        if args.out: Path(args.out).write_text(head + "\n" + table(rows, args.kill_gb) + "\n")
+    print(table(rows, args.kill_gb))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__": sys.exit(main())
