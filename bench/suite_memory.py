@@ -122,6 +122,9 @@ def section(kind: str, rows: list[dict]) -> str:
         out += [f"- **Command**: `{cmd}` ({n} processes)", f"  - **Commit**: `{commit}`",
                 f"  - **Date**: {', '.join(days)}", f"  - **Machine**: {machine}"]
     over = [f"`{r['name']}`" for r in rows if over_goal(r)]
+    if kind == "notebook":
+        missing = sorted({str(p.relative_to(ROOT)) for p in library_notebooks()} - {r["name"] for r in rows})
+        if missing: out.append(f"- **Not measured** (library notebooks without a row): {', '.join(f'`{n}`' for n in missing)}")
     peak = max(rows, key=lambda r: r["peak_mb"])
     out += [f"- **Largest**: `{peak['name']}`, {peak['peak_mb']:,.0f} MB; over {GOAL_GB:g} GB: {', '.join(over) or 'none'}", "",
             table(rows), ""]
@@ -189,6 +192,7 @@ def main(argv=None):
         rows.append(r)
         print(f"[{i}/{len(items)}] {r['name']}: {r['wall_s']:.0f} s, {r['peak_mb']:,.0f} MB, {status(r)}", flush=True)
         if r["rc"] != 0: print(log[-3000:], flush=True)
+        for l in re.findall(r"^\S+\.ipynb:\S+: [\d.]+s$", log, re.M): print("    slow cell", l, flush=True)   # cell_timing_min
         if record:
             with record.open("a") as f: f.write(json.dumps(r) + "\n")
             if args.out: Path(args.out).write_text(render(read_record(record)))
