@@ -119,12 +119,12 @@ def section(kind: str, rows: list[dict]) -> str:
     for cmd, commit, machine in runs:
         days = sorted({r["started"][:10] for r in rows if (r["command"], r["commit"], r["machine"]) == (cmd, commit, machine)})
         n = sum((r["command"], r["commit"], r["machine"]) == (cmd, commit, machine) for r in rows)
-        out += [f"- **Command**: `{cmd}` ({n} processes)", f"  - **Commit**: `{commit}`",
+        out += [f"- **Command**: `{cmd}` ({n} process{'es' if n > 1 else ''})", f"  - **Commit**: `{commit}`",
                 f"  - **Date**: {', '.join(days)}", f"  - **Machine**: {machine}"]
     over = [f"`{r['name']}`" for r in rows if over_goal(r)]
-    if kind == "notebook":
-        missing = sorted({str(p.relative_to(ROOT)) for p in library_notebooks()} - {r["name"] for r in rows})
-        if missing: out.append(f"- **Not measured** (library notebooks without a row): {', '.join(f'`{n}`' for n in missing)}")
+    every = library_notebooks() if kind == "notebook" else sorted((ROOT / "tests").glob("test_*.py"))
+    missing = sorted({str(p.relative_to(ROOT)) for p in every} - {r["name"] for r in rows})
+    if missing: out.append(f"- **Not measured** ({kind}s without a row): {', '.join(f'`{n}`' for n in missing)}")
     peak = max(rows, key=lambda r: r["peak_mb"])
     out += [f"- **Largest**: `{peak['name']}`, {peak['peak_mb']:,.0f} MB; over {GOAL_GB:g} GB: {', '.join(over) or 'none'}", "",
             table(rows), ""]
