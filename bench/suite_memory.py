@@ -124,7 +124,7 @@ def section(kind: str, rows: list[dict]) -> str:
     over = [f"`{r['name']}`" for r in rows if over_goal(r)]
     every = library_notebooks() if kind == "notebook" else sorted((ROOT / "tests").glob("test_*.py"))
     missing = sorted({str(p.relative_to(ROOT)) for p in every} - {r["name"] for r in rows})
-    if missing: out.append(f"- **Not measured** ({kind}s without a row): {', '.join(f'`{n}`' for n in missing)}")
+    if missing: out.append(f"- **Not measured** (no row yet): {', '.join(f'`{n}`' for n in missing)}")
     peak = max(rows, key=lambda r: r["peak_mb"])
     out += [f"- **Largest**: `{peak['name']}`, {peak['peak_mb']:,.0f} MB; over {GOAL_GB:g} GB: {', '.join(over) or 'none'}", "",
             table(rows), ""]
