@@ -9,7 +9,7 @@ STAMP := $(VENV)/.lume-lab-setup
 TORCH ?= torch==2.13.0
 PRESET ?= mini
 RUN_ID ?= $(PRESET)
-# one BLAS thread per process: nbdev-test runs two notebooks at once on the 2-core machines.
+# one BLAS thread per process: nbtest runs two notebooks at once on the 2-core machines.
 # `make test THREADS=2` runs the same suite with two threads per process (no test may depend on the thread count).
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
@@ -53,12 +53,25 @@ check-export: setup
 # experiment notebooks are run end to end through papermill by tests/test_e2e.py (one shared smoke run).
 # `make test` runs every notebook cell, the `#| slow` worked examples included (OracleGrad's bitwise check,
 # AlphaEdit's < 2 % check, ...); `make nbtest-fast` skips them while you iterate.
-NBTEST := $(TEST_ENV) $(BIN)/nbdev-test --n-workers 2 --skip-folder-re '^([_.]|experiments$$)' --timing
+# Every notebook runs in a process of its own, two at a time. nbdev-test's own workers (`--n-workers 2`) run half the
+# notebooks each in one long-lived process, and what a notebook leaves carries over to the next: IPython keeps every
+# finished notebook's shell, its namespace included, reachable, and a cell stopped by the cell timeout goes on running in
+# the background; such a worker was stopped by the OOM killer at 21 GB. In a process of its own a notebook peaks at what
+# it needs (`bench/suite_memory.py` measures each one alone: docs/results/suite-memory.md, goal <= 6 GB per test process)
+# and a timed-out cell ends with its process; the price: each notebook imports torch and lume_lab anew (seconds). Cell timeout: pyproject.toml.
+# NB_FILES lists what nbdev-test's `--skip-folder-re '^([_.]|experiments$)'` would run: no experiments/, no _ or . names.
+NB_FILES := find nbs \( -type d \( -name '[_.]*' -o -name experiments \) -prune \) -o \( -name '*.ipynb' ! -name '[_.]*' -print \) | sort
+# $(call nbtest_each,FLAGS): nbdev-test on each notebook in its own process; the failed ones listed at the end.
+define nbtest_each
+	@failed=$$(mktemp); $(NB_FILES) | xargs -P 2 -I{} sh -c '$(TEST_ENV) $(BIN)/nbdev-test "$$1" --n-workers 0 --timing $(1) || echo "$$1" >> "$$2"' nbtest {} "$$failed"; \
+	if [ -s "$$failed" ]; then echo "nbdev tests failed on:"; cat "$$failed"; rm -f "$$failed"; exit 1; fi; \
+	rm -f "$$failed"; echo "every notebook passed"
+endef
 nbtest: setup gguf
-	$(NBTEST) --flags slow
+	$(call nbtest_each,--flags slow)
 
 nbtest-fast: setup gguf
-	$(NBTEST)
+	$(call nbtest_each,)
 
 # two pytest workers (pytest-xdist), one BLAS thread each, like nbtest; a file's tests stay in one worker
 # (module fixtures are shared), and the 15 slowest tests are listed at the end.
