@@ -73,7 +73,9 @@ def test_presets_lists_every_preset():
     from lume_lab.core.config import PRESETS
     r = lume_lab("presets")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert [row.split()[0] for row in r.stdout.splitlines()[1:]] == list(PRESETS)
+    described, table = r.stdout.split("\n\n")[:2]                 # one line per preset with its description, then the sizes
+    assert [row.split()[0] for row in described.splitlines()] == list(PRESETS)
+    assert [row.split()[0] for row in table.splitlines()[1:]] == list(PRESETS)
 
 
 @pytest.mark.parametrize("cmd", ["--help", "status"])

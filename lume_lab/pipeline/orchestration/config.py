@@ -11,7 +11,6 @@ from ...core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, con
                                   dotted_leaves, make_config, set_fields, validate)
 from ...core.store import RunStore, atomic_write_json, open_run, runs_root as _runs_root
 from ...unlearn.registry import BUILTIN_METHODS, get_spec
-from ...unlearn import localized_graddiff as _localized   # registers the e09 method (not a built-in)
 
 # %% auto #0
 __all__ = ['AUXILIARY_METHODS', 'BY_HAND_PRESET', 'run_methods', 'config_methods', 'method_hparams', 'resolve_config',
@@ -50,6 +49,7 @@ def _preset_rows(preset: str) -> dict[str, dict]:
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
     "`cfg` with `unlearn.methods` explicit and every method's hyperparameters resolved; one `ConfigError` lists every problem."
+    from lume_lab.unlearn import localized_graddiff   # registers the e09 method (not a built-in); here, not at the top: torch
     cfg = validate(copy.deepcopy(cfg))
     methods, rows, problems, hparams = config_methods(cfg), _preset_rows(cfg.preset), [], {}
     problems += [f"unlearn.hparams sets {m!r}, which is not in unlearn.methods ({', '.join(run_methods(cfg))})"
