@@ -179,7 +179,7 @@ def _resurfacing_section(rep: Path) -> list:
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #4ded6be6
 def _robustness_section(rep: Path) -> list:
-    "e10: each method's recovery under quantization and relearning, with intervals, and where its update lies (issue #40)."
+    "e10: each method's recovery under quantization and relearning, with intervals, and where its update lies."
     blocks = []
     for f in [p.stem.removeprefix("robustness_") for p in sorted(rep.glob("robustness_*.csv"))]:
         t = robustness_csv(rep.parent, f)
