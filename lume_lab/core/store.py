@@ -12,13 +12,16 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash
+from dataclasses import asdict, fields, is_dataclass
+
+from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash, get_field
 
 # %% auto #0
-__all__ = ['seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info',
-           'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore',
-           'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute',
-           'process_rank', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
+__all__ = ['KEYS', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'package_versions',
+           'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved',
+           'RunStore', 'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute',
+           'section_fields', 'computed_as', 'process_rank', 'load_saved_datasets', 'open_run', 'run_status',
+           'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -119,6 +122,8 @@ def check_resolved(config: RunConfig) -> RunConfig:
                           "call lume_lab.pipeline.orchestration.config.resolve_config(cfg) first")
     return config
 
+KEYS = "declared-reads"   # how this code keys stages; a manifest without it is an older run's (`legacy_keys.migrate_keys`)
+
 class RunStore:
     "A run directory `runs/<run_id>/` with its config (`config.json`, written once), manifest and stage cache."
     def __init__(self, run_id: str, config: RunConfig | None = None, root: str | Path | None = None):
@@ -130,7 +135,7 @@ class RunStore:
         if config is not None: self._check_same(check_resolved(config))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.manifest = json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else \
-            {"run_id": run_id, "created": _now(), "stages": {}}
+            {"run_id": run_id, "created": _now(), "keys": KEYS, "stages": {}}
         if config is not None and self.config is None: self.write_config(config)
 
     def _check_same(self, config: RunConfig) -> None:
@@ -287,12 +292,34 @@ def _reuse_stage(self: RunStore, name: str, h: str) -> bool:
 RunStore.set_reuse, RunStore._find_reusable, RunStore.reuse_stage = _set_reuse, _find_reusable, _reuse_stage
 
 # %% ../../nbs/core/01_store.ipynb #46acc781
-def _stage_hash(self: RunStore, key: Any, deps: Iterable[str]) -> str:
-    dep_hashes = {}
+def section_fields(config: RunConfig, section: str, drop: Iterable[str] = ()) -> list[str]:
+    "The dotted paths of every field of config section `section` except `drop`: for a stage that reads all of a section but a few fields."
+    names = [f.name for f in fields(getattr(config, section))]
+    if bad := sorted(set(drop) - set(names)): raise ConfigError(f"{section}: no field(s) {bad}; its fields: {names}")
+    return [f"{section}.{n}" for n in names if n not in set(drop)]
+
+def _read_fields(self: RunStore, reads: Iterable[str]) -> dict:
+    "{dotted path: value} of the config fields a stage declares it reads; a section is read whole (as a dict)."
+    reads = list(reads)
+    if reads and self.config is None: raise StageError(f"a stage that reads config fields ({reads}) needs a run with a config")
+    out = {}
+    for p in reads:
+        v = get_field(self.config, p)
+        out[p] = asdict(v) if is_dataclass(v) else v
+    return out
+
+def computed_as(entry: dict) -> str:
+    "The hash a finished stage's files were computed under: its `hash`, unless the key migration re-keyed it."
+    return entry.get("computed_as") or entry["hash"]
+
+def _stage_hash(self: RunStore, name: str, reads: Iterable[str] = (), inputs: Any = None, deps: Iterable[str] = (),
+                version: int = 1) -> str:
+    "The hash of stage `name` from its declaration: the config fields it reads, its other inputs, its version, its deps."
+    dep_ids = {}
     for d in deps:
         if not self.is_done(d): raise StageError(f"stage needs {d!r} first, but {d!r} is not done in run {self.run_id!r}")
-        dep_hashes[d] = self.entry(d)["hash"]
-    return config_hash({"key": key, "deps": dep_hashes})
+        dep_ids[d] = computed_as(self.entry(d))
+    return config_hash({"stage": name, "v": version, "reads": self.read_fields(reads), "inputs": inputs, "deps": dep_ids})
 
 def process_rank() -> tuple[int, int]:
     "(rank, world size) of this process in a `torchrun`/`accelerate launch` job; (0, 1) outside one."
@@ -307,14 +334,26 @@ def _wait_for_rank0(store: RunStore, name: str, h: str, poll: float = 0.1) -> No
             if e["status"] == "failed": raise StageError(f"stage {name!r} failed on rank 0: {e.get('error')}")
         time.sleep(poll)
 
-def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], key: Any = None, deps: Iterable[str] = ()) -> Path:
+def _adopt_migrated(self: RunStore, name: str, h: str) -> bool:
+    """Give stage `name`'s migrated entry its hash `h` under the declared keys (True), if the key migration verified that
+    an older run computed it from exactly this config and these inputs; nothing is recomputed and `computed_as` keeps the
+    hash its files were made under, so the stages downstream keep theirs. False for any other entry."""
+    e = self.entry(name)
+    if not (e and e.get("status") == "done" and e.get("migration") == "pending" and self.path(name).is_dir()): return False
+    e.update(hash=h, migration="adopted", adopted=_now()); self._save()
+    return True
+
+def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iterable[str] = (), inputs: Any = None,
+               deps: Iterable[str] = (), version: int = 1) -> Path:
     """Run stage `name` (`fn(work_dir)` writes its artifacts) unless cached; returns the stage directory.
     In a multi-process job every rank runs `fn` (the training inside it is distributed), but only rank 0 owns the run
     directory: the other ranks write into a scratch directory that is deleted, never touch the manifest, and return
-    only once rank 0 has finished the stage (a stage function may read what it wrote, e.g. `stage_resurface`)."""
-    h, final = self.stage_hash(key, deps), self.path(name)
+    only once rank 0 has finished the stage (a stage function may read what it wrote, e.g. `stage_resurface`).
+    `reads`, `inputs`, `deps` and `version` declare what the stage's output depends on (`stage_hash`)."""
+    h, final = self.stage_hash(name, reads, inputs, deps, version), self.path(name)
     rank, world = process_rank()
     e = self.entry(name)
+    if rank == 0 and self.adopt_migrated(name, h): e = self.entry(name)   # an older run's stage, verified: keep it
     if self.is_done(name, h):
         if rank == 0: e["cache_hits"] = e.get("cache_hits", 0) + 1; e["last_used"] = _now(); self._save()
         reissue_warnings(e.get("warnings", []), name, once_key=(str(self.dir), name, h))
@@ -343,7 +382,7 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], key: Any = 
     marker.unlink()
     if final.exists(): shutil.rmtree(final)
     os.replace(work, final)
-    self.manifest["stages"][name] = {"status": "done", "hash": h, "seconds": round(time.perf_counter() - t0, 3),
+    self.manifest["stages"][name] = {"status": "done", "hash": h, "reads": sorted(reads), "seconds": round(time.perf_counter() - t0, 3),
                                      "finished": _now(), "resumed": resumed, "cache_hits": 0, "warnings": recorded,
                                      **({"processes": world} if world > 1 else {})}
     self._save()
@@ -357,7 +396,8 @@ def _record_experiment(self: RunStore, name: str, seconds: float) -> None:
     self.manifest["machine"] = machine_info()           # where the run last ran an experiment
     self._save()
 
-RunStore.stage_hash, RunStore.stage, RunStore.record_experiment = _stage_hash, _run_stage, _record_experiment
+RunStore.read_fields, RunStore.stage_hash, RunStore.adopt_migrated = _read_fields, _stage_hash, _adopt_migrated
+RunStore.stage, RunStore.record_experiment = _run_stage, _record_experiment
 
 # %% ../../nbs/core/01_store.ipynb #b4882485
 _SAVED_DATASETS: dict = {}

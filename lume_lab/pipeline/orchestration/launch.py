@@ -75,12 +75,15 @@ def launch_env(launcher: str) -> dict:
     return env
 
 # %% ../../../nbs/pipeline/orchestration/02_launch.ipynb #4efbf89d
-def launched_stage(store: RunStore, name: str, fn: Callable[[Path], Any], key: Any = None, deps: Iterable[str] = ()) -> Path:
-    """`store.stage(name, fn, key, deps)`, or, with `num_processes` > 1 and outside a job, the same stage run as a
-    multi-process job by `lume-lab stage` (its dependencies must be done, as for `store.stage`)."""
+def launched_stage(store: RunStore, name: str, fn: Callable[[Path], Any], reads: Iterable[str] = (), inputs: Any = None,
+                   deps: Iterable[str] = (), version: int = 1) -> Path:
+    """`store.stage(name, fn, reads, inputs, deps, version)`, or, with `num_processes` > 1 and outside a job, the same
+    stage run as a multi-process job by `lume-lab stage` (its dependencies must be done, as for `store.stage`)."""
     n, launcher = launch_settings()
-    h = store.stage_hash(key, deps)
-    if n == 1 or process_rank()[1] > 1 or store.reuse_stage(name, h): return store.stage(name, fn, key=key, deps=deps)
+    declared = dict(reads=reads, inputs=inputs, deps=deps, version=version)
+    h = store.stage_hash(name, **declared)
+    if n == 1 or process_rank()[1] > 1 or store.adopt_migrated(name, h) or store.reuse_stage(name, h):
+        return store.stage(name, fn, **declared)
     cmd = launch_command(name, store.run_id, store.dir.parent, n, launcher, fsdp2=fsdp2_requested())
     print(f"launching stage {name!r} in {n} processes ({launcher}): {' '.join(cmd[2:])}", flush=True)
     proc = subprocess.Popen(cmd, env=launch_env(launcher), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
