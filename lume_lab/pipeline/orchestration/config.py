@@ -80,7 +80,8 @@ def same_config(saved: RunConfig, config: RunConfig) -> bool:
     return config_hash(saved) == config_hash(config) or config_hash(upgrade_config(saved)) == config_hash(config)
 
 def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None) -> RunStore:
-    "`core.store.open_run` with a resolved `config`, upgrading an older run's `config.json` that resolves to it today."
+    """`core.store.open_run` with a resolved `config`, upgrading an older run's `config.json` that resolves to it today,
+    and re-keying its finished stages for declared reads once (`legacy_keys.migrate_keys`)."""
     path = _runs_root(root) / run_id / "config.json"
     if path.exists():
         saved = config_from_dict(json.loads(path.read_text()))
@@ -94,7 +95,10 @@ def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None
             store.manifest.update(config=config.to_dict(), config_hash=config_hash(config), config_upgraded={
                 "from_hash": config_hash(saved), "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
             store._save()
-    return open_run(run_id, config, root)
+    store = open_run(run_id, config, root)
+    from .legacy_keys import migrate_keys     # here: only an older run needs it
+    migrate_keys(store)
+    return store
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #cf34cee3
 BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini

@@ -10,7 +10,8 @@ from pathlib import Path
 from ...core.config import RunConfig, config_hash, gguf_source
 
 # %% auto #0
-__all__ = ['STAGE_PATTERNS', 'parse_stage', 'legacy_key', 'legacy_deps', 'legacy_hash', 'verify_legacy', 'legacy_facts']
+__all__ = ['STAGE_PATTERNS', 'parse_stage', 'legacy_key', 'legacy_deps', 'legacy_hash', 'verify_legacy', 'legacy_facts',
+           'migrate_keys']
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #b8b53bca
 _TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
@@ -446,3 +447,25 @@ def legacy_facts(run_dir, config: RunConfig) -> dict[str, dict]:
             with open(d / "runs.csv", newline="") as fh:
                 out[name] = {"edges": [[r["edge"], {"density": r["density"], "draw": int(r["draw"])}] for r in csv.DictReader(fh)]}
     return out
+
+# %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #4cacd979
+def migrate_keys(store) -> dict[str, bool | None] | None:
+    "Re-key an older run's done stages for declared reads (see above), once; the verdict per stage, or None if nothing to do."
+    from lume_lab.core.config import config_from_dict
+    from lume_lab.core.store import KEYS, _now
+    m = store.manifest
+    if m.get("keys") == KEYS: return None
+    configs = [config_from_dict(json.loads(p.read_text())) for p in (store.dir / "config.orig.json", store.config_path) if p.exists()]
+    verdict: dict = {}
+    for cfg in configs:                      # a stage that matches under either config counts
+        for name, ok in verify_legacy(cfg, m, legacy_facts(store.dir, cfg)).items():
+            verdict[name] = verdict.get(name) or ok
+    for name, ok in verdict.items():
+        e = m["stages"][name]
+        if ok: e.update(computed_as=e["hash"], migration="pending")
+        else: e["migration"] = "unverified"
+    m["keys"] = KEYS
+    m["keys_migrated"] = {"at": _now(), "verified": sum(map(bool, verdict.values())),
+                          "unverified": sorted(n for n, ok in verdict.items() if not ok)}
+    store._save()
+    return verdict
