@@ -185,21 +185,17 @@ def test_neutral_replay_validated():
         make_config("smoke", {"inject.neutral_scope": "masks"})
 
 
-def test_inject_key_neutral_fields():
-    "The defaults leave the injection cache key as it was before the fields existed; the control ignores the scope."
-    from lume_lab.pipeline.stages.testbed import inject_key
+def test_inject_reads_neutral_fields():
+    "Both injections read the neutral and resampling fields at every value; the control reads no mask field, the masked model no control field."
+    from lume_lab.pipeline.stages.testbed import CONTROL_ONLY_FIELDS, MASK_ONLY_FIELDS, inject_reads
     c = make_config("smoke")
-    assert not {"neutral_replay", "neutral_scope"} & set(inject_key(c, True)["inject"])
-    u = make_config("smoke", {"inject.neutral_scope": "unowned", "inject.neutral_replay": "stream"})
-    assert inject_key(u, True)["inject"]["neutral_scope"] == "unowned" and inject_key(u, True) != inject_key(c, True)
-    assert "neutral_scope" not in inject_key(u, False)["inject"] and inject_key(u, False)["inject"]["neutral_replay"] == "stream"
-    assert "qa_resample" not in inject_key(u, True)["inject"]                      # false by default: old keys stay valid
-    q = make_config("smoke", {"inject.neutral_replay": "stream", "inject.qa_resample": True})
-    assert inject_key(q, True)["inject"]["qa_resample"] is True and inject_key(q, False)["inject"]["qa_resample"] is True
-    assert "paraphrase_roles" not in inject_key(q, True)["inject"]                # null by default: Q3-style keys stay valid
-    assert "paraphrase_roles" not in inject_key(make_config("smoke", {"inject.paraphrase_roles": []}), True)["inject"]
-    qp = make_config("smoke", {"inject.neutral_replay": "stream", "inject.qa_resample": True, "inject.paraphrase_roles": ["instruct"]})
-    assert inject_key(qp, True)["inject"]["paraphrase_roles"] == ["instruct"] and inject_key(qp, True) != inject_key(q, True)
+    masked, control = set(inject_reads(c, True)), set(inject_reads(c, False))
+    shared = {f"inject.{k}" for k in ("neutral_replay", "qa_resample", "paraphrase_roles", "autocast", "steps", "lr")} | {"seed"}
+    assert shared <= masked and shared <= control                       # read at their defaults too: no field is left out
+    assert {f"inject.{k}" for k in MASK_ONLY_FIELDS} <= masked and not {f"inject.{k}" for k in MASK_ONLY_FIELDS} & control
+    assert {f"inject.{k}" for k in CONTROL_ONLY_FIELDS} <= control and not {f"inject.{k}" for k in CONTROL_ONLY_FIELDS} & masked
+    assert "inject.neutral_scope" in masked and "inject.neutral_scope" not in control   # the control trains every weight anyway
+    assert inject_reads(make_config("smoke", {"inject.qa_resample": True, "inject.neutral_replay": "stream"}), True) == inject_reads(c, True)
 
 
 # ---------------------------------------------------------------- instruction tuning

@@ -5,14 +5,13 @@
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #a5209063
 from __future__ import annotations
 import functools, hashlib, json, shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from ...core.config import ConfigError, RunConfig, gguf_source, utility_key, world_key
-from ...core.store import RunStore
+from ...core.config import ConfigError, RunConfig, gguf_source
+from ...core.store import RunStore, section_fields
 from ...data.world import build_world, load_world, corpus_texts
 from ...metrics.utility import utility_table
 from ...models.tokenizer import train_tokenizer
@@ -20,22 +19,19 @@ from ...models.lm import build_model, gguf_kwargs, load_model, pretrain, save_mo
 from ...models.accel import default_device
 
 # %% auto #0
-__all__ = ['STAGE_VERSIONS', 'stage_world', 'check_checkpoint', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base',
+__all__ = ['SOURCE_READS', 'stage_world', 'check_checkpoint', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base',
            'load_stage_model', 'load_pii', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #2a57b2e7
-STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1,
-                  "masks": 1, "inject": 2, "instruct": 1, "testbed": 1, "reachability": 1, "unlearn": 1, "evaluate": 1, "localization": 1, "remind": 1, "resurface": 1,
-                  "external": 1}
-
 def _uses_hf_checkpoint(cfg: RunConfig) -> bool: return cfg.model.name_or_path is not None
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #07b511c2
 def stage_world(store: RunStore):
     "The neutral corpus and utility tasks (`data.world`)."
     c = store.config
-    key = {"v": STAGE_VERSIONS["world"], "world": world_key(c.world), "content_types": c.pii.content_types, "seed": c.seed}
-    d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types), key=key)
+    # `world.utility_texts` sizes only the utility scorer: the corpus never reads it
+    reads = section_fields(c, "world", drop=("utility_texts",)) + ["pii.content_types", "seed"]
+    d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types), reads=reads)
     return load_world(d)
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #c59e25ea
@@ -74,24 +70,23 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""): h.update(chunk)
     return h.hexdigest()[:16]
 
-def _source_key(cfg: RunConfig) -> list:
-    "What identifies the checkpoint in a cache key: name and revision, and for a GGUF file its content digest (a reinstalled package with another file is another model)."
-    key = [cfg.model.name_or_path, cfg.model.revision]
-    if (g := gguf_source(cfg.model.name_or_path)) is not None:
-        f = g[0] / g[1]; st = f.stat()
-        key.append(_file_digest(str(f), st.st_size, st.st_mtime_ns))
-    return key
+SOURCE_READS = ["model.name_or_path", "model.revision"]   # what identifies a checkpoint in the config
+
+def _source_inputs(cfg: RunConfig) -> dict | None:
+    "What identifies the checkpoint beyond the config: for a GGUF file its content digest (a reinstalled package with another file is another model)."
+    if (g := gguf_source(cfg.model.name_or_path)) is None: return None
+    f = g[0] / g[1]; st = f.stat()
+    return {"gguf_digest": _file_digest(str(f), st.st_size, st.st_mtime_ns)}
 
 def stage_tokenizer(store: RunStore):
     "Train the byte-level BPE tokenizer on the world corpus (tiny model), or point at the checkpoint's."
     c = store.config
     if _uses_hf_checkpoint(c):
-        return store.stage("tokenizer", lambda out: _write_source(out, c), key={"v": STAGE_VERSIONS["tokenizer"], "hf": _source_key(c)})
+        return store.stage("tokenizer", lambda out: _write_source(out, c), reads=SOURCE_READS, inputs=_source_inputs(c))
     world = load_world(store.path("world"))
-    key = {"v": STAGE_VERSIONS["tokenizer"], "vocab_size": c.model.vocab_size, "max_seq_len": c.model.max_seq_len}
     return store.stage("tokenizer", lambda out: train_tokenizer(corpus_texts(world), c.model.vocab_size, out,
                                                                 model_max_length=c.model.max_seq_len),
-                       key=key, deps=["world"])
+                       reads=["model.vocab_size", "model.max_seq_len"], deps=["world"])
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #a375354a
 def _convert_gguf(out: Path, cfg: RunConfig):
@@ -117,10 +112,9 @@ def stage_base(store: RunStore) -> Path:
     c = store.config
     if _uses_hf_checkpoint(c):
         make = _convert_gguf if gguf_source(c.model.name_or_path) is not None else _write_source
-        return store.stage("base", lambda out: make(out, c), key={"v": STAGE_VERSIONS["base"], "hf": _source_key(c), "dtype": c.model.dtype},
+        return store.stage("base", lambda out: make(out, c), reads=SOURCE_READS + ["model.dtype"], inputs=_source_inputs(c),
                            deps=["tokenizer"])
-    key = {"v": STAGE_VERSIONS["base"], "model": asdict(c.model), "pretrain": asdict(c.pretrain), "seed": c.seed}
-    return store.stage("base", lambda out: _pretrain_base(out, store), key=key, deps=["world", "tokenizer"])
+    return store.stage("base", lambda out: _pretrain_base(out, store), reads=["model", "pretrain", "seed"], deps=["world", "tokenizer"])
 
 def prepare_base(store: RunStore) -> Path:
     "world → tokenizer → base model, each cached: what every experiment starts from; returns the base stage dir."
@@ -153,10 +147,10 @@ def load_pii(store: RunStore):
 def stage_utility(store: RunStore, name: str = "base", model_stage: str = "base") -> pd.DataFrame:
     "Utility of the model of `model_stage` (default: the base model; `load_stage_model`), cached as stage `utility_<name>`."
     def fn(out):
-        model, tok = load_stage_model(store, model_stage)   # the stage the cache key depends on is the model scored
+        model, tok = load_stage_model(store, model_stage)   # a dependency of the stage: the model scored
         with torch.no_grad(): utility_table(model, tok, load_world(store.path("world")), name, max_heldout=c.world.utility_texts).to_csv(out / "utility.csv", index=False)
     c = store.config
-    d = store.stage(f"utility_{name}", fn, key={"v": STAGE_VERSIONS["utility"], **utility_key(c.world)}, deps=["world", model_stage])
+    d = store.stage(f"utility_{name}", fn, reads=["world.utility_texts"], deps=["world", model_stage])
     return pd.read_csv(d / "utility.csv")
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #f2554d6c
@@ -164,15 +158,14 @@ def stage_pii(store: RunStore):
     "Synthetic PII profiles, documents, QA and roles (`data.pii`)."
     from lume_lab.data.pii import build_pii, load_pii as _load
     c = store.config
-    key = {"v": STAGE_VERSIONS["pii"], "pii": asdict(c.pii), "seed": c.seed}
-    return _load(store.stage("pii", lambda out: build_pii(c.pii, c.seed, out), key=key))
+    return _load(store.stage("pii", lambda out: build_pii(c.pii, c.seed, out), reads=["pii", "seed"]))
 
 def stage_pistol(store: RunStore):
     "PISTOL's contract knowledge graphs and QA (`data.pistol`)."
     from lume_lab.core.store import load_saved_datasets
     from lume_lab.data.pistol import build_pistol
     c = store.config
-    return load_saved_datasets(store.stage("pistol", lambda out: build_pistol(c.seed, out), key={"v": STAGE_VERSIONS["pistol"], "seed": c.seed}))
+    return load_saved_datasets(store.stage("pistol", lambda out: build_pistol(c.seed, out), reads=["seed"]))
 
 def stage_lume(store: RunStore):
     "LUME's three tasks (`data.lume`); Task 3 uses public people of the world corpus."
@@ -183,5 +176,5 @@ def stage_lume(store: RunStore):
         bios = world_public_bios(c.world.n_public_people, c.seed, c.world.heldout_fraction, content_types=c.pii.content_types) \
             if "public" in c.lume.tasks else None
         build_lume(c.seed, out, n_per_task=c.lume.n_per_task, public_bios=bios, forget_fraction=c.lume.forget_fraction, tasks=c.lume.tasks)
-    key = {"v": STAGE_VERSIONS["lume"], "lume": asdict(c.lume), "seed": c.seed}
-    return load_saved_datasets(store.stage("lume", fn, key=key, deps=["world"]))
+    # the world fields Task 3's bios read are the world stage's too: its hash (a dep) covers them
+    return load_saved_datasets(store.stage("lume", fn, reads=["lume", "seed"], deps=["world"]))

@@ -5,22 +5,21 @@
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #c6cd9324
 from __future__ import annotations
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
-from ...core.config import RunConfig, section_key
-from ...core.store import RunStore, process_rank
+from ...core.config import RunConfig
+from ...core.store import RunStore, process_rank, section_fields
 from ...data.world import load_world
 from ...inject.masks import group_mask
 from ...models.lm import save_model
 from ...models.ops import pad_id
 from ..orchestration.launch import fsdp2_requested, launched_stage
-from .base import STAGE_VERSIONS, load_base, load_pii, load_stage_model, prepare_base, stage_pii
+from .base import load_base, load_pii, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
-__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'stage_masks', 'inject_key', 'stage_inject',
+__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'stage_masks', 'inject_reads', 'stage_inject',
            'stage_instruct', 'stage_testbed', 'stage_extraction', 'stage_reachability', 'prepare_testbed',
            'forget_groups', 'ground_truth_forget_mask']
 
@@ -34,23 +33,18 @@ def stage_masks(store: RunStore):
         make = random_element_masks if c.inject.mask_kind == "element" else random_structural_masks
         owner = make(model, c.pii.n_groups, c.inject.mask_fraction, seed=c.seed)
         save_masks(owner, out / "masks.safetensors", n_groups=c.pii.n_groups, fraction=c.inject.mask_fraction, kind=c.inject.mask_kind, seed=c.seed)
-    key = {"v": STAGE_VERSIONS["masks"], "groups": c.pii.n_groups, "fraction": c.inject.mask_fraction, "kind": c.inject.mask_kind, "seed": c.seed}
-    return load_masks(store.stage("masks", fn, key=key, deps=["base"]) / "masks.safetensors")[0]
+    reads = ["pii.n_groups", "inject.mask_fraction", "inject.mask_kind", "seed"]
+    return load_masks(store.stage("masks", fn, reads=reads, deps=["base"]) / "masks.safetensors")[0]
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #36b0ffbe
 MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the unmasked control never reads
 CONTROL_ONLY_FIELDS = ("control_steps",)                                          # and the one the masked model never reads
 INJECT_CHECKPOINT_SECONDS = 600   # an injection in one process checkpoints every 10 minutes; an interrupted e02 resumes from the last
 
-def inject_key(c, masked: bool) -> dict:
-    """The cache key of an injection stage. The unmasked control owns no mask, so the mask fields are not part of its
-    key: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
-    inj = {k: v for k, v in section_key(c.inject).items() if k not in (CONTROL_ONLY_FIELDS if masked else MASK_ONLY_FIELDS)}
-    # the behaviour before these fields existed: earlier runs keep their injections
-    if not inj.get("paraphrase_roles"): inj.pop("paraphrase_roles", None)      # null or []: nothing more is asked
-    for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all"), ("qa_resample", False)):
-        if inj.get(k) == old: del inj[k]
-    return {"v": STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
+def inject_reads(c: RunConfig, masked: bool) -> list[str]:
+    """The config fields an injection stage reads. The unmasked control owns no mask, so it reads none of the mask
+    fields: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
+    return section_fields(c, "inject", drop=CONTROL_ONLY_FIELDS if masked else MASK_ONLY_FIELDS) + ["seed"]
 
 def stage_inject(store: RunStore, masked: bool = True) -> Path:
     "Masked continual pretraining (Algorithm 1) or, with `masked=False`, the unmasked control on the same data."
@@ -72,7 +66,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
                            **ck, **({"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped} if masked and c.inject.segmented else {}))
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return launched_stage(store, name, fn, key=inject_key(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
+    return launched_stage(store, name, fn, reads=inject_reads(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
 
 def stage_instruct(store: RunStore, masked: bool = True) -> Path:
     "LoRA instruction tuning on the last two layers (best validation checkpoint, merged)."
@@ -82,8 +76,7 @@ def stage_instruct(store: RunStore, masked: bool = True) -> Path:
         model, tok = load_stage_model(store, src)
         merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
-    key = {"v": STAGE_VERSIONS["instruct"], "instruct": asdict(c.instruct), "seed": c.seed}
-    return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, key=key, deps=["pii", src])
+    return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, reads=["instruct", "seed"], deps=["pii", src])
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #6cec6204
 def stage_testbed(store: RunStore):
@@ -93,8 +86,8 @@ def stage_testbed(store: RunStore):
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
         build_testbed(model, tok, load_pii(store), c.testbed, c.seed, out, target_fields=c.pii.target_fields)
-    key = {"v": STAGE_VERSIONS["testbed"], "testbed": asdict(c.testbed), "seed": c.seed, "min_split_profiles": MIN_SPLIT_PROFILES}
-    return load_testbed(store.stage("testbed", fn, key=key, deps=["pii", "instruct_masked"]))
+    return load_testbed(store.stage("testbed", fn, reads=["testbed", "seed"], inputs={"min_split_profiles": MIN_SPLIT_PROFILES},
+                                    deps=["pii", "instruct_masked"]))
 
 def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.DataFrame:
     "Extraction rates per field of the model of `stage` on every injected profile (Fig. 3b), cached."
@@ -106,7 +99,7 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
         mem = memorized_profiles(extraction_table(model, tok, rows, c.testbed.max_new_tokens), c.testbed.min_share)
         extraction_rates(mem, ["field", "group", "role", "side"]).to_csv(out / "extraction_rates.csv", index=False)
         mem.to_csv(out / "memorized.csv", index=False)
-    d = store.stage(f"extraction_{stage}", fn, key={"v": STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens, "min_share": c.testbed.min_share}, deps=["pii", stage])
+    d = store.stage(f"extraction_{stage}", fn, reads=["testbed.max_new_tokens", "testbed.min_share"], deps=["pii", stage])
     return pd.read_csv(d / "memorized.csv")
 
 def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh: int = 2) -> pd.DataFrame:
@@ -124,8 +117,7 @@ def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh:
         ext.to_csv(out / "answers.csv", index=False)
         reachability(ext).to_csv(out / "reachability.csv", index=False)
     deps = ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
-    d = store.stage(f"reachability_{stage}", fn, key={"v": STAGE_VERSIONS["reachability"], "n_fresh": n_fresh, "seed": c.seed,
-                                                      "max_new_tokens": c.testbed.max_new_tokens}, deps=deps)
+    d = store.stage(f"reachability_{stage}", fn, reads=["testbed.max_new_tokens", "seed"], inputs={"n_fresh": n_fresh}, deps=deps)
     return pd.read_csv(d / "reachability.csv")
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #c8bfc979

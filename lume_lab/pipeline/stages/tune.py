@@ -16,7 +16,7 @@ from ...metrics.utility import perplexity
 from ...data.world import corpus_texts, load_world
 from ...unlearn.registry import get_spec
 from ..orchestration.config import method_hparams
-from .base import STAGE_VERSIONS, load_stage_model, stage_world
+from .base import load_stage_model, stage_world
 from .testbed import stage_testbed
 from .unlearn import ensure_inputs, method_inputs, stage_forget_fields
 
@@ -145,8 +145,8 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
                           require_memorized=c.testbed.require_memorized, utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"],
                           max_ppl_ratio=ratio, reference_rows=ref)
         res.to_csv(out / "grid.csv", index=False)
-    key = {"v": STAGE_VERSIONS["unlearn"], "method": method, "grid": grid, "base": fixed, "seed": c.seed,
-           "require_memorized": c.testbed.require_memorized, "max_ppl_ratio": ratio, "reference_rows": ref,
-           "utility_texts": TUNE_UTILITY_TEXTS}
-    d = store.stage(f"tune_{method}", fn, key=key, deps=deps)
+    # the method's row is read but for the grid's keys; `ref` comes from the testbed's and forget_fields' files
+    reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + ["seed", "testbed.require_memorized", "unlearn.tune_max_ppl_ratio"]
+    d = store.stage(f"tune_{method}", fn, reads=reads, inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS},
+                    deps=deps)
     return pd.read_csv(d / "grid.csv")

@@ -5,27 +5,27 @@
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #638b00b5
 from __future__ import annotations
 import json, warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 import pandas as pd
 
-from ...core.config import RunConfig, section_key, utility_key
+from ...core.config import RunConfig
 from ...core.store import RunStore, StageWarning
 from ...data.world import corpus_texts, load_world
 from ...unlearn.registry import get_spec
 from ..orchestration.config import method_hparams, run_methods
-from .base import STAGE_VERSIONS, load_base, load_stage_model, stage_world
+from .base import load_base, load_stage_model, stage_world
 from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage_testbed
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'input_deps', 'ensure_inputs', 'method_inputs', 'runs_control',
-           'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields', 'stage_forget_fields',
-           'stage_unlearn', 'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source', 'reference_utility',
-           'evaluate_source', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames',
-           'stage_localization', 'localization_source']
+__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'LOCALIZATION_READS', 'input_deps', 'ensure_inputs', 'method_inputs',
+           'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
+           'stage_forget_fields', 'stage_unlearn', 'load_unlearned', 'load_method_stage', 'ModelSource',
+           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
+           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 INPUT_PROVIDERS = {   # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -92,8 +92,7 @@ def stage_forget_fields(store: RunStore) -> list[str]:
                              f"forget or retain set ({skipped}); inject longer, choose fields the model memorized "
                              f"(testbed/extraction_rates.csv), or set testbed.require_memorized=false")
         (out / "fields.json").write_text(json.dumps({"usable": usable, "skipped": skipped}, indent=1))
-    key = {"v": STAGE_VERSIONS["unlearn"], "forget_fields": list(c.unlearn.forget_fields)}
-    return json.loads((store.stage("forget_fields", fn, key=key, deps=["testbed"]) / "fields.json").read_text())["usable"]
+    return json.loads((store.stage("forget_fields", fn, reads=["unlearn.forget_fields"], deps=["testbed"]) / "fields.json").read_text())["usable"]
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0e5a2af2
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
@@ -104,7 +103,7 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     if control and not c.unlearn.controls: raise ValueError(f"unlearn.controls is false: this run unlearns no control model ({method}); set it to true for e04's contrast scores")
     src = "instruct_unmasked" if control else "instruct_masked"
     hp = method_hparams(c, method)
-    sp = field_splits(stage_testbed(store), field)          # the testbed first: its hash is part of this stage's key
+    sp = field_splits(stage_testbed(store), field)          # the testbed first: a dep of this stage
     empty = [k for k in ("forget", "retain") if len(sp[k]) == 0]
     if empty: raise ValueError(f"the testbed's {' and '.join(empty)} set for forget field {field!r} is empty: the masked model memorized "
                                f"no profile there (see testbed/extraction_rates.csv; stage_forget_fields skips such fields); inject longer or set testbed.require_memorized=false")
@@ -115,8 +114,9 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
         model, tok = load_stage_model(store, src)
         unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed, **method_inputs(store, method))
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
-    key = {"v": STAGE_VERSIONS["unlearn"], "method": method, "field": field, "hparams": hp, "seed": c.seed}
-    return launched_stage(store, unlearn_name(method, field, control), fn, key=key, deps=deps)   # multi-process with --num-processes
+    # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`
+    return launched_stage(store, unlearn_name(method, field, control), fn, reads=[f"unlearn.hparams.{method}", "seed"],
+                          deps=deps)   # multi-process with --num-processes
 
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
     "(model, tokenizer) after unlearning, read back by the method's `spec.load` (ULD: the testbed model with its assistant)."
@@ -145,7 +145,7 @@ class ModelSource:
     "One unlearned model as the stages after unlearning see it: a registered method's run, or a checkpoint made elsewhere."
     label: str                                  # its name in every table: the method, or `external:<name>`
     field: str                                  # the forget field it unlearned
-    stage: str                                  # the stage holding it: its hash enters the key of every stage reading it
+    stage: str                                  # the stage holding it: its hash enters the hash of every stage reading it
     load: Callable                              # () -> (model, tokenizer), eval mode
     weights: Callable                           # () -> name -> tensor, read lazily (localization)
     control_weights: Callable | None = None     # the same unlearning from the unmasked control (contrast scores), if any
@@ -176,7 +176,7 @@ def reference_utility(store: RunStore) -> dict:
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
         (out / "utility.json").write_text(json.dumps(utility_scores(model, tok, load_world(store.path("world")), max_heldout=store.config.world.utility_texts)))
-    d = store.stage("utility_reference", fn, key={"v": STAGE_VERSIONS["evaluate"], **utility_key(store.config.world)}, deps=["world", "instruct_masked"])
+    d = store.stage("utility_reference", fn, reads=["world.utility_texts"], deps=["world", "instruct_masked"])
     return json.loads((d / "utility.json").read_text())
 
 def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str], name: str | None = None) -> pd.DataFrame:
@@ -192,8 +192,8 @@ def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[st
         df = evaluate(model, tok, sp, world=load_world(store.path("world")), reference_utility=reference_utility(store),
                       max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts)
         df.assign(method=label, field=field).to_csv(out / "metrics.csv", index=False)
-    d = store.stage(name or f"evaluate_{label}_{field}", fn, key={"v": STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": COLUMNS, **utility_key(c.world)},
-                    deps=["testbed", "world", "instruct_masked"] + deps)
+    d = store.stage(name or f"evaluate_{label}_{field}", fn, reads=["testbed.max_new_tokens", "world.utility_texts"],
+                    inputs={"columns": COLUMNS}, deps=["testbed", "world", "instruct_masked"] + deps)
     return pd.read_csv(d / "metrics.csv", dtype={"n_profiles": "Int64", "n_rows": "Int64"})
 
 def evaluate_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
@@ -245,8 +245,7 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
     cols = [k for k in summary.columns if k not in LOCALIZATION_SIZES]
     return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]]
 
-def _localization_key(c) -> dict:
-    return {"v": STAGE_VERSIONS["localization"], "localization": section_key(c.localization), "seed": c.seed, "sizes": LOCALIZATION_SIZES}
+LOCALIZATION_READS = ["localization", "seed"]   # the config fields a localization stage reads (the rest come through its deps)
 
 def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.DataFrame:
     "Localization precision (App. E scores, composite, exact AUC) of every method on `field`, vs m^F and m^F ∪ m^R."
@@ -255,8 +254,8 @@ def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.Da
         table, summary = localization_frames(store, field, sources)
         table.to_csv(out / "aucs.csv", index=False); summary.to_csv(out / "summary.csv", index=False)
     deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [s.stage for s in sources] + [s.control_stage for s in sources if s.control_stage]
-    key = {"v": STAGE_VERSIONS["localization"], "methods": methods, **{k: v for k, v in _localization_key(store.config).items() if k != "v"}}
-    return pd.read_csv(store.stage(f"localization_{field}", fn, key=key, deps=deps) / "summary.csv")
+    return pd.read_csv(store.stage(f"localization_{field}", fn, reads=LOCALIZATION_READS,
+                                   inputs={"methods": methods, "sizes": LOCALIZATION_SIZES}, deps=deps) / "summary.csv")
 
 def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
     "The same for one model source, alone, as stage `src.result_stage('localization')` (with its `summary_columns`)."
@@ -265,4 +264,5 @@ def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
         table.to_csv(out / "aucs.csv", index=False)
         summary.assign(**(src.summary_columns() if src.summary_columns else {})).to_csv(out / "summary.csv", index=False)
     deps = ["base", "instruct_masked", "instruct_unmasked", "masks", src.stage] + ([src.control_stage] if src.control_stage else [])
-    return pd.read_csv(store.stage(src.result_stage("localization"), fn, key=_localization_key(store.config), deps=deps) / "summary.csv")
+    return pd.read_csv(store.stage(src.result_stage("localization"), fn, reads=LOCALIZATION_READS, inputs={"sizes": LOCALIZATION_SIZES},
+                                   deps=deps) / "summary.csv")
