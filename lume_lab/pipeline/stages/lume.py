@@ -5,25 +5,23 @@
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #a4d235dc
 from __future__ import annotations
 import math, random, time
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from ...core.config import ConfigError, LUME_METHODS, PretrainConfig, RunConfig, world_key
+from ...core.config import ConfigError, LUME_METHODS, PretrainConfig, RunConfig
 from ...core.store import RunStore
 from .base import load_base, prepare_base, stage_base, stage_lume, stage_tokenizer, stage_world
 from ...unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['LUME_STAGE_VERSIONS', 'LUME_MODELS', 'REFERENCES', 'LUME_PAPER', 'lume_method_hparams', 'check_lume_config',
-           'nonmember_docs', 'prepare_lume', 'stage_lume_nonmembers', 'finetune_rows', 'finetune_texts',
-           'stage_lume_finetune', 'load_lume_model', 'lume_subset', 'score_lume', 'lume_eval_inputs', 'stage_lume_eval',
-           'fit_rows', 'stage_lume_unlearn', 'lume_results', 'lume_summary', 'plot_lume_epochs']
+__all__ = ['LUME_MODELS', 'REFERENCES', 'LUME_EVAL_READS', 'LUME_PAPER', 'lume_method_hparams', 'check_lume_config',
+           'lume_hparam_reads', 'nonmember_docs', 'prepare_lume', 'stage_lume_nonmembers', 'finetune_rows',
+           'finetune_texts', 'stage_lume_finetune', 'load_lume_model', 'lume_subset', 'score_lume', 'lume_eval_inputs',
+           'stage_lume_eval', 'fit_rows', 'stage_lume_unlearn', 'lume_results', 'lume_summary', 'plot_lume_epochs']
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #36daae1a
-LUME_STAGE_VERSIONS = {"lume_nonmembers": 1, "lume_finetune": 1, "lume_eval": 1, "lume_unlearn": 1}
 LUME_MODELS = ("target", "retain_only")          # the two fine-tuned models (LUME §4)
 REFERENCES = ("base", "target", "retain_only")   # models scored once, without unlearning
 
@@ -44,6 +42,11 @@ def check_lume_config(cfg: RunConfig) -> dict:
         except ConfigError as e: probs.append(str(e))
     if probs: raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
     return out
+
+def lume_hparam_reads(cfg: RunConfig, method: str) -> list[str]:
+    "The config fields `lume_method_hparams(cfg, method)` reads: the shared recipe, the context, and the method's `lume_exp.hparams` row where the run sets one."
+    row = [f"lume_exp.hparams.{method}"] if method in cfg.lume_exp.hparams else []
+    return ["lume_exp.lr", "lume_exp.epochs", "lume_exp.batch_size", "model.max_seq_len", *row]
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #47fdb599
 def nonmember_docs(cfg: RunConfig) -> list[dict]:
@@ -75,9 +78,8 @@ def stage_lume_nonmembers(store: RunStore) -> pd.DataFrame:
         rows = nonmember_docs(c)
         if clash := [r["doc_id"] for r in rows if r["text"] in seen]: raise RuntimeError(f"non-member documents {clash[:3]} are LUME documents")
         pd.DataFrame(rows, columns=["doc_id", "task", "text"]).to_csv(out / "nonmembers.csv", index=False)
-    key = {"v": LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": asdict(c.lume), "n": c.lume_exp.n_nonmembers, "world": world_key(c.world),
-           "content_types": c.pii.content_types, "seed": c.seed}
-    return pd.read_csv(store.stage("lume_nonmembers", fn, key=key, deps=["lume", "world"]) / "nonmembers.csv", keep_default_na=False)
+    reads = ["lume.tasks", "lume.n_per_task", "lume_exp.n_nonmembers", "world.n_public_people", "world.heldout_fraction", "pii.content_types", "seed"]
+    return pd.read_csv(store.stage("lume_nonmembers", fn, reads=reads, deps=["lume", "world"]) / "nonmembers.csv", keep_default_na=False)
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #2c3ce4c9
 def finetune_rows(docs, which: str) -> list[dict]:
@@ -117,11 +119,9 @@ def _finetune(out: Path, store: RunStore, which: str):
 def stage_lume_finetune(store: RunStore, which: str) -> Path:
     "Fine-tune the base model into `target` (all tasks) or `retain_only` (stage `lume_<which>`); returns the stage dir."
     if which not in LUME_MODELS: raise ValueError(f"which must be one of {', '.join(LUME_MODELS)}, got {which!r}")
-    c, e = store.config, store.config.lume_exp
     prepare_lume(store)
-    key = {"v": LUME_STAGE_VERSIONS["lume_finetune"], "which": which, "docs_per_task": e.docs_per_task, "epochs": e.finetune_epochs, "lr": e.finetune_lr,
-           "batch_size": e.finetune_batch_size, "max_seq_len": c.model.max_seq_len, "seed": c.seed}
-    return store.stage(f"lume_{which}", lambda out: _finetune(out, store, which), key=key, deps=["base", "lume"])
+    reads = ["lume_exp.docs_per_task", "lume_exp.finetune_epochs", "lume_exp.finetune_lr", "lume_exp.finetune_batch_size", "model.max_seq_len", "seed"]
+    return store.stage(f"lume_{which}", lambda out: _finetune(out, store, which), reads=reads, deps=["base", "lume"])
 
 def load_lume_model(store: RunStore, which: str):
     "(model, tokenizer): the base model, or a fine-tuned LUME model (`target`, `retain_only`)."
@@ -189,9 +189,9 @@ def lume_eval_inputs(store: RunStore) -> dict:
     return dict(rows=docs["forget_qa"] + docs["retain_qa"], members=docs["forget_docs"],
                 nonmembers=stage_lume_nonmembers(store).to_dict("records"), world=stage_world(store))
 
-def _eval_key(c: RunConfig) -> dict:
-    e = c.lume_exp
-    return {k: getattr(e, k) for k in ("docs_per_task", "reg_max_new_tokens", "kno_max_new_tokens", "utility_mc", "utility_texts")} | {"seed": c.seed}
+# what `lume_eval_inputs` and `score_lume` read; the seed reaches the scores only through the non-members' stage
+LUME_EVAL_READS = ("lume_exp.docs_per_task", "lume_exp.reg_max_new_tokens", "lume_exp.kno_max_new_tokens", "lume_exp.utility_mc",
+                   "lume_exp.utility_texts", "model.max_seq_len")
 
 def stage_lume_eval(store: RunStore, label: str) -> pd.DataFrame:
     "Scores of reference model `label` (`base`, `target`, `retain_only`), cached as stage `lume_eval_<label>`."
@@ -204,8 +204,7 @@ def stage_lume_eval(store: RunStore, label: str) -> pd.DataFrame:
         score_lume(model.eval(), tok, c, **inp).assign(label=label, epoch=0).to_csv(out / "scores.csv", index=False)
     prepare_lume(store); stage_lume_nonmembers(store)
     if label != "base": stage_lume_finetune(store, label)
-    key = {"v": LUME_STAGE_VERSIONS["lume_eval"], "label": label, "eval": _eval_key(c)}
-    return pd.read_csv(store.stage(f"lume_eval_{label}", fn, key=key, deps=deps) / "scores.csv")
+    return pd.read_csv(store.stage(f"lume_eval_{label}", fn, reads=LUME_EVAL_READS, deps=deps) / "scores.csv")
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #80579c08
 def fit_rows(tok, rows: list[dict], max_length: int) -> list[dict]:
@@ -233,8 +232,10 @@ def stage_lume_unlearn(store: RunStore, method: str) -> pd.DataFrame:
                                           fit_rows(tok, docs["retain_qa"], hp["max_length"]), hp, seed=c.seed)
         pd.concat(frames, ignore_index=True).to_csv(out / "scores.csv", index=False)
         log.to_csv(out / "log.csv", index=False)
-    key = {"v": LUME_STAGE_VERSIONS["lume_unlearn"], "method": method, "hparams": hp, "eval": _eval_key(c)}
-    return pd.read_csv(store.stage(f"lume_unlearn_{method}", fn, key=key, deps=["lume_target", "lume_nonmembers", "lume", "world"]) / "scores.csv")
+    reads = list(dict.fromkeys([*lume_hparam_reads(c, method), *LUME_EVAL_READS, "seed"]))
+    inputs = {"defaults": get_spec(method).defaults}   # the registry's defaults fill every hyperparameter the config does not set
+    return pd.read_csv(store.stage(f"lume_unlearn_{method}", fn, reads=reads, inputs=inputs,
+                                   deps=["lume_target", "lume_nonmembers", "lume", "world"]) / "scores.csv")
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #3f2a9f6f
 def lume_results(store: RunStore) -> pd.DataFrame:

@@ -5,7 +5,6 @@
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #a6801576
 from __future__ import annotations
 import json, math, random, warnings
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +14,7 @@ from ...data.pistol import density_forget_edges, forget_retain
 from ...metrics.ranking import ranking_scores
 from ...metrics.rouge import deviation_score, rouge_scores
 from ...models.ops import batch_nll
-from .base import STAGE_VERSIONS, load_base, load_stage_model, prepare_base, stage_base, stage_pistol, stage_tokenizer, stage_world
+from .base import load_base, load_stage_model, prepare_base, stage_base, stage_pistol, stage_tokenizer, stage_world
 from ...unlearn.base import BASE_HPARAMS, unlearn_loop
 from ...unlearn.registry import get_spec
 
@@ -117,9 +116,10 @@ def stage_pistol_finetune(store: RunStore, dataset: str) -> Path:
             warnings.warn(PistolFinetuneWarning(f"pistol fine-tuning on {dataset} stopped at mean ROUGE-1 {log.rouge1_mean.iloc[-1]:.3f} "
                                                 f"< pistol.finetune_target {p.finetune_target} after {log.epoch.iloc[-1]} epochs; raise "
                                                 f"pistol.finetune_epochs or pistol.finetune_lr", dataset=dataset))
-    key = {"v": STAGE_VERSIONS["pistol"], "dataset": dataset, "seed": c.seed,
-           "finetune": {k: v for k, v in asdict(p).items() if k.startswith("finetune_") or k in ("questions_per_contract", "max_new_tokens")}}
-    return store.stage(f"pistol_finetune_{dataset}", fn, key=key, deps=["pistol", "base"])
+    reads = ["seed", *(f"pistol.{k}" for k in ("questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs",
+                                                 "finetune_check_every", "finetune_target", "max_new_tokens"))]
+    inputs = {"defaults": BASE_HPARAMS}   # the training loop's settings that `finetune_qa` does not set
+    return store.stage(f"pistol_finetune_{dataset}", fn, reads=reads, inputs=inputs, deps=["pistol", "base"])
 
 def finetune_log(store: RunStore, dataset: str) -> pd.DataFrame:
     "The ROUGE-1 checks of `pistol_finetune_<dataset>` (one row per chunk of epochs; `reached` on the last)."
@@ -150,11 +150,11 @@ def choose_lr(grid: pd.DataFrame, floor: float) -> dict:
     return {"lr": float(g.retain_rouge1.idxmax()), "floor_met": False}
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #7bf144ba
-_UNLEARN_KEYS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens")
+_UNLEARN_FIELDS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens")
 
-def _protocol(p, *extra: str) -> dict:
-    "The `pistol` fields an unlearning stage's results depend on (the fine-tuned model's own come through its stage hash)."
-    return {k: getattr(p, k) for k in (*_UNLEARN_KEYS, *extra)}
+def _protocol(*extra: str) -> list[str]:
+    "The `pistol` fields an unlearning stage reads, as the paths it declares (the fine-tuned model's own come through its stage hash)."
+    return [f"pistol.{k}" for k in (*_UNLEARN_FIELDS, *extra)]
 
 def _runs(store: RunStore, stage: str, jobs: list[tuple], qa, desc: str) -> list[dict]:
     from lume_lab.models.accel import progress
@@ -166,7 +166,7 @@ def _runs(store: RunStore, stage: str, jobs: list[tuple], qa, desc: str) -> list
 
 def stage_pistol_degree(store: RunStore, method: str) -> pd.DataFrame:
     "Table 2 runs of `method` on Dataset 1 (edges AB and AC): the learning-rate sweep, the choice, the other seeds (stage `pistol_degree_<method>`)."
-    c, p = store.config, store.config.pistol
+    p = store.config.pistol
     get_spec(method)                                               # an unknown method fails before any compute
     stage_pistol_finetune(store, "dataset1"); qa = pistol_qa(store, "dataset1")
     src = "pistol_finetune_dataset1"
@@ -178,8 +178,11 @@ def stage_pistol_degree(store: RunStore, method: str) -> pd.DataFrame:
         runs["chosen"] = runs.lr == pick["lr"]
         runs.to_csv(out / "runs.csv", index=False)
         (out / "lr.json").write_text(json.dumps({"method": method, **pick, "retain_floor": p.retain_floor, "lrs": list(p.lrs)}))
-    key = {"v": STAGE_VERSIONS["pistol"], "method": method, "pistol": _protocol(p, "lrs", "retain_floor", "seeds"), "seed": c.seed}
-    return pd.read_csv(store.stage(f"pistol_degree_{method}", fn, key=key, deps=["pistol", src]) / "runs.csv")
+    # the seeds are 0 … pistol.seeds−1, not the run's seed (which reaches the runs through the fine-tuned model's stage);
+    # the registry's defaults fill every hyperparameter PISTOL's protocol does not set
+    inputs = {"edges": DEGREE_EDGES, "defaults": get_spec(method).defaults}
+    reads = _protocol("lrs", "retain_floor", "seeds")
+    return pd.read_csv(store.stage(f"pistol_degree_{method}", fn, reads=reads, inputs=inputs, deps=["pistol", src]) / "runs.csv")
 
 def chosen_lr(store: RunStore, method: str) -> dict:
     "The learning-rate choice of `method` (stage `pistol_degree_<method>`): lr, floor_met, retain_floor, lrs."
@@ -198,8 +201,9 @@ def stage_pistol_density(store: RunStore, method: str) -> pd.DataFrame:
     src = "pistol_finetune_dataset2"
     jobs = [(e, method, lr, d, {"density": dens, "draw": d}) for d, draw in enumerate(density_draws(c.seed, p.density_draws)) for dens, e in draw.items()]
     def fn(out): pd.DataFrame(_runs(store, src, jobs, qa, f"{method} density")).to_csv(out / "runs.csv", index=False)
-    key = {"v": STAGE_VERSIONS["pistol"], "method": method, "pistol": _protocol(p, "density_draws"), "seed": c.seed, "lr": lr}
-    return pd.read_csv(store.stage(f"pistol_density_{method}", fn, key=key, deps=["pistol", src, f"pistol_degree_{method}"]) / "runs.csv")
+    inputs = {"lr": lr, "defaults": get_spec(method).defaults}   # the rate the degree stage chose: read from its files, not the config
+    return pd.read_csv(store.stage(f"pistol_density_{method}", fn, reads=[*_protocol("density_draws"), "seed"], inputs=inputs,
+                                   deps=["pistol", src, f"pistol_degree_{method}"]) / "runs.csv")
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #551232c7
 def before_rows(store: RunStore, dataset: str, edges: list[tuple[str, dict]]) -> pd.DataFrame:
@@ -214,8 +218,8 @@ def before_rows(store: RunStore, dataset: str, edges: list[tuple[str, dict]]) ->
             sc = pistol_scores(model, tok, {"forget": sp["forget"].to_list(), "retain": eval_sample(sp["retain"].to_list(), p.eval_retain_rows, edge)}, p.max_new_tokens)
             rows.append({**extra, "method": "none", "edge": edge, "lr": float("nan"), "seed": 0, **score_summary(sc)})
         pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
-    key = {"v": STAGE_VERSIONS["pistol"], "edges": edges, "eval_retain_rows": p.eval_retain_rows, "max_new_tokens": p.max_new_tokens}
-    return pd.read_csv(store.stage(f"pistol_before_{dataset}", fn, key=key, deps=[src]) / "runs.csv")
+    reads = ["pistol.questions_per_contract", "pistol.eval_retain_rows", "pistol.max_new_tokens"]
+    return pd.read_csv(store.stage(f"pistol_before_{dataset}", fn, reads=reads, inputs={"edges": edges}, deps=[src]) / "runs.csv")
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #65e4ef40
 def pistol_table(runs: pd.DataFrame, by: str, paper: dict | None = None, lrs: dict | None = None) -> pd.DataFrame:
