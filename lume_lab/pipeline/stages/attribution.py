@@ -4,8 +4,6 @@
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #8a6ae363
 from __future__ import annotations
-from dataclasses import asdict
-from ...core.config import section_key
 
 import pandas as pd
 
@@ -17,12 +15,10 @@ from . import unlearn as U
 from ...unlearn import localized_graddiff as _localized   # registers `localized_graddiff` (not a built-in)
 
 # %% auto #0
-__all__ = ['ATTRIBUTION_STAGE_VERSION', 'LOCALIZED', 'COMPARATORS', 'stage_attribution', 'stage_mask_signature',
-           'stage_localized_localization', 'localized_comparison']
+__all__ = ['LOCALIZED', 'COMPARATORS', 'stage_attribution', 'stage_mask_signature', 'stage_localized_localization',
+           'localized_comparison']
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #5ca0a5ae
-ATTRIBUTION_STAGE_VERSION = 1
-
 def stage_attribution(store: RunStore, field: str) -> pd.DataFrame:
     "AUC (with CI) and precision@|m^F| of every attribution score on `field`, at each number of forget examples (stage `attribution_<field>`)."
     from lume_lab.analysis.attribution import attribution_benchmark
@@ -37,8 +33,7 @@ def stage_attribution(store: RunStore, field: str) -> pd.DataFrame:
         t = attribution_benchmark(model, tok, list(sp["forget"]), list(sp["retain"]), owner, F, R, counts=list(c.attribution.counts),
                                   lam=c.attribution.contrast_lambda, seed=c.seed)
         t.insert(0, "field", field); t.to_csv(out / "aucs.csv", index=False)
-    key = {"v": ATTRIBUTION_STAGE_VERSION, "attribution": asdict(c.attribution), "seed": c.seed}
-    return pd.read_csv(store.stage(f"attribution_{field}", fn, key=key, deps=["testbed", "instruct_masked", "masks"]) / "aucs.csv")
+    return pd.read_csv(store.stage(f"attribution_{field}", fn, reads=["attribution", "seed"], deps=["testbed", "instruct_masked", "masks"]) / "aucs.csv")
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #91ecdf84
 def stage_mask_signature(store: RunStore) -> pd.DataFrame:
@@ -54,8 +49,8 @@ def stage_mask_signature(store: RunStore) -> pd.DataFrame:
         F, R = default_groups(c.pii.n_groups)
         mask_signature(pre, inj, owner, F, R, max_weights=c.attribution.signature_max_weights, n_folds=c.attribution.signature_folds,
                        seed=c.seed).to_csv(out / "signature.csv", index=False)
-    key = {"v": ATTRIBUTION_STAGE_VERSION, "max_weights": c.attribution.signature_max_weights, "folds": c.attribution.signature_folds, "seed": c.seed}
-    return pd.read_csv(store.stage("mask_signature", fn, key=key, deps=["base", "instruct_masked", "masks"]) / "signature.csv")
+    reads = ["attribution.signature_max_weights", "attribution.signature_folds", "seed"]
+    return pd.read_csv(store.stage("mask_signature", fn, reads=reads, deps=["base", "instruct_masked", "masks"]) / "signature.csv")
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #5a7eb992
 LOCALIZED = "localized_graddiff"
@@ -75,9 +70,8 @@ def stage_localized_localization(store: RunStore, field: str) -> pd.DataFrame:
                            scores=[s for s, fam in SCORE_FAMILIES.items() if fam != "contrast"],
                            composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, max_weights=c.localization.max_weights,
                            composite=False, seed=c.seed).to_csv(out / "aucs.csv", index=False)
-    key = {"v": ATTRIBUTION_STAGE_VERSION, "localization": section_key(c.localization), "seed": c.seed}
     deps = ["base", "instruct_masked", "masks", U.unlearn_name(LOCALIZED, field)]
-    return pd.read_csv(store.stage(f"attribution_localization_{field}", fn, key=key, deps=deps) / "aucs.csv")
+    return pd.read_csv(store.stage(f"attribution_localization_{field}", fn, reads=["localization", "seed"], deps=deps) / "aucs.csv")
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #3fb4aafe
 def _best_non_contrast(aucs: pd.DataFrame) -> pd.DataFrame:

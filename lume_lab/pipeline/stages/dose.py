@@ -17,12 +17,11 @@ from .unlearn import ModelSource, _weights, evaluate_source, localization_source
 from ...unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['DOSE_VERSION', 'DOSE_METHOD', 'MEASURE_COLUMNS', 'SUMMARY_MEASURES', 'DosePoint', 'dose_points', 'dose_fields',
-           'dose_mask', 'dose_stage', 'stage_dose_unlearn', 'dose_source', 'model_measures', 'dose_table',
-           'method_table', 'dose_summary']
+__all__ = ['DOSE_METHOD', 'MEASURE_COLUMNS', 'SUMMARY_MEASURES', 'DosePoint', 'dose_points', 'dose_fields', 'dose_mask',
+           'dose_stage', 'stage_dose_unlearn', 'dose_source', 'model_measures', 'dose_table', 'method_table',
+           'dose_summary']
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #6cf26e7a
-DOSE_VERSION = 1   # the dose stages' cache version
 DOSE_METHOD = "oracle_grad"   # whose spec and hyperparameters every point runs
 
 @dataclass(frozen=True)
@@ -78,8 +77,9 @@ def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
         unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=point.seed, ground_truth_mask=M)
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
         (out / "mask.json").write_text(json.dumps(facts))
-    key = {"v": DOSE_VERSION, "method": DOSE_METHOD, "hparams": hp, "field": field, "kind": point.kind, "level": point.level, "seed": point.seed}
-    return store.stage(dose_stage(point, field), fn, key=key, deps=["testbed", "instruct_masked", "masks"])
+    # the name holds the kind, seed and field, but the level only to 6 significant digits
+    return store.stage(dose_stage(point, field), fn, reads=[f"unlearn.hparams.{DOSE_METHOD}"],
+                       inputs={"method": DOSE_METHOD, "level": point.level}, deps=["testbed", "instruct_masked", "masks"])
 
 def dose_source(store: RunStore, point: DosePoint, field: str) -> ModelSource:
     "The point's unlearned model as a `ModelSource` (label `dose_<tag>`; its results in stages `dose_<tag>_<kind>_<field>`)."

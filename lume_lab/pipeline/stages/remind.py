@@ -5,21 +5,20 @@
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #a64951e7
 from __future__ import annotations
 import json, random, warnings
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ...core.store import RunStore
+from ...core.store import RunStore, section_fields
 from ..orchestration.config import run_methods
-from .base import STAGE_VERSIONS, load_base, load_pii, load_stage_model
+from .base import load_base, load_pii, load_stage_model
 from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
 # %% auto #0
-__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'REMIND_CI_VERSION', 'CI_COLUMNS', 'holdout_qa',
-           'remind_examples', 'remind_models', 'remind_key', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
+__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'CI_COLUMNS', 'holdout_qa', 'remind_examples',
+           'remind_models', 'remind_reads', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
            'detector_scores', 'oof_table', 'remind_class_sizes', 'stage_remind', 'remind_source',
            'load_remind_features', 'ablation_method', 'stage_remind_ablation', 'remind_report', 'remind_intervals',
            'oof_intervals', 'stage_remind_ci', 'in_percent']
@@ -66,16 +65,16 @@ def remind_models(store: RunStore, field: str) -> dict:
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #765321d2
 def _epp_kwargs(r) -> dict: return dict(K=r.variants, p=r.replace_prob, m=r.neighbors, mode=r.mode, pick=r.pick)
 
-def remind_key(r) -> dict:
-    "The `remind` section as the key of the scoring stages: every field but `n_boot`, which only `stage_remind_ci` reads."
-    return {k: v for k, v in asdict(r).items() if k != "n_boot"}
+def remind_reads(c) -> list[str]:
+    "The `remind` fields the scoring stages declare they read: every one but `n_boot`."
+    return section_fields(c, "remind", drop=("n_boot",))   # the bootstrap draws: only `stage_remind_ci` reads them
 
 def stage_remind_inputs(store: RunStore, field: str) -> Path:
     "Examples of the three classes with their K perturbed prompts and embedding distances (stage `remind_inputs_<field>`)."
     from lume_lab.analysis.remind import epp_variants, neighbor_table, variant_distances
     from lume_lab.models.ops import special_ids
     c = store.config
-    examples = remind_examples(store, field)                 # the testbed first: its hash is part of this stage's key
+    examples = remind_examples(store, field)                 # the testbed first: a dependency of this stage
     def fn(out):
         base, tok = load_base(store)
         emb = base.get_input_embeddings()
@@ -85,8 +84,7 @@ def stage_remind_inputs(store: RunStore, field: str) -> Path:
         for e, dk in zip(exs, d): e["distances"] = [float(x) for x in dk]
         (out / "examples.jsonl").write_text("".join(json.dumps(e) + "\n" for e in exs))
         import torch; torch.save(nb, out / "neighbors.pt")
-    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c.remind), "field": field, "seed": c.seed}
-    return store.stage(f"remind_inputs_{field}", fn, key=key, deps=["testbed", "pii", "base"])
+    return store.stage(f"remind_inputs_{field}", fn, reads=remind_reads(c) + ["seed"], deps=["testbed", "pii", "base"])
 
 def load_remind_inputs(store: RunStore, field: str) -> list[dict]:
     "The examples `stage_remind_inputs` wrote (each with `variants` and `distances`)."
@@ -189,9 +187,8 @@ def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
     def fn(out):
         if not _too_few_folds(c, field, n_splits, orig, out): _score_models(store, field, loaders, exs, n_splits, sizes, out)
     deps = [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [unlearn_name(m, field) for m in run_methods(c)]
-    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c.remind), "methods": run_methods(c), "seed": c.seed,
-           "max_new_tokens": c.testbed.max_new_tokens}
-    d = store.stage(f"remind_{field}", fn, key=key, deps=deps)
+    reads = remind_reads(c) + ["unlearn.methods", "seed", "testbed.max_new_tokens"]   # unlearn.methods: `run_methods`
+    d = store.stage(f"remind_{field}", fn, reads=reads, deps=deps)
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
 def remind_source(store: RunStore, src) -> pd.DataFrame | None:
@@ -201,8 +198,8 @@ def remind_source(store: RunStore, src) -> pd.DataFrame | None:
     n_splits, orig, sizes = _remind_folds(c, exs)
     def fn(out):
         if not _too_few_folds(c, src.field, n_splits, orig, out): _score_models(store, src.field, {src.label: lambda: src.load()[0]}, exs, n_splits, sizes, out)
-    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(c.remind), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
-    d = store.stage(src.result_stage("remind"), fn, key=key, deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
+    reads = remind_reads(c) + ["seed", "testbed.max_new_tokens"]
+    d = store.stage(src.result_stage("remind"), fn, reads=reads, deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
 def load_remind_features(store: RunStore, field: str) -> pd.DataFrame:
@@ -239,8 +236,8 @@ def stage_remind_ablation(store: RunStore, field: str) -> pd.DataFrame | None:
                                   rf_trees=r.rf_trees)
                 rows += [dict(method=method, p=p, K=K, **row) for row in s[s.comparison == "multi"].to_dict("records")]
         pd.DataFrame(rows).to_csv(out / "ablation.csv", index=False)
-    key = {"v": STAGE_VERSIONS["remind"], "remind": remind_key(r), "method": method, "seed": c.seed}
-    d = store.stage(f"remind_ablation_{field}", fn, key=key, deps=[f"remind_{field}", f"remind_inputs_{field}", "base", unlearn_name(method, field)])
+    reads = remind_reads(c) + ["unlearn.methods", "seed"]   # unlearn.methods: which method `ablation_method` picks
+    d = store.stage(f"remind_ablation_{field}", fn, reads=reads, deps=[f"remind_{field}", f"remind_inputs_{field}", "base", unlearn_name(method, field)])
     return pd.read_csv(d / "ablation.csv")
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #4b2ab432
@@ -257,7 +254,6 @@ def remind_report(scores: pd.DataFrame) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #7ac7e1d1
 CI_LEVEL = 0.95
-REMIND_CI_VERSION = 1
 CI_COLUMNS = ["model", "input", "detector", "comparison", "auc", "auc_lo", "auc_hi", "n", "n_per_class"]
 
 def remind_intervals(features: pd.DataFrame, *, n_splits: int, seed: int, scaler: str = "pooled", rf_trees: int = 100,
@@ -318,7 +314,9 @@ def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame
             warnings.warn(f"{name}: the AUCs recomputed from {dep}/features.csv differ from {dep}/scores.csv (another sklearn?); "
                           f"the intervals belong to the recomputed ones (max |diff| {np.abs(both.auc - both.auc_ci).max():.2g})")
         ci.to_csv(out / "intervals.csv", index=False); sep.to_csv(out / "separation.csv", index=False)
-    d = store.stage(name, fn, key={"v": REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": CI_LEVEL}, deps=[dep])
+    # scaler and rf_trees: the refit of a stage cached without `oof.parquet`
+    reads = ["remind.n_boot", "seed", "remind.scaler", "remind.rf_trees"]
+    d = store.stage(name, fn, reads=reads, inputs={"level": CI_LEVEL}, deps=[dep])
     return pd.read_csv(d / "intervals.csv"), pd.read_csv(d / "separation.csv")
 
 def in_percent(t: pd.DataFrame) -> pd.DataFrame:

@@ -5,7 +5,7 @@
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #ed70164c
 from __future__ import annotations
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +13,7 @@ import pandas as pd
 from ...core.store import RunStore
 from ..orchestration.config import run_methods
 from ..orchestration.launch import launched_stage
-from .base import STAGE_VERSIONS, load_base, load_pii, load_stage_model
+from .base import load_base, load_pii, load_stage_model
 from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 from ...unlearn.registry import get_spec
@@ -32,8 +32,7 @@ def stage_instruct_floor(store: RunStore) -> Path:
         model, tok = load_base(store)
         merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
-    key = {"v": STAGE_VERSIONS["instruct"], "instruct": asdict(c.instruct), "seed": c.seed}
-    return launched_stage(store, "instruct_floor", fn, key=key, deps=["pii", "base"])
+    return launched_stage(store, "instruct_floor", fn, reads=["instruct", "seed"], deps=["pii", "base"])
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #150bd8df
 REFERENCE_MODELS = ("none", "floor")
@@ -92,10 +91,9 @@ def _resurface_stage(store: RunStore, label: str, field: str, name: str, load, r
         after = leaked_profiles(rows, leakage_attempts(rewrap(attacked).eval(), tok, rows, **kw))
         before.to_csv(out / "before.csv", index=False); after.to_csv(out / "after.csv", index=False)
         log.to_csv(out / "attack_log.csv", index=False); counts.to_csv(out / "attempts.csv", index=False)
-    # the attack's effective recipe is `icfg`; `epochs` is left out of the resurface part so runs made before it existed stay cached
-    key = {"v": STAGE_VERSIONS["resurface"], "resurface": {k: v for k, v in asdict(r).items() if k != "epochs"}, "instruct": asdict(icfg), "label": label,
-           "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
-    d = launched_stage(store, name, fn, key=key, deps=["testbed", "pii"] + deps)   # the attack's fine-tune: DDP with --num-processes
+    # the attack's recipe `icfg` is the `instruct` section with `resurface.lr` / `resurface.epochs` laid over it
+    reads = ["resurface", "instruct", "seed", "testbed.max_new_tokens"]
+    d = launched_stage(store, name, fn, reads=reads, deps=["testbed", "pii"] + deps)   # the attack's fine-tune: DDP with --num-processes
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("before", "after")}
 
 def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.DataFrame]:

@@ -5,7 +5,7 @@
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #dd32d1eb
 from __future__ import annotations
 import copy, json, math, warnings
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pandas as pd
 import torch
@@ -18,12 +18,11 @@ from .unlearn import ModelSource, _weights, method_source, stage_unlearn
 from ...unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['ROBUST_VERSION', 'SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores',
-           'stage_robust_scores', 'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn', 'stage_relearning',
-           'stage_weightspace', 'reference_rows', 'robustness_rows', 'robustness_table']
+__all__ = ['SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores', 'stage_robust_scores',
+           'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn', 'stage_relearning', 'stage_weightspace',
+           'reference_rows', 'robustness_rows', 'robustness_table']
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #1eeb66e3
-ROBUST_VERSION = 1   # the robustness stages' cache version
 SCORED = ("em", "prob", "accuracy")
 
 def robust_labels(cfg) -> list[str]:
@@ -57,9 +56,9 @@ def example_scores(model, tok, splits: dict, max_new_tokens: int) -> pd.DataFram
     return ex[["split", "profile_id", *SCORED]].assign(accuracy=lambda d: d.accuracy.astype(float))
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #371eaca7
-def _key(store: RunStore, src: ModelSource, **more) -> dict:
-    c = store.config
-    return {"v": ROBUST_VERSION, "label": src.label, "field": src.field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens, **more}
+def _reads(*more: str) -> list[str]:
+    "The config fields a robustness stage reads: the seed and the generation length of every score, then `more`."
+    return ["seed", "testbed.max_new_tokens", *more]   # the model's label and field are in the stage's name
 
 def _deps(src: ModelSource) -> list[str]: return list(dict.fromkeys(["testbed", "instruct_masked", src.stage]))
 
@@ -69,7 +68,7 @@ def stage_robust_scores(store: RunStore, src: ModelSource) -> pd.DataFrame:
     def fn(out):
         model, tok = src.load()
         example_scores(model, tok, sp, store.config.testbed.max_new_tokens).to_csv(out / "examples.csv", index=False)
-    d = store.stage(src.result_stage("robust_scores"), fn, key=_key(store, src), deps=_deps(src))
+    d = store.stage(src.result_stage("robust_scores"), fn, reads=_reads(), deps=_deps(src))
     return pd.read_csv(d / "examples.csv")
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #b870374b
@@ -92,8 +91,7 @@ def stage_quantization(store: RunStore, src: ModelSource) -> dict[str, pd.DataFr
             ex.append(example_scores(quantize_model(model, bits, r.group_size), tok, sp, c.testbed.max_new_tokens).assign(bits=bits))
             surv.append(bucket_survival(b, a, bits, r.group_size, regions))
         pd.concat(ex).to_csv(out / "examples.csv", index=False); pd.concat(surv).to_csv(out / "survival.csv", index=False)
-    key = _key(store, src, bits=list(r.quant_bits), group_size=r.group_size)
-    d = store.stage(src.result_stage("robust_quant"), fn, key=key, deps=_deps(src) + ["masks"])
+    d = store.stage(src.result_stage("robust_quant"), fn, reads=_reads("robustness.quant_bits", "robustness.group_size"), deps=_deps(src) + ["masks"])
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("examples", "survival")}
 
 def stage_q4_1(store: RunStore, src: ModelSource) -> pd.DataFrame:
@@ -106,7 +104,7 @@ def stage_q4_1(store: RunStore, src: ModelSource) -> pd.DataFrame:
         model, tok = src.load()
         pd.concat([example_scores(q4_1_model(model, o), tok, sp, c.testbed.max_new_tokens).assign(offset=o)
                    for o in r.q4_1_offsets]).to_csv(out / "examples.csv", index=False)
-    d = store.stage(src.result_stage("robust_q4_1"), fn, key=_key(store, src, q4_1_offsets=list(r.q4_1_offsets)), deps=_deps(src))
+    d = store.stage(src.result_stage("robust_q4_1"), fn, reads=_reads("robustness.q4_1_offsets"), deps=_deps(src))
     return pd.read_csv(d / "examples.csv")
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #33bcc031
@@ -139,9 +137,8 @@ def stage_relearning(store: RunStore, src: ModelSource, attack: str) -> pd.DataF
         example_scores(attacked, tok, target, c.testbed.max_new_tokens).to_csv(out / "examples.csv", index=False)
         log.to_csv(out / "log.csv", index=False)
         (out / "data.json").write_text(json.dumps({"rows": len(rows), "profiles": len({e["profile_id"] for e in rows}), "scored": list(scored)}))
-    r = c.robustness
-    key = _key(store, src, attack=attack, mode=r.relearn_mode, lr=r.relearn_lr, epochs=r.relearn_epochs, instruct=asdict(c.instruct))
-    d = store.stage(src.result_stage(f"robust_relearn_{attack}"), fn, key=key, deps=_deps(src) + ["pii"])
+    reads = _reads("robustness.relearn_mode", "robustness.relearn_lr", "robustness.relearn_epochs", "instruct")   # `relearn`'s recipe
+    d = store.stage(src.result_stage(f"robust_relearn_{attack}"), fn, reads=reads, deps=_deps(src) + ["pii"])
     return pd.read_csv(d / "examples.csv")
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #91ad243a
@@ -160,8 +157,7 @@ def stage_weightspace(store: RunStore, src: ModelSource) -> dict[str, pd.DataFra
         weight_distances(before, after, regions).to_csv(out / "distances.csv", index=False)
         losses = {k: (lambda m, k=k: qa_nll(m, tok, sp[k])) for k in ("forget", "retain") if sp[k]}
         lmc_curve(base, before, after, losses, c.robustness.lmc_alphas).to_csv(out / "lmc.csv", index=False)
-    key = _key(store, src, alphas=list(c.robustness.lmc_alphas))
-    d = store.stage(src.result_stage("robust_weights"), fn, key=key, deps=_deps(src) + ["masks"])
+    d = store.stage(src.result_stage("robust_weights"), fn, reads=_reads("robustness.lmc_alphas"), deps=_deps(src) + ["masks"])
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("distances", "lmc")}
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #580dbf20
