@@ -96,7 +96,7 @@ def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None
                 "from_hash": config_hash(saved), "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
             store._save()
     store = open_run(run_id, config, root)
-    from .legacy_keys import migrate_keys     # here: only an older run needs it
+    from lume_lab.pipeline.orchestration.legacy_keys import migrate_keys     # here: only an older run needs it
     migrate_keys(store)
     return store
 
