@@ -11,9 +11,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lume_lab.analysis.localization import (
-    _labels_of, _subsample, exact_auc, layer_component, scored_parameter_names, streaming_auc,
-)
+from .localization import _labels_of, _subsample, exact_auc, layer_component, scored_parameter_names
+from .localization import streaming_auc
 from ..models.ops import check_qa
 from ..unlearn.localized_graddiff import FORGET_SCORES, forget_score, forget_statistics, top_k_mask
 from ..unlearn.memflex import memflex_select

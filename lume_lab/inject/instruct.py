@@ -12,9 +12,8 @@ import torch
 from ..core.config import ConfigError, validate_section
 from ..models.accel import make_accelerator, progress as progress_bar
 from ..models.arch import architecture
-from lume_lab.models.ops import (
-    check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device, token_logprobs, token_mean_nll,
-)
+from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device
+from ..models.ops import token_logprobs, token_mean_nll
 
 # %% auto #0
 __all__ = ['train_val_split', 'lora_last_layers', 'instruction_tune']

@@ -8,9 +8,8 @@ import importlib.util, itertools, math, numbers
 import numpy as np
 import pandas as pd
 import torch
-from lume_lab.models.ops import (
-    eval_mode, model_device, n_answer_tokens, pad_batch, pad_id, start_id, to_device, token_logprobs,
-)
+from ..models.ops import eval_mode, model_device, n_answer_tokens, pad_batch, pad_id, start_id, to_device
+from ..models.ops import token_logprobs
 
 # %% auto #0
 __all__ = ['continuation_logprobs', 'mc_scores', 'mc_accuracy', 'perplexity', 'heldout_texts', 'heldout_kinds', 'utility_scores',

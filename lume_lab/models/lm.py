@@ -10,9 +10,8 @@ from typing import Callable, Iterable
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model as _st_load_model, save_model as _st_save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, PreTrainedModel
-from lume_lab.core.config import (
-    DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, gguf_source, validate_section,
-)
+from ..core.config import DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, gguf_source
+from ..core.config import validate_section
 from .accel import default_device, in_test, progress as progress_bar
 from .arch import component
 from .ops import encode_texts, model_device, special_ids

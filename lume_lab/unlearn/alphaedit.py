@@ -9,10 +9,8 @@ from contextlib import contextmanager
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from lume_lab.models.ops import (
-    answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device, encode_texts, pad_batch,
-    pad_id, to_device,
-)
+from ..models.ops import answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device
+from ..models.ops import encode_texts, pad_batch, pad_id, to_device
 from .dpo import with_idk_answers
 from ..core.config import finite_number
 from ..models.arch import architecture
