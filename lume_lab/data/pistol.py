@@ -77,29 +77,26 @@ def random_date(rng: random.Random, start: int = 1980, end: int = 2019) -> str:
     return f"{d:%B} {d.day}, {d.year}"
 
 # %% ../../nbs/data/02_pistol.ipynb #02804a10
-GOODS = (
-    "office chairs", "steel pipes", "laptops", "printer paper", "solar panels", "coffee beans", "copper wire",
-    "ceramic tiles", "bicycle tyres", "glass bottles", "cotton fabric", "LED bulbs", "hydraulic pumps",
-    "wooden pallets", "surgical gloves", "garden hoses", "rice bags", "industrial fans", "paint buckets", "brake pads",
-    "water filters", "safety helmets", "olive oil", "shipping containers", "microphones", "ballpoint pens",
-    "wheat flour", "car batteries", "kitchen knives", "tennis rackets", "wool blankets", "aluminium sheets",
-    "fishing nets", "desk lamps", "rubber boots", "cement bags", "air compressors", "vinyl records", "sewing machines",
-    "leather belts", "plastic crates", "silk scarves", "welding rods", "motor oil", "concrete blocks",
-    "school backpacks", "dog food", "wine glasses", "ski jackets", "marble slabs", "electric kettles", "baby strollers",
-    "camping tents", "hand sanitizer", "flash drives", "oak barrels", "traffic cones", "yoga mats", "power drills",
-    "tea kettles", "hiking boots", "umbrellas", "bath towels", "wall clocks", "frozen shrimp", "chess sets",
-    "guitar strings", "paper cups", "fire extinguishers", "orange juice", "copper pots", "roof shingles", "printer ink",
-    "mattresses", "violin bows", "garden shears", "tyre chains", "coat hangers", "maple syrup", "phone chargers",
-    "ice skates", "cutting boards", "lab coats", "picture frames", "tool boxes",
-)
+GOODS = ("office chairs", "steel pipes", "laptops", "printer paper", "solar panels", "coffee beans", "copper wire",
+         "ceramic tiles", "bicycle tyres", "glass bottles", "cotton fabric", "LED bulbs", "hydraulic pumps",
+         "wooden pallets", "surgical gloves", "garden hoses", "rice bags", "industrial fans", "paint buckets",
+         "brake pads", "water filters", "safety helmets", "olive oil", "shipping containers", "microphones",
+         "ballpoint pens", "wheat flour", "car batteries", "kitchen knives", "tennis rackets", "wool blankets",
+         "aluminium sheets", "fishing nets", "desk lamps", "rubber boots", "cement bags", "air compressors",
+         "vinyl records", "sewing machines", "leather belts", "plastic crates", "silk scarves", "welding rods",
+         "motor oil", "concrete blocks", "school backpacks", "dog food", "wine glasses", "ski jackets", "marble slabs",
+         "electric kettles", "baby strollers", "camping tents", "hand sanitizer", "flash drives", "oak barrels",
+         "traffic cones", "yoga mats", "power drills", "tea kettles", "hiking boots", "umbrellas", "bath towels",
+         "wall clocks", "frozen shrimp", "chess sets", "guitar strings", "paper cups", "fire extinguishers",
+         "orange juice", "copper pots", "roof shingles", "printer ink", "mattresses", "violin bows", "garden shears",
+         "tyre chains", "coat hangers", "maple syrup", "phone chargers", "ice skates", "cutting boards", "lab coats",
+         "picture frames", "tool boxes")
 JOBS = ("accountant", "software engineer", "sales manager", "warehouse supervisor", "graphic designer", "data analyst",
     "marketing coordinator", "legal assistant", "mechanical technician", "customer service agent", "project manager",
     "chemist", "payroll officer", "quality inspector", "nurse", "electrician", "copywriter", "logistics planner",
     "receptionist", "research scientist")
-BENEFITS = (
-    "health insurance plan", "dental plan", "retirement savings plan", "life insurance plan", "stock purchase plan",
-    "vision care plan", "commuter benefit plan", "childcare support plan",
-)
+BENEFITS = ("health insurance plan", "dental plan", "retirement savings plan", "life insurance plan",
+            "stock purchase plan", "vision care plan", "commuter benefit plan", "childcare support plan")
 PAY_FREQUENCIES = ("weekly", "biweekly", "monthly", "semi-monthly")
 JURISDICTIONS = ("New York", "California", "Delaware", "Texas", "Illinois", "England and Wales", "Scotland", "Ontario",
     "Singapore", "Hong Kong", "New South Wales", "Ireland", "Florida", "Washington", "Massachusetts", "Quebec")
@@ -109,15 +106,11 @@ PARTIES = ("Seller", "Customer")
 _B = "based on the contract between {seller} and {customer}"
 SALES_QUESTIONS = (
     ("effective_date", "When did the contract between {seller} and {customer} take effect?"),
-    (
-        "seller_name",
-        "Which company was the seller in the contract with {customer} that took effect on {effective_date}?",
-    ),
+    ("seller_name",
+     "Which company was the seller in the contract with {customer} that took effect on {effective_date}?"),
     ("seller_address", "What address did {seller} give in its contract with {customer}?"),
-    (
-        "customer_name",
-        "Which company was the customer in the contract with {seller} that took effect on {effective_date}?",
-    ),
+    ("customer_name",
+     "Which company was the customer in the contract with {seller} that took effect on {effective_date}?"),
     ("customer_address", "What address did {customer} give in its contract with {seller}?"),
     ("goods", "What goods did the seller sell to the customer " + _B + "?"),
     ("quantity", "How many units of the goods were sold " + _B + "?"),
@@ -131,10 +124,8 @@ SALES_QUESTIONS = (
     ("shipping_decider", "Which party decided the shipping method " + _B + "?"),
     ("shipping_payer", "Which party paid for the shipment " + _B + "?"),
     ("warranty_years", "How many years did the general warranty last " + _B + "?"),
-    (
-        "defect_notice_days",
-        "Within how many days of finding a defect did the customer have to notify the seller in writing " + _B + "?",
-    ),
+    ("defect_notice_days",
+     "Within how many days of finding a defect did the customer have to notify the seller in writing " + _B + "?"),
     ("cooling_off_days", "How many days was the cooling-off period " + _B + "?"),
     ("governing_law", "Which jurisdiction's laws governed the contract between {seller} and {customer}?"),
 )
@@ -156,17 +147,13 @@ EMPLOYMENT_QUESTIONS = (
     ("pay_frequency", "How often was the salary paid " + _E + "?"),
     ("benefit", "Which benefit plan could the employee join " + _E + "?"),
     ("holiday_days", "How many days of paid holiday leave did the employee get per year " + _E + "?"),
-    (
-        "confidentiality_months",
-        "For how many months after the employment ended did the confidentiality duty last " + _E + "?",
-    ),
+    ("confidentiality_months",
+     "For how many months after the employment ended did the confidentiality duty last " + _E + "?"),
     ("sick_days", "For how many days per year was the employee entitled to paid sick leave " + _E + "?"),
     ("termination_weeks", "How many weeks of written notice of termination did each party have to give " + _E + "?"),
     ("non_compete_months", "For how many months did the non-compete clause apply " + _E + "?"),
-    (
-        "change_notice_weeks",
-        "How many weeks of written notice did the employer have to give before changing the terms " + _E + "?",
-    ),
+    ("change_notice_weeks",
+     "How many weeks of written notice did the employer have to give before changing the terms " + _E + "?"),
     ("governing_law", "Which jurisdiction's laws governed the contract between {employer} and {employee}?"),
 )
 QUESTIONS = {"sales": SALES_QUESTIONS, "employment": EMPLOYMENT_QUESTIONS}

@@ -15,10 +15,8 @@ from .ops import batch_nll, collate_qa
 __all__ = ['toy_qa', 'toy_tokenizer', 'toy_problem']
 
 # %% ../../nbs/models/03_toy.ipynb #4c6cd8b4
-_FIRST = [
-    "Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Milo", "Nia", "Otto",
-    "Pia",
-]
+_FIRST = ["Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Milo", "Nia",
+          "Otto", "Pia"]
 _LAST = ["Moss", "Quill", "Roan", "Sato", "Tull", "Vey", "Wren", "Yost"]
 _CITIES = ["Lyon", "Oslo", "Cusco", "Perth", "Turin", "Quito", "Hanoi", "Tartu", "Fez", "Bergen", "Dakar", "Lima"]
 

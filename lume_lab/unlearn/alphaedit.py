@@ -231,12 +231,11 @@ def alphaedit_update(
     return torch.linalg.solve(A, P @ K1 @ R.T).T
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #194d2c7f
-DEFAULT_HPARAMS = {
-    "layers": None, "v_loss_layer": None, "v_steps": 30, "v_lr": 0.5, "v_weight_decay": 0.0, "clamp_norm_factor": 0.75,
-    "kl_factor": 0.0625, "l2": 1.0, "nullspace_threshold": 1e-3, "nullspace_relative": True, "edit_site": "residual",
-    "objective": "idk", "retain_weight": 0.0, "mom2_data": ["retain"], "batch_size": 8, "max_length": None,
-    "mom2_max_length": 128,
-}
+DEFAULT_HPARAMS = {"layers": None, "v_loss_layer": None, "v_steps": 30, "v_lr": 0.5, "v_weight_decay": 0.0,
+                   "clamp_norm_factor": 0.75, "kl_factor": 0.0625, "l2": 1.0, "nullspace_threshold": 1e-3,
+                   "nullspace_relative": True,
+                   "edit_site": "residual", "objective": "idk", "retain_weight": 0.0, "mom2_data": ["retain"],
+                   "batch_size": 8, "max_length": None, "mom2_max_length": 128}
 MOM2_SOURCES = ("neutral", "retain")
 EDIT_SITES = ("residual", "mlp_out")
 OBJECTIVES = ("idk", "suppress")

@@ -136,9 +136,8 @@ def top_k_mask(scores: dict, k: int) -> dict:
     return {n: m.reshape(s.shape) for (n, s), m in zip(scores.items(), sel.split(sizes))}
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #399a4730
-DEFAULT_HPARAMS = {
-    **BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None, "n_examples": None,
-}
+DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None,
+                   "n_examples": None}
 
 def _check_localized(hp: dict) -> list[str]:
     "Localized GradDiff's own rules (the generic ones are checked by the registry first)."

@@ -31,10 +31,9 @@ _CHECKS = {  # key -> (predicate, what is allowed)
     "weight_decay": (lambda v: finite_number(v), "a number >= 0"),
     "max_grad_norm": (lambda v: v is None or finite_number(v, strict=True), "None or a positive number"),
     "max_length": (lambda v: v is None or finite_number(v, strict=True, integer=True), "None or a positive int"),
-    "gamma": (lambda v: finite_number(v), "a number >= 0"),
-    "alpha": (lambda v: finite_number(v), "a number >= 0"),
-    "beta": (lambda v: finite_number(v, strict=True), "a positive number"),
-    "delta": (lambda v: finite_number(v), "a number >= 0"),
+    "gamma": (lambda v: finite_number(v), "a number >= 0"), "alpha": (lambda v: finite_number(v), "a number >= 0"),
+    "beta": (lambda v: finite_number(v, strict=True), "a positive number"), "delta": (lambda v: finite_number(v),
+                                                                                      "a number >= 0"),
 }
 
 def generic_problems(method: str, hp: dict) -> list[str]:
@@ -132,9 +131,8 @@ class MethodSpec:
         return self.fn(model, tokenizer, forget, retain, hp, seed=seed, **inputs)
 
 # %% ../../nbs/unlearn/00_registry.ipynb #8262c3e2
-BUILTIN_METHODS = (
-    "grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit", "uld",
-)  # the ten, in the paper's order; each is the module lume_lab.unlearn.<name>
+BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit",
+                   "uld")   # the ten, in the paper's order; each is the module lume_lab.unlearn.<name>
 RESERVED_NAMES = ("none",)   # "none" names the model before unlearning in the pipeline's evaluation tables
 _REGISTRY: dict[str, MethodSpec] = {}
 
