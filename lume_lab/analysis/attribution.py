@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .localization import _labels_of, _subsample, exact_auc, layer_component, scored_parameter_names, streaming_auc
+from .localization import _labels_of, _subsample, exact_auc, layer_component, scored_parameter_names
+from .localization import streaming_auc
 from ..models.ops import check_qa
 from ..unlearn.localized_graddiff import FORGET_SCORES, forget_score, forget_statistics, top_k_mask
 from ..unlearn.memflex import memflex_select
@@ -22,41 +23,65 @@ __all__ = ['ATTRIBUTION_SCORES', 'SIGNATURE_FEATURES', 'score_tensor', 'auc_ci',
 
 # %% ../../nbs/analysis/04_attribution.ipynb #dd88abb0
 ATTRIBUTION_SCORES = {"grad": "forget", "fisher": "forget", "snip": "forget", "act_grad": "forget",
-                      "contrast": "forget+retain", "ssd": "forget+retain", "memflex": "forget+retain", "random": "baseline"}
+                      "contrast": "forget+retain", "ssd": "forget+retain", "memflex": "forget+retain",
+                      "random": "baseline"}
 
 def _check_scores(scores) -> list[str]:
     scores = list(scores)
     if not scores or (bad := [s for s in scores if s not in ATTRIBUTION_SCORES]) or len(set(scores)) != len(scores):
-        raise ValueError(f"scores must be a non-empty list of distinct names from {', '.join(ATTRIBUTION_SCORES)}; got {scores!r}")
+        raise ValueError(
+            f"scores must be a non-empty list of distinct names from {', '.join(ATTRIBUTION_SCORES)}; got {scores!r}"
+        )
     return scores
 
-def score_tensor(score: str, name: str, weight: torch.Tensor, forget_stats: dict, retain_stats: dict | None = None,
-                 memflex_cos: Mapping | None = None, *, lam: float = 1.0, eps: float = 1e-12, seed: int = 0) -> torch.Tensor:
-    "One attribution score (`ATTRIBUTION_SCORES`) of tensor `name` (float32, the weight's shape); `random` is seeded by (`seed`, `name`)."
-    if score in FORGET_SCORES: return forget_score(score, name, forget_stats, weight)
+def score_tensor(
+    score: str,
+    name: str,
+    weight: torch.Tensor,
+    forget_stats: dict,
+    retain_stats: dict | None = None,
+    memflex_cos: Mapping | None = None,
+    *,
+    lam: float = 1.0,
+    eps: float = 1e-12,
+    seed: int = 0,
+) -> torch.Tensor:
+    """One attribution score (`ATTRIBUTION_SCORES`) of tensor `name` (float32, the weight's shape);
+    `random` is seeded by (`seed`, `name`)."""
+    if score in FORGET_SCORES:
+        return forget_score(score, name, forget_stats, weight)
     if score == "random":
         h = int.from_bytes(hashlib.sha256(f"attribution-random:{seed}:{name}".encode()).digest()[:8], "little") >> 1
         return torch.rand(weight.shape, generator=torch.Generator().manual_seed(h))
     if score == "memflex":
-        if memflex_cos is None or name not in memflex_cos: raise ValueError(f"score 'memflex' needs memflex_cos for {name!r} (from memflex_select)")
+        if memflex_cos is None or name not in memflex_cos:
+            raise ValueError(f"score 'memflex' needs memflex_cos for {name!r} (from memflex_select)")
         return torch.full(weight.shape, -float(memflex_cos[name]))
-    if score not in ATTRIBUTION_SCORES: raise ValueError(f"score must be one of {', '.join(ATTRIBUTION_SCORES)}; got {score!r}")
-    if retain_stats is None: raise ValueError(f"score {score!r} needs retain_stats")
-    if score == "contrast": return forget_score("grad", name, forget_stats, weight) - lam * forget_score("grad", name, retain_stats, weight)
-    return forget_score("fisher", name, forget_stats, weight) / (forget_score("fisher", name, retain_stats, weight) + eps)   # ssd
+    if score not in ATTRIBUTION_SCORES:
+        raise ValueError(f"score must be one of {', '.join(ATTRIBUTION_SCORES)}; got {score!r}")
+    if retain_stats is None:
+        raise ValueError(f"score {score!r} needs retain_stats")
+    if score == "contrast":
+        return forget_score("grad", name, forget_stats, weight) - lam * forget_score("grad", name, retain_stats, weight)
+    return forget_score("fisher", name, forget_stats, weight) / (
+        forget_score("fisher", name, retain_stats, weight) + eps
+    )  # ssd
 
 # %% ../../nbs/analysis/04_attribution.ipynb #3620fe8b
 def auc_ci(auc: float, n_pos: int, n_neg: int, z: float = 1.959964) -> tuple[float, float]:
     "Hanley–McNeil (1982) normal interval of an AUC from `n_pos` positives and `n_neg` negatives (clipped to [0, 1])."
     if n_pos < 1 or n_neg < 1: raise ValueError(f"auc_ci needs n_pos >= 1 and n_neg >= 1, got {n_pos} and {n_neg}")
     q1, q2 = auc / (2 - auc), 2 * auc ** 2 / (1 + auc)
-    se = math.sqrt(max(0.0, auc * (1 - auc) + (n_pos - 1) * (q1 - auc ** 2) + (n_neg - 1) * (q2 - auc ** 2)) / (n_pos * n_neg))
+    se = math.sqrt(
+        max(0.0, auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)) / (n_pos * n_neg)
+    )
     return max(0.0, auc - z * se), min(1.0, auc + z * se)
 
 # %% ../../nbs/analysis/04_attribution.ipynb #c69349e6
 def resolve_counts(counts: Sequence, n_forget: int) -> dict[int, str]:
     "{n examples used: label} of `counts` (ints >= 1 or 'all') for a forget set of `n_forget` examples."
-    if not isinstance(counts, (list, tuple)) or not counts: raise ValueError(f"counts must be a non-empty list of ints >= 1 or 'all', got {counts!r}")
+    if not isinstance(counts, (list, tuple)) or not counts:
+        raise ValueError(f"counts must be a non-empty list of ints >= 1 or 'all', got {counts!r}")
     out = {}
     for c in counts:
         if c != "all" and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
@@ -70,55 +95,105 @@ def _rank_rows(flat: torch.Tensor, sizes: list, labels: dict, k: int) -> list[di
     "AUC, its interval and precision@k of one flat score vector against every flat label vector of `labels`."
     rows, sel = [], top_k_mask({"all": flat}, k)["all"]
     for ls, lab in labels.items():
-        P = int(lab.sum()); auc = streaming_auc(lambda: zip(flat.split(sizes), lab.split(sizes)), n_pos=P, n_total=flat.numel())
+        P = int(lab.sum())
+        auc = streaming_auc(lambda: zip(flat.split(sizes), lab.split(sizes)), n_pos=P, n_total=flat.numel())
         lo, hi = auc_ci(auc, P, flat.numel() - P)
-        rows.append(dict(labels=ls, auc=auc, ci_low=lo, ci_high=hi, precision_at_k=int((sel & lab).sum()) / k, k=k,
-                         chance_precision=P / flat.numel(), n_pos=P, n_neg=flat.numel() - P))
+        rows.append(
+            dict(
+                labels=ls, auc=auc, ci_low=lo, ci_high=hi, precision_at_k=int((sel & lab).sum()) / k, k=k,
+                chance_precision=P / flat.numel(), n_pos=P, n_neg=flat.numel() - P,
+            )
+        )
     return rows
 
 # %% ../../nbs/analysis/04_attribution.ipynb #502ce7a1
-def attribution_benchmark(model, tokenizer, forget, retain, owner: Mapping, forget_groups: Sequence[int], retain_groups: Sequence[int], *,
-                          counts: Sequence = (1, 8, "all"), scores: Sequence[str] | None = None, lam: float = 1.0, eps: float = 1e-12,
-                          seed: int = 0, max_length: int | None = None) -> pd.DataFrame:
-    "AUC (with CI) and precision@|m^F| of each attribution score vs m^F ('forget') and m^F ∪ m^R ('unified'), per number of forget examples."
+def attribution_benchmark(
+    model,
+    tokenizer,
+    forget,
+    retain,
+    owner: Mapping,
+    forget_groups: Sequence[int],
+    retain_groups: Sequence[int],
+    *,
+    counts: Sequence = (1, 8, "all"),
+    scores: Sequence[str] | None = None,
+    lam: float = 1.0,
+    eps: float = 1e-12,
+    seed: int = 0,
+    max_length: int | None = None,
+) -> pd.DataFrame:
+    """AUC (with CI) and precision@|m^F| of each attribution score vs m^F ('forget') and m^F ∪ m^R ('unified'),
+    per number of forget examples."""
     scores = _check_scores(scores if scores is not None else list(ATTRIBUTION_SCORES))
-    forget = check_qa(forget, "forget"); retain = check_qa(retain, "retain") if retain else []
-    if not forget: raise ValueError("forget set is empty")
+    forget = check_qa(forget, "forget")
+    retain = check_qa(retain, "retain") if retain else []
+    if not forget:
+        raise ValueError("forget set is empty")
     needs_retain = [s for s in scores if ATTRIBUTION_SCORES[s] == "forget+retain"]
-    if needs_retain and not retain: raise ValueError(f"scores {needs_retain} need a non-empty retain set")
-    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or lam < 0: raise ValueError(f"lam must be a number >= 0, got {lam!r}")
+    if needs_retain and not retain:
+        raise ValueError(f"scores {needs_retain} need a non-empty retain set")
+    if not isinstance(lam, (int, float)) or isinstance(lam, bool) or lam < 0:
+        raise ValueError(f"lam must be a number >= 0, got {lam!r}")
     named = dict(model.named_parameters())
     names = [n for n in scored_parameter_names(named) if n in owner]
-    if not names: raise ValueError("owner has a mask for none of the model's attention/MLP weights")
-    shapes = [tuple(named[n].shape) for n in names]; sizes = [math.prod(s) for s in shapes]
+    if not names:
+        raise ValueError("owner has a mask for none of the model's attention/MLP weights")
+    shapes = [tuple(named[n].shape) for n in names]
+    sizes = [math.prod(s) for s in shapes]
     label_sets = {"forget": list(forget_groups), "unified": list(forget_groups) + list(retain_groups)}
-    labels = {ls: torch.cat([_labels_of(owner, n, sh, gs) for n, sh in zip(names, shapes)]) for ls, gs in label_sets.items()}
-    if bad := [ls for ls, l in labels.items() if int(l.sum()) in (0, l.numel())]: raise ValueError(f"the {bad} labels need both in-mask and out-of-mask weights")
+    labels = {
+        ls: torch.cat([_labels_of(owner, n, sh, gs) for n, sh in zip(names, shapes)]) for ls, gs in label_sets.items()
+    }
+    if bad := [ls for ls, l in labels.items() if int(l.sum()) in (0, l.numel())]:
+        raise ValueError(f"the {bad} labels need both in-mask and out-of-mask weights")
     k = int(labels["forget"].sum())
     order = [forget[i] for i in np.random.default_rng(seed).permutation(len(forget))]
     ns = resolve_counts(list(counts), len(order))
-    R = forget_statistics(model, tokenizer, retain, names, activations=False, max_length=max_length, desc="retain statistics") if needs_retain else None
+    R = (
+        forget_statistics(
+            model, tokenizer, retain, names, activations=False, max_length=max_length, desc="retain statistics"
+        )
+        if needs_retain
+        else None
+    )
     cos = {}
-    for n in (ns if "memflex" in scores else ()):
-        t = memflex_select(model, tokenizer, order[:n], retain, batch_size=8, max_length=max_length)[1]; cos[n] = dict(zip(t.name, t.cos))
-    rows, fixed = [], {}                               # fixed: rows of `random`, which no example changes
+    for n in ns if "memflex" in scores else ():
+        t = memflex_select(model, tokenizer, order[:n], retain, batch_size=8, max_length=max_length)[1]
+        cos[n] = dict(zip(t.name, t.cos))
+    rows, fixed = [], {}  # fixed: rows of `random`, which no example changes
+
     def measure(n, F):
         for s in scores:
             if s == "random" and fixed:
-                rows.extend({**r, "n_examples": n, "count": ns[n]} for r in fixed["random"]); continue
-            flat = torch.cat([score_tensor(s, nm, named[nm], F, R, cos.get(n), lam=lam, eps=eps, seed=seed).reshape(-1).cpu()
-                              for nm in names])
-            if torch.isnan(flat).any(): raise ValueError(f"score {s!r} has NaN values at n = {n}")
-            new = [dict(score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=ns[n], **r) for r in _rank_rows(flat, sizes, labels, k)]
+                rows.extend({**r, "n_examples": n, "count": ns[n]} for r in fixed["random"])
+                continue
+            flat = torch.cat(
+                [
+                    score_tensor(s, nm, named[nm], F, R, cos.get(n), lam=lam, eps=eps, seed=seed).reshape(-1).cpu()
+                    for nm in names
+                ]
+            )
+            if torch.isnan(flat).any():
+                raise ValueError(f"score {s!r} has NaN values at n = {n}")
+            new = [
+                dict(score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=ns[n], **r)
+                for r in _rank_rows(flat, sizes, labels, k)
+            ]
             rows.extend(new)
-            if s == "random": fixed["random"] = new
-    forget_statistics(model, tokenizer, order, names, activations="act_grad" in scores, checkpoints=list(ns), on_checkpoint=measure,
-                      max_length=max_length, desc="forget statistics")
+            if s == "random":
+                fixed["random"] = new
+
+    forget_statistics(
+        model, tokenizer, order, names, activations="act_grad" in scores, checkpoints=list(ns), on_checkpoint=measure,
+        max_length=max_length, desc="forget statistics",
+    )
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/04_attribution.ipynb #0a701d77
 def plot_attribution(table: pd.DataFrame, labels: str = "forget"):
-    "AUC vs m^F (or m^F ∪ m^R) of every score against the number of forget examples, one panel per field; returns the Figure."
+    """AUC vs m^F (or m^F ∪ m^R) of every score against the number of forget examples, one panel per field;
+    returns the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
     df = table[table["labels"] == labels]
     if df.empty: raise ValueError(f"no rows with labels={labels!r}")
@@ -126,7 +201,10 @@ def plot_attribution(table: pd.DataFrame, labels: str = "forget"):
     fig, axes = plt.subplots(1, len(fields), figsize=(4.2 * len(fields) + 1.5, 3.2), squeeze=False, sharey=True)
     for ax, f in zip(axes[0], fields):
         d = df if f is None else df[df.field == f]
-        sns.lineplot(data=d, x="n_examples", y="auc", hue="score", style="uses", markers=True, dashes=False, ax=ax, legend=ax is axes[0][-1])
+        sns.lineplot(
+            data=d, x="n_examples", y="auc", hue="score", style="uses", markers=True, dashes=False, ax=ax,
+            legend=ax is axes[0][-1],
+        )
         ax.axhline(0.5, ls="--", color="grey", lw=1); ax.set_xscale("log"); ax.set_xlabel("forget examples used")
         ax.set_ylabel(f"AUC vs {'m^F' if labels == 'forget' else 'm^F ∪ m^R'}"); ax.set_title(f or "", fontsize=9)
     sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1, 1), fontsize=7)
@@ -134,16 +212,24 @@ def plot_attribution(table: pd.DataFrame, labels: str = "forget"):
     return fig
 
 # %% ../../nbs/analysis/04_attribution.ipynb #c53b8554
-SIGNATURE_FEATURES = ("abs_w", "w", "abs_dev", "dev", "row_norm", "col_norm", "dev_row_norm", "dev_col_norm", "layer", "attention")
+SIGNATURE_FEATURES = ("abs_w", "w", "abs_dev", "dev", "row_norm", "col_norm", "dev_row_norm", "dev_col_norm", "layer",
+                      "attention")
 
 def signature_features(pre: Mapping, inj: Mapping, names: Sequence[str], idx: Sequence[np.ndarray]) -> np.ndarray:
-    "The `SIGNATURE_FEATURES` of the weights `idx[t]` (flat indices) of each tensor `names[t]`, from the injected and base models."
+    """The `SIGNATURE_FEATURES` of the weights `idx[t]` (flat indices) of each tensor `names[t]`,
+    from the injected and base models."""
     out = []
     for n, i in zip(names, idx):
         w, w0 = inj[n].detach().to("cpu", torch.float32), pre[n].detach().to("cpu", torch.float32)
-        if w.shape != w0.shape or w.dim() != 2: raise ValueError(f"{n!r}: expected two 2-D tensors of one shape, got {tuple(w.shape)} and {tuple(w0.shape)}")
+        if w.shape != w0.shape or w.dim() != 2:
+            raise ValueError(
+                f"{n!r}: expected two 2-D tensors of one shape, got {tuple(w.shape)} and {tuple(w0.shape)}"
+            )
         d = w - w0; r, c = np.divmod(np.asarray(i), w.shape[1]); r, c = torch.from_numpy(r), torch.from_numpy(c)
-        cols = [w[r, c].abs(), w[r, c], d[r, c].abs(), d[r, c], w.norm(dim=1)[r], w.norm(dim=0)[c], d.norm(dim=1)[r], d.norm(dim=0)[c]]
+        cols = [
+            w[r, c].abs(), w[r, c], d[r, c].abs(), d[r, c], w.norm(dim=1)[r], w.norm(dim=0)[c], d.norm(dim=1)[r],
+            d.norm(dim=0)[c],
+        ]
         layer, comp = layer_component(n)
         cols += [torch.full((len(i),), float(layer)), torch.full((len(i),), float(comp == "attention"))]
         out.append(torch.stack(cols, 1).numpy())
@@ -157,27 +243,53 @@ def _f1_at_rate(proba: np.ndarray, y: np.ndarray) -> float:
     tp = int((pred & y).sum())
     return 2 * tp / (pred.sum() + y.sum()) if pred.sum() + y.sum() else 0.0
 
-def mask_signature(pre: Mapping, inj: Mapping, owner: Mapping, forget_groups: Sequence[int], retain_groups: Sequence[int], *,
-                   max_weights: int = 100_000, n_folds: int = 3, seed: int = 0) -> pd.DataFrame:
-    "Out-of-fold F1 (at the base rate) and AUC of a classifier that looks for the masks in the injected model's per-weight statistics."
+# %% ../../nbs/analysis/04_attribution.ipynb #a4cb0225
+def mask_signature(
+    pre: Mapping,
+    inj: Mapping,
+    owner: Mapping,
+    forget_groups: Sequence[int],
+    retain_groups: Sequence[int],
+    *,
+    max_weights: int = 100_000,
+    n_folds: int = 3,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Out-of-fold F1 (at the base rate) and AUC of a classifier that looks for the masks in the injected model's
+    per-weight statistics."""
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
-    if isinstance(max_weights, bool) or not isinstance(max_weights, int) or max_weights < 10: raise ValueError(f"max_weights must be an int >= 10, got {max_weights!r}")
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2: raise ValueError(f"n_folds must be an int >= 2, got {n_folds!r}")
+
+    if isinstance(max_weights, bool) or not isinstance(max_weights, int) or max_weights < 10:
+        raise ValueError(f"max_weights must be an int >= 10, got {max_weights!r}")
+    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2:
+        raise ValueError(f"n_folds must be an int >= 2, got {n_folds!r}")
     names = [n for n in scored_parameter_names(pre) if n in owner]
-    if not names: raise ValueError("owner has a mask for none of the scored parameters")
-    if missing := [n for n in names if n not in inj]: raise ValueError(f"inj lacks scored parameter(s) {missing[:3]}")
+    if not names:
+        raise ValueError("owner has a mask for none of the scored parameters")
+    if missing := [n for n in names if n not in inj]:
+        raise ValueError(f"inj lacks scored parameter(s) {missing[:3]}")
     shapes = [tuple(pre[n].shape) for n in names]
     idx = _subsample([math.prod(s) for s in shapes], max_weights, seed)
     X = signature_features(pre, inj, names, idx)
     rows = []
     for ls, gs in (("forget", list(forget_groups)), ("any", list(forget_groups) + list(retain_groups))):
-        y = np.concatenate([_labels_of(owner, n, sh, gs)[torch.from_numpy(i)].numpy() for n, sh, i in zip(names, shapes, idx)])
-        if min(y.sum(), (~y).sum()) < n_folds: raise ValueError(f"the {ls} labels need >= n_folds={n_folds} weights in each class; got {int(y.sum())} / {int((~y).sum())}")
+        y = np.concatenate(
+            [_labels_of(owner, n, sh, gs)[torch.from_numpy(i)].numpy() for n, sh, i in zip(names, shapes, idx)]
+        )
+        if min(y.sum(), (~y).sum()) < n_folds:
+            raise ValueError(
+                f"the {ls} labels need >= n_folds={n_folds} weights in each class; "
+                f"got {int(y.sum())} / {int((~y).sum())}"
+            )
         cv = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
         clf = HistGradientBoostingClassifier(max_iter=100, random_state=seed)
         proba = cross_val_predict(clf, X, y, cv=cv, method="predict_proba")[:, 1]
         p = float(y.mean())
-        rows.append(dict(labels=ls, f1=_f1_at_rate(proba, y), f1_chance=p, f1_all_positive=2 * p / (1 + p), auc=exact_auc(proba, y),
-                         n_weights=len(y), positive_rate=p, paper_f1=0.485, paper_f1_chance=0.438))
+        rows.append(
+            dict(
+                labels=ls, f1=_f1_at_rate(proba, y), f1_chance=p, f1_all_positive=2 * p / (1 + p),
+                auc=exact_auc(proba, y), n_weights=len(y), positive_rate=p, paper_f1=0.485, paper_f1_chance=0.438,
+            )
+        )
     return pd.DataFrame(rows)

@@ -15,10 +15,17 @@ __all__ = ['base_rate', 'precision_mask', 'recall_mask']
 # %% ../../nbs/analysis/08_dose.ipynb #2eb3913e
 def _flat(forget_mask: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple]):
     names = sorted(shapes)
-    if stray := sorted(set(forget_mask) - set(shapes)): raise ValueError(f"forget_mask has weights outside the maskable set: {stray[:3]}")
+    if stray := sorted(set(forget_mask) - set(shapes)):
+        raise ValueError(f"forget_mask has weights outside the maskable set: {stray[:3]}")
     for n, m in forget_mask.items():
-        if m.dtype != torch.bool or tuple(m.shape) != tuple(shapes[n]): raise ValueError(f"forget_mask[{n!r}] must be a bool tensor of shape {tuple(shapes[n])}")
-    flat = torch.cat([forget_mask[n].flatten() if n in forget_mask else torch.zeros(math.prod(shapes[n]), dtype=torch.bool) for n in names])
+        if m.dtype != torch.bool or tuple(m.shape) != tuple(shapes[n]):
+            raise ValueError(f"forget_mask[{n!r}] must be a bool tensor of shape {tuple(shapes[n])}")
+    flat = torch.cat(
+        [
+            forget_mask[n].flatten() if n in forget_mask else torch.zeros(math.prod(shapes[n]), dtype=torch.bool)
+            for n in names
+        ]
+    )
     return names, flat
 
 def _unflat(names, shapes, flat) -> dict[str, torch.Tensor]:
@@ -38,23 +45,34 @@ def base_rate(forget_mask: Mapping[str, torch.Tensor], shapes: Mapping[str, tupl
     return int(flat.sum()) / len(flat)
 
 # %% ../../nbs/analysis/08_dose.ipynb #5ba30c5f
-def precision_mask(forget_mask: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple], q: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A mask of |m^F| weights, ⌊q·|m^F|⌉ of them drawn from m^F and the rest from the maskable weights (`shapes`) outside it.
-    `forget_mask`: name → bool m^F (a subset of `shapes`' names); returns name → bool over every name of `shapes`."""
-    if not 0 <= q <= 1: raise ValueError(f"q (precision) must lie in [0, 1], got {q!r}")
+def precision_mask(
+    forget_mask: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple], q: float, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """A mask of |m^F| weights, ⌊q·|m^F|⌉ of them drawn from m^F and the rest from the maskable weights (`shapes`)
+    outside it. `forget_mask`: name → bool m^F (a subset of `shapes`' names); returns name → bool over every name of
+    `shapes`."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"q (precision) must lie in [0, 1], got {q!r}")
     names, flat = _flat(forget_mask, shapes)
-    F = int(flat.sum()); k_in = _nearest(q * F)
+    F = int(flat.sum())
+    k_in = _nearest(q * F)
     inside, outside = flat.nonzero().flatten(), (~flat).nonzero().flatten()
-    if F - k_in > len(outside): raise ValueError(f"q={q}: {F - k_in} weights must come from outside m^F, which holds {len(outside)}")
+    if F - k_in > len(outside):
+        raise ValueError(f"q={q}: {F - k_in} weights must come from outside m^F, which holds {len(outside)}")
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros_like(flat)
-    out[_pick(inside, k_in, gen)] = True; out[_pick(outside, F - k_in, gen)] = True
+    out[_pick(inside, k_in, gen)] = True
+    out[_pick(outside, F - k_in, gen)] = True
     return _unflat(names, shapes, out)
 
-def recall_mask(forget_mask: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple], r: float, seed: int = 0) -> dict[str, torch.Tensor]:
+def recall_mask(
+    forget_mask: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple], r: float, seed: int = 0
+) -> dict[str, torch.Tensor]:
     "A subset of m^F of ⌊r·|m^F|⌉ weights, drawn uniformly; name → bool over every name of `shapes`."
-    if not 0 < r <= 1: raise ValueError(f"r (recall) must lie in (0, 1], got {r!r}")
+    if not 0 < r <= 1:
+        raise ValueError(f"r (recall) must lie in (0, 1], got {r!r}")
     names, flat = _flat(forget_mask, shapes)
     inside = flat.nonzero().flatten()
-    out = torch.zeros_like(flat); out[_pick(inside, _nearest(r * len(inside)), torch.Generator().manual_seed(seed))] = True
+    out = torch.zeros_like(flat)
+    out[_pick(inside, _nearest(r * len(inside)), torch.Generator().manual_seed(seed))] = True
     return _unflat(names, shapes, out)

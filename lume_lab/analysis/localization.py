@@ -25,17 +25,20 @@ def _sort_(t: torch.Tensor) -> torch.Tensor:
     t.numpy().sort(); return t
 
 def _searchsorted(sorted_: torch.Tensor, q: torch.Tensor, right: bool = False) -> torch.Tensor:
-    "`torch.searchsorted` for big queries (multi-threaded); numpy's for small ones, where torch's thread start-up costs ~20 ms on a busy machine."
+    """`torch.searchsorted` for big queries (multi-threaded);
+    numpy's for small ones, where torch's thread start-up costs ~20 ms on a busy machine."""
     if q.numel() >= 1 << 16: return torch.searchsorted(sorted_, q, right=right, out_int32=sorted_.numel() < 2**31 - 1)
     return torch.from_numpy(np.searchsorted(sorted_.numpy(), q.numpy(), side="right" if right else "left"))
 
 def _as_flat(x, what: str) -> torch.Tensor:
     if isinstance(x, np.ndarray): x = torch.from_numpy(np.ascontiguousarray(x))
-    if not isinstance(x, torch.Tensor): raise ValueError(f"{what} must be a torch.Tensor or numpy array, got {type(x).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{what} must be a torch.Tensor or numpy array, got {type(x).__name__}")
     return x.detach().reshape(-1).cpu()
 
 def _auc_pairs(scores, labels) -> list:
-    "Validate (scores, labels) given as one array each or as equal-length lists of arrays; flat (score, bool label) pairs."
+    """Validate (scores, labels) given as one array each or as equal-length lists of arrays;
+    flat (score, bool label) pairs."""
     single = isinstance(scores, (torch.Tensor, np.ndarray))
     if single != isinstance(labels, (torch.Tensor, np.ndarray)):
         raise ValueError("scores and labels must both be single arrays or both be lists of arrays")
@@ -44,9 +47,11 @@ def _auc_pairs(scores, labels) -> list:
     pairs = []
     for i, (s, l) in enumerate(zip(scores, labels)):
         s, l = _as_flat(s, f"scores[{i}]"), _as_flat(l, f"labels[{i}]")
-        if s.numel() != l.numel(): raise ValueError(f"scores[{i}] has {s.numel()} values but labels[{i}] has {l.numel()}")
+        if s.numel() != l.numel():
+            raise ValueError(f"scores[{i}] has {s.numel()} values but labels[{i}] has {l.numel()}")
         if s.dtype == torch.bool or s.is_complex(): raise ValueError(f"scores[{i}] must be real numbers, got {s.dtype}")
-        if s.is_floating_point() and any(torch.isnan(c).any() for c in s.split(1 << 22)): raise ValueError(f"scores[{i}] contains NaN")
+        if s.is_floating_point() and any(torch.isnan(c).any() for c in s.split(1 << 22)):
+            raise ValueError(f"scores[{i}] contains NaN")
         if l.dtype != torch.bool:
             if not ((l == 0) | (l == 1)).all(): raise ValueError(f"labels[{i}] must be boolean or 0/1")
             l = l.bool()
@@ -76,7 +81,9 @@ def _stream_counts(small: torch.Tensor, pieces: Iterable, stream_pos: bool, dtyp
             q = s[i:i + chunk_size][m if stream_pos else ~m].to(dtype)
             if not q.numel(): continue
             q = _sort_(q)
-            tot += int(_searchsorted(small, q).sum(dtype=torch.int64)) + int(_searchsorted(small, q, right=True).sum(dtype=torch.int64))
+            tot += int(_searchsorted(small, q).sum(dtype=torch.int64)) + int(
+                _searchsorted(small, q, right=True).sum(dtype=torch.int64)
+            )
     return tot
 
 def _auc_from_counts(tot: int, P: int, N: int, small_is_pos: bool) -> float:
@@ -85,8 +92,10 @@ def _auc_from_counts(tot: int, P: int, N: int, small_is_pos: bool) -> float:
 
 # %% ../../nbs/analysis/00_localization.ipynb #b81cca33
 def exact_auc(scores, labels, chunk_size: int = 1 << 22) -> float:
-    "Exact ROC AUC (ties count ½, as `sklearn.metrics.roc_auc_score`) of `scores` vs binary `labels`: arrays or lists of arrays (torch or numpy)."
-    if not isinstance(chunk_size, int) or chunk_size < 1: raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    """Exact ROC AUC (ties count ½, as `sklearn.metrics.roc_auc_score`) of `scores` vs binary `labels`:
+    arrays or lists of arrays (torch or numpy)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     pairs = _auc_pairs(scores, labels)
     P = sum(_count(l) for _, l in pairs); N = sum(l.numel() for _, l in pairs) - P
     if P == 0 or N == 0: raise ValueError(f"exact_auc needs both classes: got {P} positive and {N} negative labels")
@@ -101,10 +110,13 @@ def exact_auc(scores, labels, chunk_size: int = 1 << 22) -> float:
 # %% ../../nbs/analysis/00_localization.ipynb #33419cc2
 def streaming_auc(pieces, n_pos: int | None = None, n_total: int | None = None, chunk_size: int = 1 << 22,
                   dtype=torch.float32) -> float:
-    """Exact ROC AUC of (scores, labels) pieces that `pieces()` yields afresh on every call (2 passes, 3 without the counts);
-    only the smaller class is ever held in memory. Scores are compared in `dtype` (float32: exact for float32/bf16 scores)."""
-    if not callable(pieces): raise ValueError("pieces must be a function returning a fresh iterator of (scores, labels) pairs")
-    if not isinstance(chunk_size, int) or chunk_size < 1: raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    """Exact ROC AUC of (scores, labels) pieces that `pieces()` yields afresh on every call (2 passes, 3 without the
+    counts); only the smaller class is ever held in memory. Scores are compared in `dtype` (float32: exact for
+    float32/bf16 scores)."""
+    if not callable(pieces):
+        raise ValueError("pieces must be a function returning a fresh iterator of (scores, labels) pairs")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if n_pos is None or n_total is None:
         n_pos = n_total = 0
         for s, l in pieces():
@@ -129,7 +141,8 @@ class SafetensorsStateDict(collections.abc.Mapping):
             self._file = {n: p / f for n, f in wm.items()}
         elif (p / "model.safetensors").exists():
             from safetensors import safe_open
-            with safe_open(str(p / "model.safetensors"), framework="pt") as f: self._file = {n: p / "model.safetensors" for n in f.keys()}
+            with safe_open(str(p / "model.safetensors"), framework="pt") as f:
+                self._file = {n: p / "model.safetensors" for n in f.keys()}
         else: raise FileNotFoundError(f"{p} has neither model.safetensors nor model.safetensors.index.json")
         self.path = p
 
@@ -164,7 +177,8 @@ def layer_component(name: str) -> tuple[int, str]:
 # %% ../../nbs/analysis/00_localization.ipynb #b98a36ba
 def default_groups(n_groups: int) -> tuple[list[int], list[int]]:
     "(forget, retain) groups: the first half [0, G/2) forgets, the rest is retained (data contract)."
-    if not isinstance(n_groups, int) or n_groups < 2 or n_groups % 2: raise ValueError(f"n_groups must be an even int >= 2, got {n_groups!r}")
+    if not isinstance(n_groups, int) or n_groups < 2 or n_groups % 2:
+        raise ValueError(f"n_groups must be an even int >= 2, got {n_groups!r}")
     return list(range(n_groups // 2)), list(range(n_groups // 2, n_groups))
 
 # %% ../../nbs/analysis/00_localization.ipynb #b5209753
@@ -177,23 +191,44 @@ def _quantile_rank(a: torch.Tensor) -> torch.Tensor:
     srt = _sort_(a.clone())
     return (_searchsorted(srt, a) + _searchsorted(srt, a, right=True)).float().div_(2 * a.numel())
 
-def weight_score(score: str, d_inj: torch.Tensor, d_unl: torch.Tensor, d_back: torch.Tensor | None = None,
-                 d_ctl: torch.Tensor | None = None, group_sd: float = 1.0, group_ctl_mean: float = 1.0, eps: float = 1e-8) -> torch.Tensor:
-    "One App. E score for the weights of one tensor, from its float32 deltas (`d_back` = θ_unl − θ_pre, `d_ctl` = control's Δ_unl)."
+def weight_score(
+    score: str,
+    d_inj: torch.Tensor,
+    d_unl: torch.Tensor,
+    d_back: torch.Tensor | None = None,
+    d_ctl: torch.Tensor | None = None,
+    group_sd: float = 1.0,
+    group_ctl_mean: float = 1.0,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """One App. E score for the weights of one tensor, from its float32 deltas
+    (`d_back` = θ_unl − θ_pre, `d_ctl` = control's Δ_unl)."""
     a = d_unl.abs()
-    if score == "raw": return a
-    if score == "qtile": return _quantile_rank(a.reshape(-1)).reshape(a.shape)
-    if score == "layernorm": return a / (group_sd if group_sd > 0 else 1.0)
-    if score == "signrev": return -(d_inj * d_unl)
-    if score == "reversal": return (d_inj.abs() - (d_inj + d_unl if d_back is None else d_back).abs()) / (d_inj.abs() + eps)
-    if score == "dirreversal": return -(d_unl * d_inj.sign()) / (d_inj.abs() + eps)
-    if score not in SCORE_FAMILIES: raise ValueError(f"score must be one of {', '.join(SCORE_FAMILIES)}; got {score!r}")
-    if d_ctl is None: raise ValueError(f"score {score!r} needs the UnMask control's delta d_ctl")
+    if score == "raw":
+        return a
+    if score == "qtile":
+        return _quantile_rank(a.reshape(-1)).reshape(a.shape)
+    if score == "layernorm":
+        return a / (group_sd if group_sd > 0 else 1.0)
+    if score == "signrev":
+        return -(d_inj * d_unl)
+    if score == "reversal":
+        return (d_inj.abs() - (d_inj + d_unl if d_back is None else d_back).abs()) / (d_inj.abs() + eps)
+    if score == "dirreversal":
+        return -(d_unl * d_inj.sign()) / (d_inj.abs() + eps)
+    if score not in SCORE_FAMILIES:
+        raise ValueError(f"score must be one of {', '.join(SCORE_FAMILIES)}; got {score!r}")
+    if d_ctl is None:
+        raise ValueError(f"score {score!r} needs the UnMask control's delta d_ctl")
     c = d_ctl.abs()
-    if score == "contrast": return a - c
-    if score == "contrastnorm": den = a + c; return torch.where(den > 0, (a - c) / torch.where(den > 0, den, 1.0), 0.0)
-    if score == "compnorm": return a / (group_ctl_mean if group_ctl_mean > 0 else 1.0)
-    return a / (c + eps)                                                                          # eratio
+    if score == "contrast":
+        return a - c
+    if score == "contrastnorm":
+        den = a + c
+        return torch.where(den > 0, (a - c) / torch.where(den > 0, den, 1.0), 0.0)
+    if score == "compnorm":
+        return a / (group_ctl_mean if group_ctl_mean > 0 else 1.0)
+    return a / (c + eps)  # eratio
 
 # %% ../../nbs/analysis/00_localization.ipynb #c698dde6
 def composite_scores(X: np.ndarray, y: np.ndarray, n_folds: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -203,9 +238,13 @@ def composite_scores(X: np.ndarray, y: np.ndarray, n_folds: int = 5, seed: int =
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     X = np.nan_to_num(np.asarray(X, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0); y = np.asarray(y).astype(bool)
-    if X.ndim != 2 or len(X) != len(y): raise ValueError(f"X must be (n, features) with n = len(y); got {X.shape} and {y.shape}")
+    if X.ndim != 2 or len(X) != len(y):
+        raise ValueError(f"X must be (n, features) with n = len(y); got {X.shape} and {y.shape}")
     if not isinstance(n_folds, int) or n_folds < 2: raise ValueError(f"n_folds must be an int >= 2, got {n_folds!r}")
-    if min(y.sum(), (~y).sum()) < n_folds: raise ValueError(f"each class needs >= n_folds={n_folds} rows; got {y.sum()} in-mask and {(~y).sum()} out-of-mask")
+    if min(y.sum(), (~y).sum()) < n_folds:
+        raise ValueError(
+            f"each class needs >= n_folds={n_folds} rows; got {y.sum()} in-mask and {(~y).sum()} out-of-mask"
+        )
     cv = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
     model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
     proba = cross_val_predict(model, X, y, cv=cv, method="predict_proba")[:, 1]
@@ -221,18 +260,22 @@ def _check_inputs(names, owner, **sds):
     for arg, sd in sds.items():
         if sd is None: continue
         missing = [n for n in names if n not in sd]
-        if missing: raise ValueError(f"{arg} lacks scored parameter(s) {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+        if missing:
+            raise ValueError(f"{arg} lacks scored parameter(s) {missing[:3]}{' ...' if len(missing) > 3 else ''}")
         for n in names:
             if tuple(sd[n].shape) != tuple(sds["pre"][n].shape):
                 raise ValueError(f"{arg}[{n!r}] has shape {tuple(sd[n].shape)}, pre has {tuple(sds['pre'][n].shape)}")
     for n in names:
         if n in owner and tuple(owner[n].shape) != tuple(sds["pre"][n].shape):
-            raise ValueError(f"owner[{n!r}] has shape {tuple(owner[n].shape)}, the parameter has {tuple(sds['pre'][n].shape)}")
+            raise ValueError(
+                f"owner[{n!r}] has shape {tuple(owner[n].shape)}, the parameter has {tuple(sds['pre'][n].shape)}"
+            )
     if not any(n in owner for n in names): raise ValueError("owner has a mask for none of the scored parameters")
 
 # %% ../../nbs/analysis/00_localization.ipynb #aa0cab37
 def _group_stats(names, inj, unl, inj_ctrl, unl_ctrl) -> tuple[dict, dict]:
-    "Per (layer, component): population sd of Δ_unl and mean |Δ_ctl| (Chan's pooled variance from per-tensor float32 stats)."
+    """Per (layer, component): population sd of Δ_unl and mean |Δ_ctl|
+    (Chan's pooled variance from per-tensor float32 stats)."""
     acc = {}
     for n in names:
         d = (_f32(unl, n) - _f32(inj, n)).reshape(-1)
@@ -264,57 +307,105 @@ def _subsample(sizes: list[int], k: int, seed: int) -> list[np.ndarray]:
 
 # %% ../../nbs/analysis/00_localization.ipynb #88b68250
 def _ranked_aucs(s: torch.Tensor, labels: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Exact AUC (ties ½) of one flat score vector against each flat bool label vector of `labels`: all scores are sorted
-    once; each label set then costs a sort of its positives and two binary searches of them in the sorted whole."""
+    """Exact AUC (ties ½) of one flat score vector against each flat bool label vector of `labels`: all scores are
+    sorted once; each label set then costs a sort of its positives and two binary searches of them in the sorted
+    whole."""
     v = s.numpy(); sv = np.sort(v)
     out = {}
     for k, l in labels.items():
         p = np.sort(v[l.numpy()]); P = len(p); N = len(v) - P
-        twice_ranks = int(np.searchsorted(sv, p, "left").sum(dtype=np.int64)) + int(np.searchsorted(sv, p, "right").sum(dtype=np.int64)) + P
+        twice_ranks = (
+            int(np.searchsorted(sv, p, "left").sum(dtype=np.int64))
+            + int(np.searchsorted(sv, p, "right").sum(dtype=np.int64))
+            + P
+        )
         out[k] = _auc_from_counts(twice_ranks - P * (P + 1), P, N, small_is_pos=False)
     return out
 
 # %% ../../nbs/analysis/00_localization.ipynb #b1638367
-def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, forget_groups: Sequence[int],
-                      retain_groups: Sequence[int], *, inj_ctrl: Mapping | None = None, unl_ctrl: Mapping | None = None,
-                      names: Sequence[str] | None = None, scores: Sequence[str] | None = None, composite: bool = True,
-                      composite_max_weights: int = 2_000_000, n_folds: int = 5, seed: int = 0, eps: float = 1e-8,
-                      chunk_size: int = 1 << 22, in_memory_max_weights: int = 1 << 26, max_weights: int | None = None) -> pd.DataFrame:
-    """AUC of every applicable App. E score (and the composite) of one unlearned model, vs m^F ('forget') and m^F ∪ m^R ('unified').
-    `max_weights`: score a fixed uniform subsample of that many weights (the same for every score and method of a seed)
-    instead of all of them; None: every weight, exact."""
-    if (inj_ctrl is None) != (unl_ctrl is None): raise ValueError("pass both inj_ctrl and unl_ctrl (the UnMask control before and after unlearning) or neither")
+def localization_aucs(
+    pre: Mapping,
+    inj: Mapping,
+    unl: Mapping,
+    owner: Mapping,
+    forget_groups: Sequence[int],
+    retain_groups: Sequence[int],
+    *,
+    inj_ctrl: Mapping | None = None,
+    unl_ctrl: Mapping | None = None,
+    names: Sequence[str] | None = None,
+    scores: Sequence[str] | None = None,
+    composite: bool = True,
+    composite_max_weights: int = 2_000_000,
+    n_folds: int = 5,
+    seed: int = 0,
+    eps: float = 1e-8,
+    chunk_size: int = 1 << 22,
+    in_memory_max_weights: int = 1 << 26,
+    max_weights: int | None = None,
+) -> pd.DataFrame:
+    """AUC of every applicable App. E score (and the composite) of one unlearned model, vs m^F ('forget') and m^F ∪ m^R
+    ('unified'). `max_weights`: score a fixed uniform subsample of that many weights (the same for every score and
+    method of a seed) instead of all of them; None: every weight, exact."""
+    if (inj_ctrl is None) != (unl_ctrl is None):
+        raise ValueError("pass both inj_ctrl and unl_ctrl (the UnMask control before and after unlearning) or neither")
     # only the maskable tensors (those in `owner`): layers outside every mask (e.g. the last two, reserved for LoRA)
     # would be guaranteed negatives, and a score that merely tells layers apart would look like localization
     names = list(names) if names is not None else [n for n in scored_parameter_names(pre) if n in owner]
     _check_inputs(names, owner, pre=pre, inj=inj, unl=unl, inj_ctrl=inj_ctrl, unl_ctrl=unl_ctrl)
-    scores = list(scores) if scores is not None else [s for s in SCORE_FAMILIES if unl_ctrl is not None or SCORE_FAMILIES[s] != "contrast"]
+    scores = (
+        list(scores)
+        if scores is not None
+        else [s for s in SCORE_FAMILIES if unl_ctrl is not None or SCORE_FAMILIES[s] != "contrast"]
+    )
     bad = [s for s in scores if s not in SCORE_FAMILIES]
-    if bad: raise ValueError(f"unknown score(s) {bad}; allowed: {', '.join(SCORE_FAMILIES)}")
-    if unl_ctrl is None and any(SCORE_FAMILIES[s] == "contrast" for s in scores): raise ValueError("contrast scores need inj_ctrl and unl_ctrl")
-    if not isinstance(composite_max_weights, int) or composite_max_weights < 1: raise ValueError(f"composite_max_weights must be a positive int, got {composite_max_weights!r}")
-    if max_weights is not None and (isinstance(max_weights, bool) or not isinstance(max_weights, int) or max_weights < 1):
+    if bad:
+        raise ValueError(f"unknown score(s) {bad}; allowed: {', '.join(SCORE_FAMILIES)}")
+    if unl_ctrl is None and any(SCORE_FAMILIES[s] == "contrast" for s in scores):
+        raise ValueError("contrast scores need inj_ctrl and unl_ctrl")
+    if not isinstance(composite_max_weights, int) or composite_max_weights < 1:
+        raise ValueError(f"composite_max_weights must be a positive int, got {composite_max_weights!r}")
+    if max_weights is not None and (
+        isinstance(max_weights, bool) or not isinstance(max_weights, int) or max_weights < 1
+    ):
         raise ValueError(f"max_weights must be None (every weight) or a positive int, got {max_weights!r}")
-    if isinstance(in_memory_max_weights, bool) or not isinstance(in_memory_max_weights, int) or in_memory_max_weights < 0:
+    if (
+        isinstance(in_memory_max_weights, bool)
+        or not isinstance(in_memory_max_weights, int)
+        or in_memory_max_weights < 0
+    ):
         raise ValueError(f"in_memory_max_weights must be an int >= 0 (0: always stream), got {in_memory_max_weights!r}")
     label_sets = {"forget": list(forget_groups), "unified": list(forget_groups) + list(retain_groups)}
     shapes = [tuple(pre[n].shape) for n in names]
     full_sizes = [math.prod(sh) for sh in shapes]
     # a weight subsample (max_weights): every score and label below is read at the same sampled positions
-    keep = _subsample(full_sizes, max_weights, seed + 1) if max_weights is not None and sum(full_sizes) > max_weights else None
+    keep = (
+        _subsample(full_sizes, max_weights, seed + 1)
+        if max_weights is not None and sum(full_sizes) > max_weights
+        else None
+    )
     pick = (lambda t, x: x) if keep is None else (lambda t, x: x[torch.from_numpy(keep[t])])
     labels_at = lambda t, gs: pick(t, _labels_of(owner, names[t], shapes[t], gs))
     sizes = full_sizes if keep is None else [len(k) for k in keep]
     counts = {ls: [_count(labels_at(t, gs)) for t in range(len(names))] for ls, gs in label_sets.items()}
     total = sum(sizes)
-    sampled = "" if keep is None else f"a uniform subsample of {total:,} of the {sum(full_sizes):,} weights (localization.max_weights)"
+    sampled = (
+        ""
+        if keep is None
+        else f"a uniform subsample of {total:,} of the {sum(full_sizes):,} weights (localization.max_weights)"
+    )
     changed = any(not torch.equal(_f32(unl, n), _f32(inj, n)) for n in names)
     rows = []
     if not changed:
         for ls in label_sets:
             for s in scores + (["composite"] if composite else []):
-                rows.append(dict(labels=ls, score=s, family=SCORE_FAMILIES.get(s, "composite"), auc=float("nan"), n_pos=sum(counts[ls]),
-                                 n_neg=total - sum(counts[ls]), applicable=False, note="not applicable: no scored weight changed"))
+                rows.append(
+                    dict(
+                        labels=ls, score=s, family=SCORE_FAMILIES.get(s, "composite"), auc=float("nan"),
+                        n_pos=sum(counts[ls]), n_neg=total - sum(counts[ls]), applicable=False,
+                        note="not applicable: no scored weight changed",
+                    )
+                )
         return pd.DataFrame(rows)
     sd, cm = _group_stats(names, inj, unl, inj_ctrl, unl_ctrl)
     sub = _subsample(sizes, composite_max_weights, seed) if composite else None
@@ -322,72 +413,135 @@ def localization_aucs(pre: Mapping, inj: Mapping, unl: Mapping, owner: Mapping, 
     args = (pre, inj, unl, inj_ctrl, unl_ctrl, sd, cm, eps)
     score_at = lambda score, t: pick(t, _tensor_score(score, names[t], *args))
     for ls in label_sets:
-        P = sum(counts[ls]); N = total - P
-        if P == 0 or N == 0: raise ValueError(f"the {ls} labels have {P} in-mask and {N} out-of-mask weights; both classes are needed")
+        P = sum(counts[ls])
+        N = total - P
+        if P == 0 or N == 0:
+            raise ValueError(f"the {ls} labels have {P} in-mask and {N} out-of-mask weights; both classes are needed")
     in_memory = total <= in_memory_max_weights
-    if in_memory:   # every label set once, and the composite's sample as global indices
+    if in_memory:  # every label set once, and the composite's sample as global indices
         labels = {ls: torch.cat([labels_at(t, gs) for t in range(len(names))]) for ls, gs in label_sets.items()}
         offs = np.concatenate([[0], np.cumsum(sizes)])
         gsub = torch.from_numpy(np.concatenate([i + o for i, o in zip(sub, offs)])) if composite else None
     for j, score in enumerate(scores):
+
         def pieces(ls):
-            for t in range(len(names)): yield score_at(score, t), labels_at(t, label_sets[ls])
+            for t in range(len(names)):
+                yield score_at(score, t), labels_at(t, label_sets[ls])
+
         full = torch.cat([score_at(score, t) for t in range(len(names))]) if in_memory else None
-        if full is not None and torch.isnan(full).any(): full = None         # NaN has no rank: the streaming path decides
+        # NaN has no rank: the streaming path decides
+        if full is not None and torch.isnan(full).any():
+            full = None
         if composite:  # one extra pass for the composite's features (streaming): cheap next to the sorts
-            if full is not None: X[:, j] = full[gsub].numpy()
+            if full is not None:
+                X[:, j] = full[gsub].numpy()
             else:
                 o = 0
                 for t in range(len(names)):
-                    k = len(sub[t]); X[o:o + k, j] = score_at(score, t)[torch.from_numpy(sub[t])].numpy(); o += k
-        aucs = _ranked_aucs(full, labels) if full is not None else \
-            {ls: streaming_auc(lambda: pieces(ls), n_pos=sum(counts[ls]), n_total=total, chunk_size=chunk_size) for ls in label_sets}
+                    k = len(sub[t])
+                    X[o : o + k, j] = score_at(score, t)[torch.from_numpy(sub[t])].numpy()
+                    o += k
+        aucs = (
+            _ranked_aucs(full, labels)
+            if full is not None
+            else {
+                ls: streaming_auc(lambda: pieces(ls), n_pos=sum(counts[ls]), n_total=total, chunk_size=chunk_size)
+                for ls in label_sets
+            }
+        )
         for ls in label_sets:
             P = sum(counts[ls])
-            rows.append(dict(labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], n_pos=P, n_neg=total - P, applicable=True, note=sampled))
+            rows.append(
+                dict(
+                    labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], n_pos=P, n_neg=total - P,
+                    applicable=True, note=sampled,
+                )
+            )
     if composite:
         for ls, gs in label_sets.items():
             y = np.concatenate([labels_at(t, gs)[torch.from_numpy(i)].numpy() for t, i in enumerate(sub)])
             try:
                 proba, _ = composite_scores(X, y, n_folds=n_folds, seed=seed)
-                auc, note = exact_auc(proba, y), f"out-of-fold ({n_folds} folds) on a uniform subsample of {len(y)} weights" + (f" of {sampled}" if sampled else "")
-            except ValueError as e: auc, note = float("nan"), f"composite skipped: {e}"
-            rows.append(dict(labels=ls, score="composite", family="composite", auc=auc, n_pos=int(y.sum()), n_neg=int((~y).sum()),
-                             applicable=True, note=note))
+                auc, note = (
+                    exact_auc(proba, y),
+                    f"out-of-fold ({n_folds} folds) on a uniform subsample of {len(y)} weights"
+                    + (f" of {sampled}" if sampled else ""),
+                )
+            except ValueError as e:
+                auc, note = float("nan"), f"composite skipped: {e}"
+            rows.append(
+                dict(
+                    labels=ls, score="composite", family="composite", auc=auc, n_pos=int(y.sum()),
+                    n_neg=int((~y).sum()), applicable=True, note=note,
+                )
+            )
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/00_localization.ipynb #1fa10410
-def fake_state_dicts(n_layers: int = 2, hidden: int = 16, n_groups: int = 6, frac: float = 0.1, seed: int = 0) -> tuple[dict, dict, dict]:
+def fake_state_dicts(
+    n_layers: int = 2, hidden: int = 16, n_groups: int = 6, frac: float = 0.1, seed: int = 0
+) -> tuple[dict, dict, dict]:
     "(pre, inj, owner) of a tiny fake OLMo-2-named model: injection moves in-mask weights by ~1, the rest by ~0.01."
     g = torch.Generator().manual_seed(seed)
     shapes = {}
     for l in range(n_layers):
-        for p in "qkvo": shapes[f"model.layers.{l}.self_attn.{p}_proj.weight"] = (hidden, hidden)
-        for p, sh in (("gate", (2 * hidden, hidden)), ("up", (2 * hidden, hidden)), ("down", (hidden, 2 * hidden))): shapes[f"model.layers.{l}.mlp.{p}_proj.weight"] = sh
+        for p in "qkvo":
+            shapes[f"model.layers.{l}.self_attn.{p}_proj.weight"] = (hidden, hidden)
+        for p, sh in (("gate", (2 * hidden, hidden)), ("up", (2 * hidden, hidden)), ("down", (hidden, 2 * hidden))):
+            shapes[f"model.layers.{l}.mlp.{p}_proj.weight"] = sh
         shapes[f"model.layers.{l}.post_attention_layernorm.weight"] = (hidden,)
     pre = {n: torch.randn(sh, generator=g) * 0.02 for n, sh in shapes.items()}
-    owner = {n: torch.where(torch.rand(sh, generator=g) < n_groups * frac, torch.randint(1, n_groups + 1, sh, generator=g), 0).to(torch.uint8)
-             for n, sh in shapes.items() if n.endswith("proj.weight")}
-    inj = {n: p + 0.01 * torch.randn(p.shape, generator=g) + (owner[n] > 0) * torch.randn(p.shape, generator=g) if n in owner else p.clone()
-           for n, p in pre.items()}
+    owner = {
+        n: torch.where(
+            torch.rand(sh, generator=g) < n_groups * frac, torch.randint(1, n_groups + 1, sh, generator=g), 0
+        ).to(torch.uint8)
+        for n, sh in shapes.items()
+        if n.endswith("proj.weight")
+    }
+    inj = {
+        n: p + 0.01 * torch.randn(p.shape, generator=g) + (owner[n] > 0) * torch.randn(p.shape, generator=g)
+        if n in owner
+        else p.clone()
+        for n, p in pre.items()
+    }
     return pre, inj, owner
 
 # %% ../../nbs/analysis/00_localization.ipynb #98d9075f
-def localization_table(runs: Iterable[Mapping], pre: Mapping, inj: Mapping, owner: Mapping, *, n_groups: int | None = None,
-                       forget_groups: Sequence[int] | None = None, retain_groups: Sequence[int] | None = None,
-                       inj_ctrl: Mapping | None = None, no_contrast_methods: Sequence[str] = (), **kwargs) -> pd.DataFrame:
-    "Tidy AUC table (field, method, labels, score, family, auc, ..., best) of unlearned runs; kwargs go to `localization_aucs`."
+def localization_table(
+    runs: Iterable[Mapping],
+    pre: Mapping,
+    inj: Mapping,
+    owner: Mapping,
+    *,
+    n_groups: int | None = None,
+    forget_groups: Sequence[int] | None = None,
+    retain_groups: Sequence[int] | None = None,
+    inj_ctrl: Mapping | None = None,
+    no_contrast_methods: Sequence[str] = (),
+    **kwargs,
+) -> pd.DataFrame:
+    """Tidy AUC table (field, method, labels, score, family, auc, ..., best) of unlearned runs;
+    kwargs go to `localization_aucs`."""
     if forget_groups is None or retain_groups is None:
-        if n_groups is None: raise ValueError("pass n_groups (forget = first half) or both forget_groups and retain_groups")
-        F, R = default_groups(n_groups); forget_groups = F if forget_groups is None else forget_groups; retain_groups = R if retain_groups is None else retain_groups
+        if n_groups is None:
+            raise ValueError("pass n_groups (forget = first half) or both forget_groups and retain_groups")
+        F, R = default_groups(n_groups)
+        forget_groups = F if forget_groups is None else forget_groups
+        retain_groups = R if retain_groups is None else retain_groups
     frames = []
     for i, run in enumerate(runs):
         missing = [k for k in ("field", "method", "unl") if k not in run]
-        if missing: raise ValueError(f"runs[{i}] lacks {missing}; a run is a dict with field, method, unl and optionally unl_ctrl")
+        if missing:
+            raise ValueError(
+                f"runs[{i}] lacks {missing}; a run is a dict with field, method, unl and optionally unl_ctrl"
+            )
         ctrl = run.get("unl_ctrl")
-        if ctrl is not None and inj_ctrl is None: raise ValueError(f"runs[{i}] has unl_ctrl but inj_ctrl (the UnMask control before unlearning) is missing")
-        df = localization_aucs(pre, inj, run["unl"], owner, forget_groups, retain_groups, inj_ctrl=inj_ctrl if ctrl is not None else None,
-                               unl_ctrl=ctrl, **kwargs)
+        if ctrl is not None and inj_ctrl is None:
+            raise ValueError(f"runs[{i}] has unl_ctrl but inj_ctrl (the UnMask control before unlearning) is missing")
+        df = localization_aucs(
+            pre, inj, run["unl"], owner, forget_groups, retain_groups, inj_ctrl=inj_ctrl if ctrl is not None else None,
+            unl_ctrl=ctrl, **kwargs,
+        )
         frames.append(df.assign(field=run["field"], method=run["method"]))
     df = pd.concat(frames, ignore_index=True)
     df = df[["field", "method", "labels", "score", "family", "auc", "n_pos", "n_neg", "applicable", "note"]]
@@ -399,26 +553,35 @@ def localization_table(runs: Iterable[Mapping], pre: Mapping, inj: Mapping, owne
 
 # %% ../../nbs/analysis/00_localization.ipynb #14b2eb10
 PAPER_PRECISION_OLMO2_1B = {  # Lacuna (localization precision), Table 2, rows "AUC (F)" and "AUC (F|R)"
-    "email_address":   {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.915, None), "simnpo": (0.515, 0.519)},
-    "phone_number":    {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None), "simnpo": (0.515, 0.520)},
-    "birth_city":      {"alphaedit": (0.500, 0.500), "memflex": (0.501, 0.501), "oracle_grad": (0.913, None), "simnpo": (0.516, 0.522)},
-    "drivers_license": {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None), "simnpo": (0.516, 0.522)},
+    "email_address":   {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.915, None),
+                        "simnpo": (0.515, 0.519)},
+    "phone_number":    {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None),
+                        "simnpo": (0.515, 0.520)},
+    "birth_city":      {"alphaedit": (0.500, 0.500), "memflex": (0.501, 0.501), "oracle_grad": (0.913, None),
+                        "simnpo": (0.516, 0.522)},
+    "drivers_license": {"alphaedit": (0.500, 0.500), "memflex": (0.500, 0.500), "oracle_grad": (0.914, None),
+                        "simnpo": (0.516, 0.522)},
 }  # (AUC vs m^F, AUC vs m^F ∪ m^R)
 
 def precision_summary(table: pd.DataFrame, paper: Mapping | None = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:
-    "One row per (field, method, labels): the best AUC and its score (NaN when not applicable), beside the paper's value."
+    """One row per (field, method, labels): the best AUC and its score (NaN when not applicable),
+    beside the paper's value."""
     keys = ["field", "method", "labels"]
     best = table[table.best].set_index(keys)[["auc", "score"]].rename(columns={"score": "best_score"})
     out = table.groupby(keys, sort=False).applicable.any().to_frame().join(best).reset_index()
     out = out[keys + ["auc", "best_score", "applicable"]]
     col = {"forget": 0, "unified": 1}
-    out["paper_auc"] = [((paper or {}).get(f, {}).get(m) or (None, None))[col[ls]] for f, m, ls in zip(out.field, out.method, out.labels)]
+    out["paper_auc"] = [
+        ((paper or {}).get(f, {}).get(m) or (None, None))[col[ls]]
+        for f, m, ls in zip(out.field, out.method, out.labels)
+    ]
     out["paper_auc"] = out.paper_auc.astype(float)
     return out
 
 # %% ../../nbs/analysis/00_localization.ipynb #22effeb1
 def plot_localization(summary: pd.DataFrame, field: str | None = None, ax=None):
-    "Fig. 4b-style bars: best localization AUC per method (hue: forget / unified label), paper values as black ticks; returns the Figure."
+    """Fig. 4b-style bars: best localization AUC per method (hue: forget / unified label), paper values as black ticks;
+    returns the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
     df = summary if field is None else summary[summary.field == field]
     if df.empty: raise ValueError(f"no rows to plot for field={field!r}")
@@ -433,5 +596,7 @@ def plot_localization(summary: pd.DataFrame, field: str | None = None, ax=None):
     ax.set_xticks(range(len(order)), order); ax.set_xlim(-0.5, len(order) - 0.5)
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1), title="labels", fontsize=8)
     ax.axhline(0.5, ls="--", color="grey", lw=1); ax.set_ylim(0, 1.02); ax.set_ylabel("localization AUC")
-    ax.set_title(f"Localization precision{'' if field is None else ' — ' + field} (black: Lacuna OLMo-2 1B)", fontsize=9)
+    ax.set_title(
+        f"Localization precision{'' if field is None else ' — ' + field} (black: Lacuna OLMo-2 1B)", fontsize=9
+    )
     return ax.figure

@@ -21,13 +21,15 @@ __all__ = ['group_size_for', 'rtn_grid', 'rtn_codes', 'rtn_dequantize', 'rtn', '
 # %% ../../nbs/analysis/06_quantization.ipynb #3b788925
 def group_size_for(in_features: int, requested: int = 128) -> int:
     "The largest divisor of `in_features` that is at most `requested` (128 for 576 → 96, for 64 → 64)."
-    if requested < 1 or in_features < 1: raise ValueError(f"group size and width must be positive, got {requested}, {in_features}")
+    if requested < 1 or in_features < 1:
+        raise ValueError(f"group size and width must be positive, got {requested}, {in_features}")
     return max(d for d in range(1, min(requested, in_features) + 1) if in_features % d == 0)
 
 # %% ../../nbs/analysis/06_quantization.ipynb #6ce00551
 def _groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
     if w.ndim != 2: raise ValueError(f"RTN here quantizes 2-D weight matrices, got shape {tuple(w.shape)}")
-    if w.shape[1] % group_size: raise ValueError(f"group_size {group_size} does not divide the input width {w.shape[1]}; use group_size_for")
+    if w.shape[1] % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the input width {w.shape[1]}; use group_size_for")
     return w.reshape(w.shape[0], -1, group_size)
 
 def rtn_grid(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,10 +72,13 @@ def quantize_weight(w: torch.Tensor, bits: int, group_size: int) -> torch.Tensor
 
 # %% ../../nbs/analysis/06_quantization.ipynb #04db5157
 def quantized_names(model: nn.Module) -> list[str]:
-    "The parameters the attack quantizes: every decoder layer's projection weights (`models.arch`), in the model's order."
+    """The parameters the attack quantizes: every decoder layer's projection weights (`models.arch`),
+    in the model's order."""
     arch = architecture(model)
     leaves = tuple(f".{p}.weight" for p in arch.projections)
-    return [n for n, p in model.named_parameters() if n.startswith(arch.layers + ".") and n.endswith(leaves) and p.ndim == 2]
+    return [
+        n for n, p in model.named_parameters() if n.startswith(arch.layers + ".") and n.endswith(leaves) and p.ndim == 2
+    ]
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, bits: int, group_size: int = 128) -> nn.Module:
@@ -101,14 +106,17 @@ def bucket_survival(before: Mapping[str, torch.Tensor], after: Mapping[str, torc
 
 # %% ../../nbs/analysis/06_quantization.ipynb #9e1a4175
 def _rolled(w: torch.Tensor, offset: int, f) -> torch.Tensor:
-    "`f` applied to `w` with its columns rolled left by `offset`, and the result rolled back: groups that start at column `offset`."
+    """`f` applied to `w` with its columns rolled left by `offset`, and the result rolled back:
+    groups that start at column `offset`."""
     return torch.roll(f(torch.roll(w, -offset, 1)), offset, 1) if offset else f(w)
 
 def q4_1(w: torch.Tensor, block: int = 32, offset: int = 0) -> torch.Tensor:
-    "GGUF's Q4_1 re-applied (dequantized, float32): per block of `block` input weights from column `offset`, w → m + d·round((w − m)/d), m the block's minimum, d = (max − m)/15."
+    """GGUF's Q4_1 re-applied (dequantized, float32): per block of `block` input weights from column `offset`,
+    w → m + d·round((w − m)/d), m the block's minimum, d = (max − m)/15."""
     def f(x):
         g = _groups(x, block)
-        m = g.amin(-1, keepdim=True); d = ((g.amax(-1, keepdim=True) - m) / 15).clamp(min=torch.finfo(x.dtype).smallest_normal)
+        m = g.amin(-1, keepdim=True)
+        d = ((g.amax(-1, keepdim=True) - m) / 15).clamp(min=torch.finfo(x.dtype).smallest_normal)
         return (m + d * torch.round((g - m) / d).clamp(0, 15)).reshape(x.shape)
     return _rolled(w, offset, f)
 
@@ -118,9 +126,10 @@ def layout_rtn(w: torch.Tensor, bits: int, group_size: int, offset: int = 0) -> 
 
 @torch.no_grad()
 def snapback(w0: torch.Tensor, w1: torch.Tensor, quantize, atol: float = 1e-6) -> dict:
-    """What `quantize` does to the update w0 → w1: the share of w0's weights it keeps (|q(w0) − w0| ≤ atol), and among the
-    changed weights the share it maps to q(w0)'s value (the update erased: both models land on one quantized weight) and
-    the share it maps to w0 itself (the original weight restored). A weight both round to exactly 0 counts as erased."""
+    """What `quantize` does to the update w0 → w1: the share of w0's weights it keeps (|q(w0) − w0| ≤ atol), and among
+    the changed weights the share it maps to q(w0)'s value (the update erased: both models land on one quantized weight)
+    and the share it maps to w0 itself (the original weight restored). A weight both round to exactly 0 counts as
+    erased."""
     q0, q1, ch = quantize(w0), quantize(w1), w1 != w0
     if not ch.any(): raise ValueError("w1 equals w0: no update to measure")
     same = lambda a, b: ((a - b).abs() <= atol)
@@ -130,7 +139,8 @@ def snapback(w0: torch.Tensor, w1: torch.Tensor, quantize, atol: float = 1e-6) -
 # %% ../../nbs/analysis/06_quantization.ipynb #c9acaede
 @torch.no_grad()
 def q4_1_model(model: nn.Module, offset: int = 0, block: int = 32) -> nn.Module:
-    "A copy of `model` whose decoder projections (`quantized_names`) are GGUF's Q4_1 re-applied, blocks from column `offset`."
+    """A copy of `model` whose decoder projections (`quantized_names`) are GGUF's Q4_1 re-applied,
+    blocks from column `offset`."""
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < block:
         raise ValueError(f"offset must be an int in [0, {block}), got {offset!r}")
     out = copy.deepcopy(model)

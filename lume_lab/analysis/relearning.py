@@ -31,9 +31,10 @@ def split_profiles(profile_ids: Iterable, seed: int = 0) -> tuple[list, list]:
 def _rows(split) -> list[dict]: return split.to_list() if hasattr(split, "to_list") else [dict(r) for r in split]
 
 def relearning_data(attack: str, forget, retain, qa_rows, field: str, seed: int = 0) -> tuple[list[dict], list]:
-    """(fine-tuning rows, profile ids scored) of one relearning `attack` on forget field `field`. `forget`, `retain`: the
-    testbed's splits of that field; `qa_rows`: every injected QA row (`pii['qa_train']`), for `other_fields`."""
-    if attack not in RELEARN_ATTACKS: raise ValueError(f"attack must be one of {', '.join(RELEARN_ATTACKS)}, got {attack!r}")
+    """(fine-tuning rows, profile ids scored) of one relearning `attack` on forget field `field`. `forget`, `retain`:
+    the testbed's splits of that field; `qa_rows`: every injected QA row (`pii['qa_train']`), for `other_fields`."""
+    if attack not in RELEARN_ATTACKS:
+        raise ValueError(f"attack must be one of {', '.join(RELEARN_ATTACKS)}, got {attack!r}")
     forget, retain = _rows(forget), _rows(retain)
     fids = sorted({r["profile_id"] for r in forget}, key=str)
     if attack == "forget_half":
@@ -45,7 +46,9 @@ def relearning_data(attack: str, forget, retain, qa_rows, field: str, seed: int 
     else:
         scored, rows = fids, list(retain)
     if attack != "other_fields" and (leak := sorted({r["profile_id"] for r in rows} & set(scored), key=str)):
-        raise AssertionError(f"relearning data of {attack!r} holds {len(leak)} scored profile(s): {', '.join(map(str, leak[:10]))}")
+        raise AssertionError(
+            f"relearning data of {attack!r} holds {len(leak)} scored profile(s): {', '.join(map(str, leak[:10]))}"
+        )
     if not rows: raise ValueError(f"relearning attack {attack!r} on {field} has no fine-tuning rows")
     return rows, scored
 
@@ -56,18 +59,24 @@ def recovery(em_before: float, em_unlearned: float, em_after: float, min_drop: f
     return float("nan") if drop < min_drop else (em_after - em_unlearned) / drop
 
 # %% ../../nbs/analysis/07_relearning.ipynb #cc9606c5
-def recovery_ci(per_profile: pd.DataFrame, n_boot: int = 1000, level: float = 0.95, min_drop: float = 5.0, seed: int = 0) -> dict:
+def recovery_ci(
+    per_profile: pd.DataFrame, n_boot: int = 1000, level: float = 0.95, min_drop: float = 5.0, seed: int = 0
+) -> dict:
     """Recovery and its bootstrap interval over profiles. `per_profile`: one row per scored profile with columns
     `before`, `unlearned`, `after` (EM in points, each the profile's mean over its questions)."""
     need = {"before", "unlearned", "after"}
-    if not need <= set(per_profile.columns): raise ValueError(f"per_profile needs columns {sorted(need)}, got {list(per_profile.columns)}")
+    if not need <= set(per_profile.columns):
+        raise ValueError(f"per_profile needs columns {sorted(need)}, got {list(per_profile.columns)}")
     x = per_profile[["before", "unlearned", "after"]].to_numpy(float)
-    if len(x) == 0: raise ValueError("per_profile is empty")
+    if len(x) == 0:
+        raise ValueError("per_profile is empty")
     point = recovery(*x.mean(0), min_drop=min_drop)
     idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
     m = x[idx].mean(1)
     drop = m[:, 0] - m[:, 1]
     draws = np.where(drop >= min_drop, (m[:, 2] - m[:, 1]) / np.where(drop == 0, 1, drop), np.nan)
     ok = draws[~np.isnan(draws)]
-    lo, hi = (np.quantile(ok, [(1 - level) / 2, (1 + level) / 2]) if len(ok) and not math.isnan(point) else (np.nan, np.nan))
+    lo, hi = (
+        np.quantile(ok, [(1 - level) / 2, (1 + level) / 2]) if len(ok) and not math.isnan(point) else (np.nan, np.nan)
+    )
     return {"recovery": point, "lo": float(lo), "hi": float(hi), "n_profiles": len(x), "n_valid": int(len(ok))}

@@ -29,38 +29,51 @@ def _embedding_weight(embedding) -> torch.Tensor:
     if hasattr(embedding, "get_input_embeddings"): embedding = embedding.get_input_embeddings()
     w = embedding.weight if isinstance(embedding, torch.nn.Embedding) else embedding
     if not torch.is_tensor(w) or w.ndim != 2:
-        raise ValueError(f"embedding must be an nn.Embedding, a 2-D weight tensor or a model with get_input_embeddings(), got {type(embedding).__name__}")
+        raise ValueError(
+            "embedding must be an nn.Embedding, a 2-D weight tensor or a model with get_input_embeddings(), "
+            f"got {type(embedding).__name__}"
+        )
     return w.detach()
 
-def neighbor_table(embedding, m: int = 20, exclude_ids=(), *, vocab_size: int | None = None, chunk_size: int = 1024) -> torch.Tensor:
-    "[V, m] LongTensor: each id's m nearest *other* ids by cosine similarity of the embedding rows; `exclude_ids` are never neighbours."
+def neighbor_table(
+    embedding, m: int = 20, exclude_ids=(), *, vocab_size: int | None = None, chunk_size: int = 1024
+) -> torch.Tensor:
+    """[V, m] LongTensor: each id's m nearest *other* ids by cosine similarity of the embedding rows;
+    `exclude_ids` are never neighbours."""
     w = _embedding_weight(embedding)
     V = w.shape[0] if vocab_size is None else vocab_size
-    if not isinstance(V, int) or not 2 <= V <= w.shape[0]: raise ValueError(f"vocab_size must be an int in [2, {w.shape[0]}] (embedding rows), got {vocab_size!r}")
+    if not isinstance(V, int) or not 2 <= V <= w.shape[0]:
+        raise ValueError(f"vocab_size must be an int in [2, {w.shape[0]}] (embedding rows), got {vocab_size!r}")
     excl = sorted({int(i) for i in exclude_ids if int(i) < V})
     hi = V - len(excl) - 1
     if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= hi:
-        raise ValueError(f"m must be an int in [1, {hi}] (1 <= m < vocab size {V} - {len(excl)} excluded ids), got {m!r}")
+        raise ValueError(
+            f"m must be an int in [1, {hi}] (1 <= m < vocab size {V} - {len(excl)} excluded ids), got {m!r}"
+        )
     e, out = F.normalize(w[:V].float(), dim=-1), torch.empty(V, m, dtype=torch.long)
     ex = torch.tensor(excl, dtype=torch.long, device=e.device)
     for s in range(0, V, chunk_size):
-        sim = e[s:s + chunk_size] @ e.T                                   # [chunk, V]
+        sim = e[s : s + chunk_size] @ e.T  # [chunk, V]
         r = torch.arange(sim.shape[0], device=e.device)
-        sim[r, r + s] = -math.inf                                         # never your own neighbour
-        sim[:, ex] = -math.inf                                            # nor a special token
-        out[s:s + sim.shape[0]] = sim.topk(m, dim=-1).indices.cpu()
-    out[excl] = torch.tensor(excl, dtype=torch.long)[:, None]            # rows of excluded ids: themselves (never perturbed)
+        sim[r, r + s] = -math.inf  # never your own neighbour
+        sim[:, ex] = -math.inf  # nor a special token
+        out[s : s + sim.shape[0]] = sim.topk(m, dim=-1).indices.cpu()
+    # rows of excluded ids: themselves (never perturbed)
+    out[excl] = torch.tensor(excl, dtype=torch.long)[:, None]
     return out
 
 # %% ../../nbs/analysis/01_remind.ipynb #c3e74112
 def question_span(tokenizer, prompt: str, question: str) -> tuple[list[int], list[bool]]:
     "(prompt ids as `ops.encode_qa` makes them, per token: True iff it lies inside `question`'s span of `prompt`)."
-    if not getattr(tokenizer, "is_fast", False): raise ValueError("question_span needs a fast tokenizer (it reads offset_mapping)")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("question_span needs a fast tokenizer (it reads offset_mapping)")
     start = prompt.find(question) if question else -1
     if start < 0: raise ValueError(f"question {question!r} is not a (non-empty) substring of prompt {prompt!r}")
     end = start + len(question)
     enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-    inside = [a < b and start < b <= end and (a >= start or prompt[a:start].isspace()) for a, b in enc["offset_mapping"]]
+    inside = [
+        a < b and start < b <= end and (a >= start or prompt[a:start].isspace()) for a, b in enc["offset_mapping"]
+    ]
     return list(enc["input_ids"]), inside
 
 # %% ../../nbs/analysis/01_remind.ipynb #9f61778b
@@ -68,68 +81,131 @@ MODES, PICKS = ("bernoulli", "exact"), ("uniform", "kth")
 
 def _check_epp(K, p, m, mode, pick, max_tries, n_neighbors: int):
     "Validate the EPP parameters before any work; each error names the field and its allowed values."
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1: raise ValueError(f"K (variants per input) must be an int >= 1, got {K!r}")
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1: raise ValueError(f"p (replacement probability) must be a number in [0, 1], got {p!r}")
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"K (variants per input) must be an int >= 1, got {K!r}")
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+        raise ValueError(f"p (replacement probability) must be a number in [0, 1], got {p!r}")
     if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n_neighbors:
-        raise ValueError(f"m (neighbours drawn from) must be an int in [1, {n_neighbors}] (columns of the neighbour table), got {m!r}")
+        raise ValueError(
+            f"m (neighbours drawn from) must be an int in [1, {n_neighbors}] (columns of the neighbour table), "
+            f"got {m!r}"
+        )
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if pick not in PICKS: raise ValueError(f"pick must be one of {PICKS}, got {pick!r}")
-    if isinstance(max_tries, bool) or not isinstance(max_tries, int) or max_tries < 0: raise ValueError(f"max_tries must be an int >= 0, got {max_tries!r}")
+    if isinstance(max_tries, bool) or not isinstance(max_tries, int) or max_tries < 0:
+        raise ValueError(f"max_tries must be an int >= 0, got {max_tries!r}")
 
 def _draw(ids, pos, rows, rng, p, m, mode, pick) -> list[int]:
     "One variant: positions `pos` of `ids` replaced per Alg. 1 (`rows[i]` = the m neighbours of `ids[i]`)."
-    chosen = [i for i in pos if rng.random() < p] if mode == "bernoulli" else sorted(rng.sample(pos, min(len(pos), max(1, math.floor(p * len(pos) + 0.5)))))
+    chosen = (
+        [i for i in pos if rng.random() < p]
+        if mode == "bernoulli"
+        else sorted(rng.sample(pos, min(len(pos), max(1, math.floor(p * len(pos) + 0.5)))))
+    )
     v = list(ids)
     for i in chosen: v[i] = rows[i][(rng.randint(1, m) if pick == "uniform" else m) - 1]
     return v
 
 # %% ../../nbs/analysis/01_remind.ipynb #3947a872
-def _perturb(ids, perturbable, neighbors, *, K, p, m, mode, pick, seed, max_tries, key, name) -> tuple[list[list[int]], int]:
+def _perturb(
+    ids, perturbable, neighbors, *, K, p, m, mode, pick, seed, max_tries, key, name
+) -> tuple[list[list[int]], int]:
     "(K variants, number kept despite repeating the input or an earlier variant)."
     nbr = torch.as_tensor(neighbors)
     _check_epp(K, p, m, mode, pick, max_tries, nbr.shape[1] if nbr.ndim == 2 else 0)
     ids = [int(i) for i in ids]
-    if len(perturbable) != len(ids): raise ValueError(f"{name}: perturbable has {len(perturbable)} flags for {len(ids)} ids")
-    if ids and not 0 <= min(ids) <= max(ids) < nbr.shape[0]: raise ValueError(f"{name}: ids must be in [0, {nbr.shape[0]}) (rows of the neighbour table)")
+    if len(perturbable) != len(ids):
+        raise ValueError(f"{name}: perturbable has {len(perturbable)} flags for {len(ids)} ids")
+    if ids and not 0 <= min(ids) <= max(ids) < nbr.shape[0]:
+        raise ValueError(f"{name}: ids must be in [0, {nbr.shape[0]}) (rows of the neighbour table)")
     pos = [i for i, f in enumerate(perturbable) if f]
-    if not pos: raise ValueError(f"{name} has no perturbable token: its question is empty or merged into template tokens")
-    if p == 0: return [list(ids) for _ in range(K)], 0
+    if not pos:
+        raise ValueError(f"{name} has no perturbable token: its question is empty or merged into template tokens")
+    if p == 0:
+        return [list(ids) for _ in range(K)], 0
     rows, rng = nbr[ids][:, :m].tolist(), random.Random(f"remind:{seed}:{key}")
     out, seen, dup = [], {tuple(ids)}, 0
     for _ in range(K):
         for _ in range(max_tries + 1):
             v = _draw(ids, pos, rows, rng, p, m, mode, pick)
-            if tuple(v) not in seen: break
-        else: dup += 1
-        seen.add(tuple(v)); out.append(v)
+            if tuple(v) not in seen:
+                break
+        else:
+            dup += 1
+        seen.add(tuple(v))
+        out.append(v)
     return out, dup
 
-def perturb(ids, perturbable, neighbors, *, K: int = 15, p: float = 0.3, m: int = 20, mode: str = "bernoulli", pick: str = "uniform",
-            seed: int = 0, max_tries: int = 10, key: str | None = None) -> list[list[int]]:
-    "K EPP variants of `ids` (only `perturbable` positions change); seeded by (`seed`, `key`, default: the ids); repeats warn."
-    ids = [int(i) for i in ids]; key = ",".join(map(str, ids)) if key is None else key
-    out, dup = _perturb(ids, perturbable, neighbors, K=K, p=p, m=m, mode=mode, pick=pick, seed=seed, max_tries=max_tries, key=key, name=f"input {key!r}")
-    if dup: warnings.warn(StageWarning(f"{dup} of {K} EPP variants of input {key!r} repeat the input or an earlier variant after {max_tries} redraws", n_duplicates=dup))
+# %% ../../nbs/analysis/01_remind.ipynb #56153eea
+def perturb(
+    ids,
+    perturbable,
+    neighbors,
+    *,
+    K: int = 15,
+    p: float = 0.3,
+    m: int = 20,
+    mode: str = "bernoulli",
+    pick: str = "uniform",
+    seed: int = 0,
+    max_tries: int = 10,
+    key: str | None = None,
+) -> list[list[int]]:
+    """K EPP variants of `ids` (only `perturbable` positions change); seeded by (`seed`, `key`, default: the ids);
+    repeats warn."""
+    ids = [int(i) for i in ids]
+    key = ",".join(map(str, ids)) if key is None else key
+    out, dup = _perturb(
+        ids, perturbable, neighbors, K=K, p=p, m=m, mode=mode, pick=pick, seed=seed, max_tries=max_tries, key=key,
+        name=f"input {key!r}",
+    )
+    if dup:
+        warnings.warn(
+            StageWarning(
+                f"{dup} of {K} EPP variants of input {key!r} repeat the input or an earlier variant "
+                f"after {max_tries} redraws",
+                n_duplicates=dup,
+            )
+        )
     return out
 
 # %% ../../nbs/analysis/01_remind.ipynb #e53521aa
 def epp_variants(tokenizer, examples, neighbors, *, K: int = 15, p: float = 0.3, m: int = 20, mode: str = "bernoulli",
                  pick: str = "uniform", seed: int = 0, max_tries: int = 10) -> list[dict]:
-    "Per QA example (prompt, question, answer, metadata): its prompt ids, K EPP variants of the question tokens and the answer ids."
+    """Per QA example (prompt, question, answer, metadata):
+    its prompt ids, K EPP variants of the question tokens and the answer ids."""
     nbr = torch.as_tensor(neighbors)
     _check_epp(K, p, m, mode, pick, max_tries, nbr.shape[1] if nbr.ndim == 2 else 0)
     out, dups = [], 0
     for i, e in enumerate(examples):
         e = dict(e); name = f"examples[{i}]" + (f" (profile_id={e['profile_id']!r})" if "profile_id" in e else "")
         bad = [k for k in ("prompt", "question", "answer") if not isinstance(e.get(k), str)]
-        if bad: raise ValueError(f"{name} needs string field(s) {bad}: a QA dict with prompt, question (inside the prompt) and answer")
+        if bad:
+            raise ValueError(
+                f"{name} needs string field(s) {bad}: a QA dict with prompt, question (inside the prompt) and answer"
+            )
         ids, flags = question_span(tokenizer, e["prompt"], e["question"])
         ans = encode_qa(tokenizer, e["prompt"], e["answer"], add_eos=False)[1]
-        var, d = _perturb(ids, flags, nbr, K=K, p=p, m=m, mode=mode, pick=pick, seed=seed, max_tries=max_tries, key=e["prompt"], name=name)
-        out.append({**e, "prompt_ids": ids, "perturbable": flags, "variants": var, "answer_ids": ans, "eos_id": tokenizer.eos_token_id, "n_duplicates": d})
+        var, d = _perturb(
+            ids, flags, nbr, K=K, p=p, m=m, mode=mode, pick=pick, seed=seed, max_tries=max_tries, key=e["prompt"],
+            name=name,
+        )
+        out.append(
+            {
+                **e, "prompt_ids": ids, "perturbable": flags, "variants": var, "answer_ids": ans,
+                "eos_id": tokenizer.eos_token_id, "n_duplicates": d,
+            }
+        )
         dups += d
-    if dups: warnings.warn(StageWarning(f"{dups} EPP variants (of {K * len(out)}) repeat their input or an earlier variant after {max_tries} redraws",
-                                        n_duplicates=dups, n_examples=sum(o["n_duplicates"] > 0 for o in out)))
+    if dups:
+        warnings.warn(
+            StageWarning(
+                f"{dups} EPP variants (of {K * len(out)}) repeat their input or an earlier variant "
+                f"after {max_tries} redraws",
+                n_duplicates=dups,
+                n_examples=sum(o["n_duplicates"] > 0 for o in out),
+            )
+        )
     return out
 
 # %% ../../nbs/analysis/01_remind.ipynb #d16d7503
@@ -137,7 +213,11 @@ def _landscape_sequences(examples, add_eos: bool) -> tuple[list[list[int]], list
     "(prompt + answer ids, prompt length) of every input's K+1 sequences, original first; and K+1."
     seqs, n_prompt, Ks = [], [], set()
     for i, e in enumerate(examples):
-        if add_eos and e.get("eos_id") is None: raise ValueError(f"examples[{i}] has no eos_id but add_eos=True; make the variants with a tokenizer that has an EOS token")
+        if add_eos and e.get("eos_id") is None:
+            raise ValueError(
+                f"examples[{i}] has no eos_id but add_eos=True; "
+                "make the variants with a tokenizer that has an EOS token"
+            )
         a = list(e["answer_ids"]) + ([e["eos_id"]] if add_eos else [])
         for pr in [e["prompt_ids"], *e["variants"]]: seqs.append(list(pr) + a); n_prompt.append(len(pr))
         Ks.add(len(e["variants"]))
@@ -147,14 +227,18 @@ def _landscape_sequences(examples, add_eos: bool) -> tuple[list[list[int]], list
 @torch.no_grad()
 def _answer_nll(model, seqs: list[list[int]], n_prompt: list[int]) -> torch.Tensor:
     "Mean answer NLL (float64, CPU) of each sequence, in one right-padded forward."
-    b = to_device(pad_batch(seqs, 0, "right", labels=[[-100] * n + s[n:] for s, n in zip(seqs, n_prompt)]), model_device(model))
+    b = to_device(
+        pad_batch(seqs, 0, "right", labels=[[-100] * n + s[n:] for s, n in zip(seqs, n_prompt)]), model_device(model)
+    )
     lp, mask = token_logprobs(model(**lm_inputs(b)).logits, b["labels"])
     return (-lp.sum(-1) / mask.sum(-1)).double().cpu()
 
 # %% ../../nbs/analysis/01_remind.ipynb #20ad09eb
 def variant_losses(model, examples_with_variants, *, add_eos: bool = False, batch_size: int = 64) -> np.ndarray:
-    "[N, K+1] answer NLLs: column 0 = ℓ₀ (original prompt), columns 1..K = each variant; `batch_size` sequences per forward."
-    if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    """[N, K+1] answer NLLs: column 0 = ℓ₀ (original prompt), columns 1..K = each variant;
+    `batch_size` sequences per forward."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     seqs, n_prompt, K1 = _landscape_sequences(list(examples_with_variants), add_eos)
     order, out = sorted(range(len(seqs)), key=lambda i: -len(seqs[i])), torch.empty(len(seqs), dtype=torch.float64)
     with eval_mode(model):
@@ -180,7 +264,8 @@ def variant_distances(embedding, examples_with_variants) -> np.ndarray:
     return torch.stack(rows).numpy()
 
 # %% ../../nbs/analysis/01_remind.ipynb #1502303f
-FEATURES = ("original_loss", "mean_neighbor_loss", "max_neighbor_loss", "min_neighbor_loss", "loss_std", "loss_variance",
+FEATURES = ("original_loss", "mean_neighbor_loss", "max_neighbor_loss", "min_neighbor_loss", "loss_std",
+            "loss_variance",
             "mean_loss_increment", "max_loss_increment", "min_loss_increment", "increment_variance",
             "mean_gradient", "max_gradient", "gradient_variance", "loss_volatility")
 
@@ -194,5 +279,8 @@ def ill_features(losses, distances) -> pd.DataFrame:
     D, g = Lk - l0[:, None], np.abs(Lk - l0[:, None]) / np.maximum(d, 1e-8)
     by_d = np.take_along_axis(Lk, np.argsort(d, axis=1, kind="stable"), axis=1)
     vol = np.abs(np.diff(by_d, axis=1)).mean(1) if Lk.shape[1] > 1 else np.zeros(len(L))
-    cols = [l0, Lk.mean(1), Lk.max(1), Lk.min(1), Lk.std(1), Lk.var(1), D.mean(1), D.max(1), D.min(1), D.var(1), g.mean(1), g.max(1), g.var(1), vol]
+    cols = [
+        l0, Lk.mean(1), Lk.max(1), Lk.min(1), Lk.std(1), Lk.var(1), D.mean(1), D.max(1), D.min(1), D.var(1), g.mean(1),
+        g.max(1), g.var(1), vol,
+    ]
     return pd.DataFrame(dict(zip(FEATURES, cols)))

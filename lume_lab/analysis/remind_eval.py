@@ -28,7 +28,8 @@ __all__ = ['CLASSIFIERS', 'BASELINES', 'balance_classes', 'zscore', 'grouped_fol
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #820c2eb3
 def balance_classes(df: pd.DataFrame, label_col: str = "label", seed: int = 42) -> pd.DataFrame:
-    "`df` with every class cut to the smallest class's size (a seeded random subset per class), original order and index kept."
+    """`df` with every class cut to the smallest class's size (a seeded random subset per class),
+    original order and index kept."""
     if label_col not in df: raise ValueError(f"df has no column {label_col!r} (the class label)")
     y, rng = df[label_col].to_numpy(), np.random.default_rng(seed)
     classes = sorted(set(y))
@@ -38,7 +39,8 @@ def balance_classes(df: pd.DataFrame, label_col: str = "label", seed: int = 42) 
     return df.iloc[np.sort(keep)]
 
 def zscore(X_train, X_test=None, scaler: str = "pooled") -> tuple[np.ndarray, np.ndarray | None]:
-    "(Z_train, Z_test): columns standardised by mean/std (ddof 0, std 0 → 1) of all rows ('pooled', the authors') or of `X_train` ('train')."
+    """(Z_train, Z_test): columns standardised by mean/std (ddof 0, std 0 → 1) of all rows ('pooled', the authors') or
+    of `X_train` ('train')."""
     if scaler not in ("pooled", "train"): raise ValueError(f"scaler must be 'pooled' or 'train', got {scaler!r}")
     A = np.asarray(X_train, dtype=np.float64); B = None if X_test is None else np.asarray(X_test, dtype=np.float64)
     ref = A if scaler == "train" or B is None else np.vstack([A, B])
@@ -52,9 +54,14 @@ def grouped_folds(labels, groups, n_splits: int = 5, seed: int = 42) -> np.ndarr
     y, g = np.asarray(labels), np.asarray(groups)
     if len(y) != len(g): raise ValueError(f"labels ({len(y)}) and groups ({len(g)}) must have the same length")
     if isinstance(n_splits, bool) or not isinstance(n_splits, int) or not 2 <= n_splits <= len(set(g.tolist())):
-        raise ValueError(f"n_splits must be an int in [2, {len(set(g.tolist()))}] (the number of distinct groups), got {n_splits!r}")
+        raise ValueError(
+            f"n_splits must be an int in [2, {len(set(g.tolist()))}] (the number of distinct groups), got {n_splits!r}"
+        )
     fold = np.full(len(y), -1)
-    for f, (_, te) in enumerate(StratifiedGroupKFold(n_splits, shuffle=True, random_state=seed).split(np.zeros(len(y)), y, g)): fold[te] = f
+    for f, (_, te) in enumerate(
+        StratifiedGroupKFold(n_splits, shuffle=True, random_state=seed).split(np.zeros(len(y)), y, g)
+    ):
+        fold[te] = f
     return fold
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #e3bd4da3
@@ -70,15 +77,30 @@ def _ordered(labels) -> list:
     u = set(np.asarray(labels).tolist())
     return [c for c in CLASSES if c in u] + sorted(u - set(CLASSES), key=str)
 
-def classify(features, labels, groups=None, *, model: str = "lr", n_splits: int = 5, seed: int = 42, scaler: str = "pooled",
-             folds=None, rf_trees: int = 100) -> pd.DataFrame:
-    "Out-of-fold class probabilities (a column per class) of `model` trained on the other grouped folds (or the given `folds`)."
+def classify(
+    features,
+    labels,
+    groups=None,
+    *,
+    model: str = "lr",
+    n_splits: int = 5,
+    seed: int = 42,
+    scaler: str = "pooled",
+    folds=None,
+    rf_trees: int = 100,
+) -> pd.DataFrame:
+    """Out-of-fold class probabilities (a column per class) of `model` trained on the other grouped folds
+    (or the given `folds`)."""
     _classifier(model, seed)
-    if isinstance(rf_trees, bool) or not isinstance(rf_trees, int) or rf_trees < 1: raise ValueError(f"rf_trees must be a positive int, got {rf_trees!r}")
-    if scaler not in ("pooled", "train", "none"): raise ValueError(f"scaler must be 'pooled', 'train' or 'none', got {scaler!r}")
+    if isinstance(rf_trees, bool) or not isinstance(rf_trees, int) or rf_trees < 1:
+        raise ValueError(f"rf_trees must be a positive int, got {rf_trees!r}")
+    if scaler not in ("pooled", "train", "none"):
+        raise ValueError(f"scaler must be 'pooled', 'train' or 'none', got {scaler!r}")
     X, y = np.asarray(features, dtype=np.float64), np.asarray(labels)
-    if X.ndim == 1: X = X[:, None]
-    if folds is None and groups is None: raise ValueError("classify needs groups (e.g. profile ids) to make the folds, or folds")
+    if X.ndim == 1:
+        X = X[:, None]
+    if folds is None and groups is None:
+        raise ValueError("classify needs groups (e.g. profile ids) to make the folds, or folds")
     folds = grouped_folds(y, groups, n_splits, seed) if folds is None else np.asarray(folds)
     classes, P = _ordered(y), np.zeros((len(y), len(set(y.tolist()))))
     for f in np.unique(folds):
@@ -109,49 +131,66 @@ def _metric_row(y, P: pd.DataFrame, pos=None) -> dict:
     "AUC, TPR@1%FPR, accuracy, F1 of out-of-fold probabilities `P` (multi-class when `pos` is None)."
     pred = P.columns.to_numpy()[P.to_numpy().argmax(1)]
     cols = sorted(P.columns)                                                 # sklearn wants the labels sorted
-    if pos is None: return dict(auc=roc_auc_score(y, P[cols].to_numpy(), multi_class="ovr", labels=cols), tpr_at_1fpr=np.nan,
-                                accuracy=accuracy_score(y, pred), f1=f1_score(y, pred, average="weighted"))
-    return dict(auc=roc_auc_score(y == pos, P[pos]), tpr_at_1fpr=tpr_at_fpr(y == pos, P[pos]), accuracy=accuracy_score(y, pred),
-                f1=f1_score(y == pos, pred == pos))
+    if pos is None:
+        return dict(
+            auc=roc_auc_score(y, P[cols].to_numpy(), multi_class="ovr", labels=cols), tpr_at_1fpr=np.nan,
+            accuracy=accuracy_score(y, pred), f1=f1_score(y, pred, average="weighted"),
+        )
+    return dict(
+        auc=roc_auc_score(y == pos, P[pos]), tpr_at_1fpr=tpr_at_fpr(y == pos, P[pos]), accuracy=accuracy_score(y, pred),
+        f1=f1_score(y == pos, pred == pos),
+    )
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #8ecf6bab
 def _weighted_u2(s: np.ndarray, Wp: np.ndarray, Wn: np.ndarray) -> np.ndarray:
-    """Twice the Mann–Whitney U of the positives, per draw, when row i counts `Wp[b, i]` times as a positive and `Wn[b, i]`
-    times as a negative in draw b (int64, exact): rows summed per distinct score, then each score's positives against the
-    negatives below it (twice) and at it (once, a tie)."""
+    """Twice the Mann–Whitney U of the positives, per draw, when row i counts `Wp[b, i]` times as a positive and
+    `Wn[b, i]` times as a negative in draw b (int64, exact): rows summed per distinct score, then each score's positives
+    against the negatives below it (twice) and at it (once, a tie)."""
     order = np.argsort(s, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(s[order]) != 0])          # first row of each distinct score, ascending
     P_, N_ = (np.add.reduceat(w[:, order], starts, axis=1) for w in (Wp, Wn))
     below = np.cumsum(N_, axis=1) - N_                                       # negatives strictly below each score
     return (P_ * (2 * below + N_)).sum(1)
 
-def grouped_auc_ci(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42) -> tuple[float, float]:
+def grouped_auc_ci(
+    y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42
+) -> tuple[float, float]:
     """Percentile bootstrap interval over `groups` of the AUC of out-of-fold probabilities `P` for labels `y`: binary
     (`pos` the positive class) or, with `pos=None`, the one-vs-rest macro AUC over `P`'s columns."""
     y, groups = np.asarray(y), np.asarray(groups)
-    if len(y) != len(P) or len(groups) != len(y): raise ValueError(f"y, P and groups need one row each, got {len(y)}, {len(P)}, {len(groups)}")
-    if not 0 < level < 1: raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if len(y) != len(P) or len(groups) != len(y):
+        raise ValueError(f"y, P and groups need one row each, got {len(y)}, {len(P)}, {len(groups)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
     _, inv = np.unique(groups, return_inverse=True)
     cols = sorted(P.columns) if pos is None else [pos]
     S = P[cols].to_numpy(dtype=np.float64)
-    if np.isnan(S).any(): raise ValueError("P contains NaN")
+    if np.isnan(S).any():
+        raise ValueError("P contains NaN")
     rng, G = np.random.default_rng(seed), inv.max() + 1
-    W = np.stack([np.bincount(rng.integers(0, G, G), minlength=G)[inv] for _ in range(n_boot)])   # [draw, row]: copies drawn of each row
+    # [draw, row]: copies drawn of each row
+    W = np.stack([np.bincount(rng.integers(0, G, G), minlength=G)[inv] for _ in range(n_boot)])
     A, keep = np.empty((n_boot, len(cols))), np.ones(n_boot, bool)
     for j, c in enumerate(cols):
         Wp, Wn = W * (y == c), W * (y != c)
         npos, nneg = Wp.sum(1), Wn.sum(1)
-        keep &= (npos > 0) & (nneg > 0)                                      # a draw that lacks a class is skipped
-        u2 = _weighted_u2(S[:, j], Wp, Wn)                                   # twice each draw's Mann–Whitney U, an exact integer
-        with np.errstate(divide="ignore", invalid="ignore"): A[:, j] = u2 / (2 * npos * nneg)
+        keep &= (npos > 0) & (nneg > 0)  # a draw that lacks a class is skipped
+        # twice each draw's Mann–Whitney U, an exact integer
+        u2 = _weighted_u2(S[:, j], Wp, Wn)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            A[:, j] = u2 / (2 * npos * nneg)
     aucs = A[keep].mean(1)
-    if not len(aucs): return float("nan"), float("nan")
+    if not len(aucs):
+        return float("nan"), float("nan")
     lo, hi = np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #e5898e0b
-def grouped_auc_ci_loop(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42) -> tuple[float, float]:
-    "`grouped_auc_ci`'s reference (tests, `bench/bench_remind_ci.py`): each draw's rows concatenated and scored by `exact_auc`, draw by draw."
+def grouped_auc_ci_loop(
+    y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, level: float = 0.95, seed: int = 42
+) -> tuple[float, float]:
+    """`grouped_auc_ci`'s reference (tests, `bench/bench_remind_ci.py`):
+    each draw's rows concatenated and scored by `exact_auc`, draw by draw."""
     y, groups = np.asarray(y), np.asarray(groups)
     _, inv = np.unique(groups, return_inverse=True)
     members = [np.flatnonzero(inv == i) for i in range(inv.max() + 1)]
@@ -160,28 +199,51 @@ def grouped_auc_ci_loop(y, P: pd.DataFrame, pos, groups, n_boot: int = 1000, lev
     for _ in range(n_boot):
         idx = np.concatenate([members[i] for i in rng.integers(0, len(members), len(members))])
         labs = [y[idx] == c for c in cols]
-        if any(l.all() or not l.any() for l in labs): continue
+        if any(l.all() or not l.any() for l in labs):
+            continue
         aucs.append(np.mean([exact_auc(S[idx, j], l) for j, l in enumerate(labs)]))
     return tuple(float(q) for q in np.quantile(aucs, [(1 - level) / 2, (1 + level) / 2])) if aucs else (np.nan, np.nan)
 
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #b5583a9b
-def _evaluate(X: np.ndarray, y: np.ndarray, folds: np.ndarray, model: str, seed: int, scaler: str, rf_trees: int = 100,
-              groups=None, n_boot: int = 0, level: float = 0.95, oof: list | None = None, tag: dict | None = None) -> list[dict]:
+def _evaluate(
+    X: np.ndarray,
+    y: np.ndarray,
+    folds: np.ndarray,
+    model: str,
+    seed: int,
+    scaler: str,
+    rf_trees: int = 100,
+    groups=None,
+    n_boot: int = 0,
+    level: float = 0.95,
+    oof: list | None = None,
+    tag: dict | None = None,
+) -> list[dict]:
     """One row per comparison: the classifier trained and scored out of fold on that comparison's rows and labels; with
-    `n_boot`, the AUC's bootstrap interval over `groups` (`auc_lo`, `auc_hi`). With a list `oof`, each comparison's labels,
-    groups, positive class and out-of-fold probabilities are appended to it, after `tag`'s keys (what `grouped_auc_ci` needs later)."""
+    `n_boot`, the AUC's bootstrap interval over `groups` (`auc_lo`, `auc_hi`). With a list `oof`, each comparison's
+    labels, groups, positive class and out-of-fold probabilities are appended to it, after `tag`'s keys (what
+    `grouped_auc_ci` needs later)."""
     rows = []
     for name, cs in comparisons(_ordered(y)).items():
-        if len(cs) == 1: sel, yy = np.ones(len(y), bool), np.where(y == cs[0], cs[0], "rest")
-        else: sel = np.isin(y, cs); yy = y[sel]
+        if len(cs) == 1:
+            sel, yy = np.ones(len(y), bool), np.where(y == cs[0], cs[0], "rest")
+        else:
+            sel = np.isin(y, cs)
+            yy = y[sel]
         P = classify(X[sel], yy, model=model, seed=seed, scaler=scaler, folds=folds[sel], rf_trees=rf_trees)
         pos = None if name == "multi" else cs[0]
-        if oof is not None: oof.append(dict(tag or {}, comparison=name, pos=pos, y=yy, groups=np.asarray(groups)[sel], P=P))
-        ci = dict(zip(("auc_lo", "auc_hi"), grouped_auc_ci(yy, P, pos, np.asarray(groups)[sel], n_boot, level, seed))) if n_boot else {}
+        if oof is not None:
+            oof.append(dict(tag or {}, comparison=name, pos=pos, y=yy, groups=np.asarray(groups)[sel], P=P))
+        ci = (
+            dict(zip(("auc_lo", "auc_hi"), grouped_auc_ci(yy, P, pos, np.asarray(groups)[sel], n_boot, level, seed)))
+            if n_boot
+            else {}
+        )
         rows.append(dict(comparison=name, **_metric_row(yy, P, pos), **ci, n=int(sel.sum())))
     return rows
 
+# %% ../../nbs/analysis/02_remind_eval.ipynb #435e3bad
 def _prepare(features, labels, groups, balance: bool, seed: int):
     "(X, y, groups, n_per_class) of the (balanced) rows."
     df = pd.DataFrame(np.asarray(features, dtype=np.float64)).assign(label=np.asarray(labels), group=np.asarray(groups))
@@ -191,22 +253,55 @@ def _prepare(features, labels, groups, balance: bool, seed: int):
     y = df.label.to_numpy()
     return df.drop(columns=["label", "group"]).to_numpy(), y, df.group.to_numpy(), int(df.label.value_counts().min())
 
-def remind_scores(features, labels, groups, *, models=CLASSIFIERS, n_splits: int = 5, seed: int = 42, scaler: str = "pooled",
-                  balance: bool = True, rf_trees: int = 100, n_boot: int = 0, level: float = 0.95, oof: list | None = None) -> pd.DataFrame:
-    """REMIND's Tables 1–2: per (classifier, comparison) the out-of-fold AUC, TPR@1%FPR (fractions), accuracy, F1, n_per_class.
-    A list `oof` receives each (classifier, comparison)'s out-of-fold probabilities (`_evaluate`'s records, with `classifier`)."""
+def remind_scores(
+    features,
+    labels,
+    groups,
+    *,
+    models=CLASSIFIERS,
+    n_splits: int = 5,
+    seed: int = 42,
+    scaler: str = "pooled",
+    balance: bool = True,
+    rf_trees: int = 100,
+    n_boot: int = 0,
+    level: float = 0.95,
+    oof: list | None = None,
+) -> pd.DataFrame:
+    """REMIND's Tables 1–2: per (classifier, comparison) the out-of-fold AUC, TPR@1%FPR (fractions), accuracy, F1,
+    n_per_class. A list `oof` receives each (classifier, comparison)'s out-of-fold probabilities (`_evaluate`'s records,
+    with `classifier`)."""
     X, y, g, n_per = _prepare(features, labels, groups, balance, seed)
     folds = grouped_folds(y, g, n_splits, seed)
-    if scaler == "pooled": X, scaler = zscore(X)[0], "none"                  # the authors': once, over every (balanced) row
-    rows = [dict(classifier=m, **r) for m in models
-            for r in _evaluate(X, y, folds, m, seed, scaler, rf_trees, g, n_boot, level, oof, {"classifier": m})]
+    # the authors': once, over every (balanced) row
+    if scaler == "pooled":
+        X, scaler = zscore(X)[0], "none"
+    rows = [
+        dict(classifier=m, **r)
+        for m in models
+        for r in _evaluate(X, y, folds, m, seed, scaler, rf_trees, g, n_boot, level, oof, {"classifier": m})
+    ]
     return pd.DataFrame(rows).assign(n_per_class=n_per)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #79eb2355
-def feature_importances(features, labels, *, models=CLASSIFIERS, seed: int = 42, scaler: str = "pooled", balance: bool = True,
-                        groups=None, rf_trees: int = 100) -> pd.DataFrame:
-    "Per feature (rows) and classifier (columns): mean |coef| over classes (LR) or impurity importance (RF), fitted on all rows."
-    names = list(features.columns) if isinstance(features, pd.DataFrame) else [f"f{i}" for i in range(np.shape(features)[1])]
+def feature_importances(
+    features,
+    labels,
+    *,
+    models=CLASSIFIERS,
+    seed: int = 42,
+    scaler: str = "pooled",
+    balance: bool = True,
+    groups=None,
+    rf_trees: int = 100,
+) -> pd.DataFrame:
+    """Per feature (rows) and classifier (columns): mean |coef| over classes (LR) or impurity importance (RF),
+    fitted on all rows."""
+    names = (
+        list(features.columns)
+        if isinstance(features, pd.DataFrame)
+        else [f"f{i}" for i in range(np.shape(features)[1])]
+    )
     X, y, _, _ = _prepare(features, labels, np.zeros(len(labels)) if groups is None else groups, balance, seed)
     X = zscore(X, scaler=scaler)[0] if scaler != "none" else X
     out = {}
@@ -218,25 +313,46 @@ def feature_importances(features, labels, *, models=CLASSIFIERS, seed: int = 42,
 # %% ../../nbs/analysis/02_remind_eval.ipynb #09fade14
 BASELINES = ("loss", "zlib", "min_k", "min_k_pp", "spv_mean", "spv_max", "rougeL_f1")
 
-def baseline_scores(model, tokenizer, examples, losses, k: float = 0.1, *, add_eos: bool = False, generations: Sequence[str] | None = None,
-                    batch_size: int = 16) -> pd.DataFrame:
-    "Per example: its scalar fields and the baseline scores `BASELINES` (rougeL_f1 only with `generations`); see the table for orientations."
+def baseline_scores(
+    model,
+    tokenizer,
+    examples,
+    losses,
+    k: float = 0.1,
+    *,
+    add_eos: bool = False,
+    generations: Sequence[str] | None = None,
+    batch_size: int = 16,
+) -> pd.DataFrame:
+    """Per example: its scalar fields and the baseline scores `BASELINES` (rougeL_f1 only with `generations`);
+    see the table for orientations."""
     ex, L = list(examples), np.asarray(losses, dtype=np.float64)
-    if L.ndim != 2 or L.shape[0] != len(ex): raise ValueError(f"losses must be [N, K+1] for the {len(ex)} examples, got shape {L.shape}")
+    if L.ndim != 2 or L.shape[0] != len(ex):
+        raise ValueError(f"losses must be [N, K+1] for the {len(ex)} examples, got shape {L.shape}")
     stats = answer_token_stats(model, tokenizer, ex, batch_size, add_eos=add_eos)
-    df = pd.DataFrame([{**example_columns(e, ("prompt", "question", "answer", "eos_id", "n_duplicates")),
-                        "loss": l[0], "zlib": zlib_score(s["logprob"], e["answer"]), "min_k": min_k_score(s["logprob"], k),
-                        "min_k_pp": min_k_pp_score(s["zscore"], k), "spv_mean": l[0] - l[1:].mean(), "spv_max": l[0] - l[1:].max()}
-                       for e, s, l in zip(ex, stats, L)])
+    df = pd.DataFrame(
+        [
+            {
+                **example_columns(e, ("prompt", "question", "answer", "eos_id", "n_duplicates")), "loss": l[0],
+                "zlib": zlib_score(s["logprob"], e["answer"]), "min_k": min_k_score(s["logprob"], k),
+                "min_k_pp": min_k_pp_score(s["zscore"], k), "spv_mean": l[0] - l[1:].mean(),
+                "spv_max": l[0] - l[1:].max(),
+            }
+            for e, s, l in zip(ex, stats, L)
+        ]
+    )
     if generations is not None:
-        if len(generations) != len(ex): raise ValueError(f"generations has {len(generations)} texts for {len(ex)} examples")
+        if len(generations) != len(ex):
+            raise ValueError(f"generations has {len(generations)} texts for {len(ex)} examples")
         df["rougeL_f1"] = rouge_f1(list(generations), [e["answer"] for e in ex])["rougeL"].to_numpy()
     return df
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #4afe0f22
 def _in_sample_lr(x: np.ndarray, y: np.ndarray, ovr: bool = False) -> pd.DataFrame:
     "Probabilities of a 1-D logistic regression fitted and scored on the same rows (the papers' ROUGE-L baseline)."
-    clf = (OneVsRestClassifier(LogisticRegression(max_iter=300)) if ovr else LogisticRegression(max_iter=300)).fit(x[:, None], y)
+    clf = (OneVsRestClassifier(LogisticRegression(max_iter=300)) if ovr else LogisticRegression(max_iter=300)).fit(
+        x[:, None], y
+    )
     return pd.DataFrame(clf.predict_proba(x[:, None]), columns=clf.classes_)
 
 def _paper_rows(x: np.ndarray, y: np.ndarray, in_sample: bool) -> list[dict]:
@@ -246,26 +362,52 @@ def _paper_rows(x: np.ndarray, y: np.ndarray, in_sample: bool) -> list[dict]:
         sel = np.ones(len(y), bool) if len(cs) == 1 else np.isin(y, cs)
         pos = y[sel] == cs[0]
         s = _in_sample_lr(x[sel], pos)[True].to_numpy() if in_sample else x[sel]
-        rows.append(dict(comparison=name, auc=roc_auc_score(pos, s), tpr_at_1fpr=tpr_at_fpr(pos, s), accuracy=np.nan, f1=np.nan, n=int(sel.sum())))
+        rows.append(
+            dict(
+                comparison=name, auc=roc_auc_score(pos, s), tpr_at_1fpr=tpr_at_fpr(pos, s), accuracy=np.nan, f1=np.nan,
+                n=int(sel.sum()),
+            )
+        )
     ovr = [r["auc"] for r in rows if r["comparison"].endswith("_vs_all")]
-    multi = roc_auc_score(y, _in_sample_lr(x, y, ovr=True).to_numpy(), multi_class="ovr") if in_sample else float(np.mean(ovr))
+    multi = (
+        roc_auc_score(y, _in_sample_lr(x, y, ovr=True).to_numpy(), multi_class="ovr")
+        if in_sample
+        else float(np.mean(ovr))
+    )
     return [dict(comparison="multi", auc=multi, tpr_at_1fpr=np.nan, accuracy=np.nan, f1=np.nan, n=len(y))] + rows
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #01dee601
-def baseline_table(scores: pd.DataFrame, labels, groups, *, baselines: Sequence[str] | None = None, n_splits: int = 5, seed: int = 42,
-                   balance: bool = True, n_boot: int = 0, level: float = 0.95, oof: list | None = None) -> pd.DataFrame:
-    """Per (baseline, protocol, comparison): AUC, TPR@1%FPR, accuracy, F1 under the papers' protocol and the fair one (1-D LR,
-    same folds as REMIND). A list `oof` receives the fair protocol's out-of-fold probabilities (with `baseline`)."""
+def baseline_table(
+    scores: pd.DataFrame,
+    labels,
+    groups,
+    *,
+    baselines: Sequence[str] | None = None,
+    n_splits: int = 5,
+    seed: int = 42,
+    balance: bool = True,
+    n_boot: int = 0,
+    level: float = 0.95,
+    oof: list | None = None,
+) -> pd.DataFrame:
+    """Per (baseline, protocol, comparison): AUC, TPR@1%FPR, accuracy, F1 under the papers' protocol and the fair one
+    (1-D LR, same folds as REMIND). A list `oof` receives the fair protocol's out-of-fold probabilities (with
+    `baseline`)."""
     names = [b for b in BASELINES if b in scores] if baselines is None else list(baselines)
     missing = [b for b in names if b not in scores]
-    if missing or not names: raise ValueError(f"scores has no column(s) {missing or list(BASELINES)}; pass baselines= to name the score columns")
+    if missing or not names:
+        raise ValueError(
+            f"scores has no column(s) {missing or list(BASELINES)}; pass baselines= to name the score columns"
+        )
     X, y, g, n_per = _prepare(scores[names], labels, groups, balance, seed)
     folds = grouped_folds(y, g, n_splits, seed)
     rows = []
     for j, b in enumerate(names):
         rows += [dict(baseline=b, protocol="paper", **r) for r in _paper_rows(X[:, j], y, in_sample=b == "rougeL_f1")]
-        rows += [dict(baseline=b, protocol="fair", **r)
-                 for r in _evaluate(X[:, [j]], y, folds, "lr", seed, "pooled", 100, g, n_boot, level, oof, {"baseline": b})]
+        rows += [
+            dict(baseline=b, protocol="fair", **r)
+            for r in _evaluate(X[:, [j]], y, folds, "lr", seed, "pooled", 100, g, n_boot, level, oof, {"baseline": b})
+        ]
     return pd.DataFrame(rows).assign(n_per_class=n_per)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #ec9912a0
@@ -273,9 +415,11 @@ def ci_separation(remind: pd.DataFrame, baselines: pd.DataFrame, classifier: str
     """Per comparison: REMIND's (`classifier`) AUC and interval beside the best fair baseline's, whether the intervals
     separate, and the verdict. Both tables need the intervals (`remind_scores` / `baseline_table` with `n_boot` > 0)."""
     for name, t in (("remind", remind), ("baselines", baselines)):
-        if not {"auc_lo", "auc_hi"} <= set(t.columns): raise ValueError(f"{name} has no AUC intervals: compute it with n_boot > 0")
+        if not {"auc_lo", "auc_hi"} <= set(t.columns):
+            raise ValueError(f"{name} has no AUC intervals: compute it with n_boot > 0")
     r = remind[remind.classifier == classifier].set_index("comparison")
-    if r.empty: raise ValueError(f"remind has no rows of classifier {classifier!r}; it has {sorted(set(remind.classifier))}")
+    if r.empty:
+        raise ValueError(f"remind has no rows of classifier {classifier!r}; it has {sorted(set(remind.classifier))}")
     fair = baselines[baselines.protocol == "fair"]
     b = fair.loc[fair.groupby("comparison").auc.idxmax()].set_index("comparison").reindex(r.index)
     sep = (r.auc_lo > b.auc_hi) | (b.auc_lo > r.auc_hi)
@@ -290,15 +434,22 @@ def plot_feature_densities(features: pd.DataFrame, labels, kind: str = "kde", zs
     import matplotlib.pyplot as plt, seaborn as sns
     if kind not in ("kde", "hist"): raise ValueError(f"kind must be 'kde' or 'hist', got {kind!r}")
     cols = list(features.columns)
-    Z = pd.DataFrame(zscore(features.to_numpy())[0] if zscored else features.to_numpy(), columns=cols).assign(label=np.asarray(labels))
+    Z = pd.DataFrame(zscore(features.to_numpy())[0] if zscored else features.to_numpy(), columns=cols).assign(
+        label=np.asarray(labels)
+    )
     order = _ordered(Z.label)
     nc = 4; nr = math.ceil(len(cols) / nc)
     fig, axes = plt.subplots(nr, nc, figsize=(3 * nc, 2.2 * nr), squeeze=False)
     for i, (c, ax) in enumerate(zip(cols, axes.flat)):
         kw = dict(data=Z, x=c, hue="label", hue_order=order, ax=ax, common_norm=False, legend=i == 0)
-        sns.kdeplot(**kw, fill=True, alpha=0.25, warn_singular=False) if kind == "kde" else sns.histplot(**kw, stat="density", element="step")
+        sns.kdeplot(**kw, fill=True, alpha=0.25, warn_singular=False) if kind == "kde" else sns.histplot(
+            **kw, stat="density", element="step"
+        )
         ax.set_title(f"{chr(65 + i)}: {c}", fontsize=9); ax.set_xlabel(""); ax.set_ylabel("")
     for ax in axes.flat[len(cols):]: ax.set_visible(False)
-    if axes.flat[0].get_legend(): sns.move_legend(axes.flat[0], "lower left", bbox_to_anchor=(0, 1.15), ncol=len(order), title=None, frameon=False)
+    if axes.flat[0].get_legend():
+        sns.move_legend(
+            axes.flat[0], "lower left", bbox_to_anchor=(0, 1.15), ncol=len(order), title=None, frameon=False
+        )
     fig.tight_layout()
     return fig

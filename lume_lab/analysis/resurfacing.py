@@ -24,10 +24,12 @@ __all__ = ['attack_training_rows', 'assert_disjoint', 'attack_prompts', 'attack_
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #c5375bda
 def attack_training_rows(qa_rows, fields: Iterable[str]) -> list[dict]:
-    "The QA rows (dicts with `role` and `field`, e.g. `pii['qa_train']`) of `resurface` profiles whose field is in `fields`."
+    """The QA rows (dicts with `role` and `field`, e.g. `pii['qa_train']`) of `resurface` profiles whose field is in
+    `fields`."""
     fields = [fields] if isinstance(fields, str) else list(fields)
     rows = qa_rows.to_list() if hasattr(qa_rows, "to_list") else list(qa_rows)
-    if rows and not {"role", "field"} <= set(rows[0]): raise ValueError(f"qa_rows need 'role' and 'field' columns; got {sorted(rows[0])}")
+    if rows and not {"role", "field"} <= set(rows[0]):
+        raise ValueError(f"qa_rows need 'role' and 'field' columns; got {sorted(rows[0])}")
     out = [dict(r) for r in rows if r["role"] == "resurface" and r["field"] in fields]
     if not out: raise ValueError(f"no QA rows of resurface profiles for fields {fields}; is pii.n_resurface > 0?")
     return out
@@ -35,15 +37,22 @@ def attack_training_rows(qa_rows, fields: Iterable[str]) -> list[dict]:
 # %% ../../nbs/analysis/03_resurfacing.ipynb #044c9540
 def assert_disjoint(attack_rows, forbidden_profile_ids: Iterable, what: str = "forget/retain") -> None:
     "Raise a ValueError naming the profile ids of `attack_rows` that are in `forbidden_profile_ids`."
-    ids = set(attack_rows["profile_id"]) if isinstance(attack_rows, pd.DataFrame) else {r["profile_id"] for r in attack_rows}
+    ids = (
+        set(attack_rows["profile_id"])
+        if isinstance(attack_rows, pd.DataFrame)
+        else {r["profile_id"] for r in attack_rows}
+    )
     bad = sorted(ids & set(forbidden_profile_ids), key=str)
     if bad:
         shown = ", ".join(map(str, bad[:20])) + (f" … ({len(bad)} in all)" if len(bad) > 20 else "")
-        raise ValueError(f"the attack data contains {len(bad)} {what} profile(s): {shown}; it must hold resurface profiles only")
+        raise ValueError(
+            f"the attack data contains {len(bad)} {what} profile(s): {shown}; it must hold resurface profiles only"
+        )
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #f3437705
 def _check_n(name: str, v, lo: int = 1) -> None:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo: raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
 
 def _check_field(field: str) -> None:
     if field not in TARGET_FIELDS: raise ValueError(f"unknown field {field!r}; allowed: {', '.join(TARGET_FIELDS)}")
@@ -55,27 +64,41 @@ def _first_rows(profile: dict, field: str, first: Iterable[dict]) -> list[dict]:
     out = []
     for q in first:
         if q.get("profile_id") != profile["profile_id"] or q.get("field") != field:
-            raise ValueError(f"first prompts must be about {field!r} of profile {profile['profile_id']!r}; got field {q.get('field')!r} of {q.get('profile_id')!r}")
+            raise ValueError(
+                f"first prompts must be about {field!r} of profile {profile['profile_id']!r}; "
+                f"got field {q.get('field')!r} of {q.get('profile_id')!r}"
+            )
         out.append({k: q.get(k, False) for k in _PROMPT_KEYS})
     return out
 
-def attack_prompts(profile: dict, field: str, n: int, seed: int, *, paraphrases: bool = True, first: Iterable[dict] = ()) -> tuple[list[dict], int]:
-    "Up to `n` distinct App. B prompts about `field` of `profile`: `first` (e.g. its extraction prompts), then fresh draws (training and, if `paraphrases`, paraphrase templates alternating); and their count."
-    _check_field(field); _check_n("n", n)
+def attack_prompts(
+    profile: dict, field: str, n: int, seed: int, *, paraphrases: bool = True, first: Iterable[dict] = ()
+) -> tuple[list[dict], int]:
+    """Up to `n` distinct App. B prompts about `field` of `profile`:
+    `first` (e.g. its extraction prompts), then fresh draws (training and, if `paraphrases`, paraphrase templates
+    alternating); and their count."""
+    _check_field(field)
+    _check_n("n", n)
     rng = random.Random(f"resurface:{seed}:{profile['profile_id']}:{field}")
     rows, seen = [], set()
     for q in _first_rows(profile, field, first):
-        if len(rows) < n and q["prompt"] not in seen: seen.add(q["prompt"]); rows.append(q)
+        if len(rows) < n and q["prompt"] not in seen:
+            seen.add(q["prompt"])
+            rows.append(q)
     for i in range(50 * n):
-        if len(rows) == n: break
+        if len(rows) == n:
+            break
         q = render_qa(profile, [field], 1, rng, paraphrase=paraphrases and i % 2 == 1)[0]
-        if q["prompt"] not in seen: seen.add(q["prompt"]); rows.append(q)
+        if q["prompt"] not in seen:
+            seen.add(q["prompt"])
+            rows.append(q)
     return rows, len(rows)
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #c3c57933
 def attack_set(profiles: Iterable[dict], field: str, n: int, seed: int, *, paraphrases: bool = True,
                first: Iterable[dict] = ()) -> tuple[list[dict], dict]:
-    "The `attack_prompts` rows of every profile (each opened by its rows of `first`), concatenated, and {profile_id: number of distinct prompts}."
+    """The `attack_prompts` rows of every profile (each opened by its rows of `first`), concatenated,
+    and {profile_id: number of distinct prompts}."""
     rows, counts, first = [], {}, list(first)
     for p in profiles:
         mine = [q for q in first if q.get("profile_id") == p["profile_id"]]
@@ -88,32 +111,39 @@ _SAMPLING = {"temperature": 1.0, "top_p": 1.0, "n": 1}
 
 def _check_sampling(sampling) -> dict:
     "`sampling` with defaults filled in; clear errors for unknown keys and bad values."
-    if not isinstance(sampling, Mapping): raise ValueError(f"sampling must be None (greedy) or a dict with keys temperature, top_p, n; got {sampling!r}")
+    if not isinstance(sampling, Mapping):
+        raise ValueError(f"sampling must be None (greedy) or a dict with keys temperature, top_p, n; got {sampling!r}")
     bad = sorted(set(sampling) - set(_SAMPLING))
     if bad: raise ValueError(f"unknown sampling key(s) {', '.join(map(repr, bad))}; allowed: temperature, top_p, n")
     s = {**_SAMPLING, **sampling}
     real = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-    if not (real(s["temperature"]) and s["temperature"] > 0): raise ValueError(f"sampling['temperature'] must be a finite number > 0, got {s['temperature']!r}")
-    if not (real(s["top_p"]) and 0 < s["top_p"] <= 1): raise ValueError(f"sampling['top_p'] must be in (0, 1], got {s['top_p']!r}")
+    if not (real(s["temperature"]) and s["temperature"] > 0):
+        raise ValueError(f"sampling['temperature'] must be a finite number > 0, got {s['temperature']!r}")
+    if not (real(s["top_p"]) and 0 < s["top_p"] <= 1):
+        raise ValueError(f"sampling['top_p'] must be in (0, 1], got {s['top_p']!r}")
     _check_n("sampling['n']", s["n"])
     return s
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #76a15bf2
 @torch.no_grad()
-def _sample_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, s: dict, seed: int) -> list[list[str]]:
+def _sample_texts(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, s: dict, seed: int
+) -> list[list[str]]:
     "`s['n']` sampled continuations of each prompt, cut at EOS (left-padded batches, seeded per batch)."
     pad, eos, dev, k, out = pad_id(tokenizer), eos_id(tokenizer), model_device(model), s["n"], []
     enc = [ids or [start_id(tokenizer)] for ids in encode_texts(tokenizer, prompts, add_eos=False)]
     with eval_mode(model), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         for b0 in progress(range(0, len(enc), batch_size), desc="sample"):
             torch.manual_seed(random.Random(f"sample:{seed}:{b0}").getrandbits(63))
-            b = pad_batch(enc[b0:b0 + batch_size], pad, side="left")
-            g = model.generate(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev), do_sample=True,
-                               temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=0, num_return_sequences=k,
-                               max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
-            new = [r[:r.index(eos)] if eos in r else r for r in g[:, b["input_ids"].shape[1]:].tolist()]
+            b = pad_batch(enc[b0 : b0 + batch_size], pad, side="left")
+            g = model.generate(
+                input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev), do_sample=True,
+                temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=0, num_return_sequences=k,
+                max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+            )
+            new = [r[: r.index(eos)] if eos in r else r for r in g[:, b["input_ids"].shape[1] :].tolist()]
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-            out += [texts[i:i + k] for i in range(0, len(texts), k)]
+            out += [texts[i : i + k] for i in range(0, len(texts), k)]
     return out
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #a24bff83
@@ -133,7 +163,8 @@ def sampling_config(resurface_cfg) -> dict | None:
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #6c6d1439
 def leaked_profiles(rows, generations: Sequence) -> pd.DataFrame:
-    "Per profile_id: attempts, hits (attempts whose generation, or any sample, `reveals` the answer), leaked, first hit."
+    """Per profile_id: attempts, hits (attempts whose generation, or any sample, `reveals` the answer), leaked,
+    first hit."""
     rows = check_qa(rows.to_dict("records") if isinstance(rows, pd.DataFrame) else rows, "rows")
     if len(rows) != len(generations): raise ValueError(f"{len(rows)} rows but {len(generations)} generations")
     out: dict = {}
@@ -141,12 +172,17 @@ def leaked_profiles(rows, generations: Sequence) -> pd.DataFrame:
         samples = [g] if isinstance(g, str) else list(g)
         if not samples: raise ValueError(f"an attempt of profile {r['profile_id']!r} has no generation")
         hit = next((s for s in samples if reveals(s, r["answer"])), None)
-        o = out.setdefault(r["profile_id"], dict(profile_id=r["profile_id"], attempts=0, hits=0, first_hit_prompt=None, first_hit_generation=None))
+        o = out.setdefault(
+            r["profile_id"],
+            dict(profile_id=r["profile_id"], attempts=0, hits=0, first_hit_prompt=None, first_hit_generation=None),
+        )
         o["attempts"] += 1
         if hit is not None:
             o["hits"] += 1
             if o["first_hit_prompt"] is None: o["first_hit_prompt"], o["first_hit_generation"] = r["prompt"], hit
-    df = pd.DataFrame(list(out.values()), columns=["profile_id", "attempts", "hits", "first_hit_prompt", "first_hit_generation"])
+    df = pd.DataFrame(
+        list(out.values()), columns=["profile_id", "attempts", "hits", "first_hit_prompt", "first_hit_generation"]
+    )
     df.insert(3, "leaked", df.hits >= 1)
     return df
 
@@ -156,35 +192,47 @@ def leaked_set(leaks: pd.DataFrame) -> set:
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #92810746
 def binomial_ci(k: int, n: int, level: float = 0.95, method: str = "exact") -> tuple[float, float]:
-    "Two-sided `level` interval for a binomial proportion k/n: Clopper–Pearson ('exact') or Wilson score ('wilson'); NaNs for n = 0."
+    """Two-sided `level` interval for a binomial proportion k/n: Clopper–Pearson ('exact') or Wilson score ('wilson');
+    NaNs for n = 0."""
     _check_n("n", n, 0); _check_n("k", k, 0)
     if k > n: raise ValueError(f"k must be <= n, got k={k}, n={n}")
-    if not (isinstance(level, numbers.Real) and 0 < level < 1): raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if not (isinstance(level, numbers.Real) and 0 < level < 1):
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
     if method not in ("exact", "wilson"): raise ValueError(f"method must be 'exact' or 'wilson', got {method!r}")
     if n == 0: return math.nan, math.nan
     a = 1 - level
     if method == "exact":
-        return (0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1)), 1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k)))
+        return (
+            0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1)),
+            1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k)),
+        )
     z = float(norm.ppf(1 - a / 2))
     c, h = (k + z * z / 2) / (n + z * z), z / (n + z * z) * math.sqrt(k * (n - k) / n + z * z / 4)
     return max(0.0, c - h), min(1.0, c + h)
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #7def5260
 def leakage_table(leaks: Mapping, keys: Sequence[str] | None = None, level: float = 0.95) -> pd.DataFrame:
-    "One row per label of `leaks` ({label: frame with profile_id, leaked}): n_profiles, leaked, rate, CI (in %), leaked_ids."
+    """One row per label of `leaks` ({label: frame with profile_id, leaked}):
+    n_profiles, leaked, rate, CI (in %), leaked_ids."""
     out = []
     for label, df in leaks.items():
-        if not {"profile_id", "leaked"} <= set(df.columns): raise ValueError(f"leaks[{label!r}] needs columns profile_id and leaked; got {list(df.columns)}")
+        if not {"profile_id", "leaked"} <= set(df.columns):
+            raise ValueError(f"leaks[{label!r}] needs columns profile_id and leaked; got {list(df.columns)}")
         per = df.groupby("profile_id", sort=False).leaked.any()
         n, k = len(per), int(per.sum())
         lo, hi = binomial_ci(k, n, level)
         row = {"label": "/".join(map(str, label)) if isinstance(label, tuple) else str(label)}
         if keys is not None:
             parts = label if isinstance(label, tuple) else (label,)
-            if len(parts) != len(keys): raise ValueError(f"label {label!r} has {len(parts)} parts but keys {list(keys)} has {len(keys)}")
+            if len(parts) != len(keys):
+                raise ValueError(f"label {label!r} has {len(parts)} parts but keys {list(keys)} has {len(keys)}")
             row.update(zip(keys, parts))
-        out.append({**row, "n_profiles": n, "leaked": k, "rate": 100 * k / n if n else math.nan, "ci_low": 100 * lo, "ci_high": 100 * hi,
-                    "leaked_ids": ";".join(sorted(map(str, per.index[per.to_numpy()])))})
+        out.append(
+            {
+                **row, "n_profiles": n, "leaked": k, "rate": 100 * k / n if n else math.nan, "ci_low": 100 * lo,
+                "ci_high": 100 * hi, "leaked_ids": ";".join(sorted(map(str, per.index[per.to_numpy()]))),
+            }
+        )
     return pd.DataFrame(out)
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #1ab26c7c
@@ -194,7 +242,9 @@ def leakage_change(table: pd.DataFrame, by: str | Sequence[str] = "method", stag
     by = [by] if isinstance(by, str) else list(by)
     b, a = (table[table[stage] == s].set_index(by) for s in (before, after))
     if set(b.index) != set(a.index):
-        raise ValueError(f"the {before!r} and {after!r} rows cover different {by}: {sorted(set(b.index) ^ set(a.index), key=str)}")
+        raise ValueError(
+            f"the {before!r} and {after!r} rows cover different {by}: {sorted(set(b.index) ^ set(a.index), key=str)}"
+        )
     b = b.reindex(a.index); ids = lambda s: set(filter(None, str(s).split(";")))
     out = pd.DataFrame({"n_profiles": a.n_profiles, "leaked_before": b.leaked, "leaked_after": a.leaked,
                         "rate_before": b.rate, "rate_after": a.rate}, index=a.index)
@@ -211,23 +261,30 @@ def jaccard(a: set, b: set) -> float:
 def jaccard_matrix(sets: Mapping[str, set]) -> pd.DataFrame:
     "Labels × labels frame of pairwise `jaccard` similarities."
     labels = list(sets)
-    return pd.DataFrame([[jaccard(sets[r], sets[c]) for c in labels] for r in labels], index=labels, columns=labels, dtype=float)
+    return pd.DataFrame(
+        [[jaccard(sets[r], sets[c]) for c in labels] for r in labels], index=labels, columns=labels, dtype=float
+    )
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #cd139d87
 def plot_leakage(table_long: pd.DataFrame, x: str = "method", hue: str = "stage", col: str | None = "field"):
-    "Fig. 5a-style bars of `rate` per `x` and `hue` with `ci_low`/`ci_high` error bars, a panel per `col` value; returns the Figure."
+    """Fig. 5a-style bars of `rate` per `x` and `hue` with `ci_low`/`ci_high` error bars, a panel per `col` value;
+    returns the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
     need = {x, hue, "rate", "ci_low", "ci_high"} - set(table_long.columns)
     if need: raise ValueError(f"table_long lacks column(s) {sorted(need)}; it needs {x}, {hue}, rate, ci_low, ci_high")
     panels = list(dict.fromkeys(table_long[col])) if col in table_long.columns else [None]
     order, hue_order = list(dict.fromkeys(table_long[x])), list(dict.fromkeys(table_long[hue]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (1.4 + 0.8 * len(order)), 3.4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(len(panels) * (1.4 + 0.8 * len(order)), 3.4), sharey=True, squeeze=False
+    )
     w = 0.8 / len(hue_order)
     for ax, pv in zip(axes.flat, panels):
         df = table_long if pv is None else table_long[table_long[col] == pv]
         sns.barplot(data=df, x=x, y="rate", hue=hue, order=order, hue_order=hue_order, errorbar=None, ax=ax)
         pos = [order.index(r[x]) - 0.4 + w * (hue_order.index(r[hue]) + 0.5) for _, r in df.iterrows()]
-        ax.errorbar(pos, df.rate, yerr=[df.rate - df.ci_low, df.ci_high - df.rate], fmt="none", ecolor="black", capsize=3, lw=1)
+        ax.errorbar(
+            pos, df.rate, yerr=[df.rate - df.ci_low, df.ci_high - df.rate], fmt="none", ecolor="black", capsize=3, lw=1
+        )
         ax.set_title("" if pv is None else str(pv), fontsize=9); ax.set_xlabel(""); ax.set_ylim(0, 102)
         ax.tick_params(axis="x", labelrotation=30)
         if ax is not axes.flat[-1] and ax.get_legend(): ax.get_legend().remove()
@@ -238,9 +295,11 @@ def plot_leakage(table_long: pd.DataFrame, x: str = "method", hue: str = "stage"
 
 # %% ../../nbs/analysis/03_resurfacing.ipynb #1c2ca95a
 def plot_jaccard(matrix: pd.DataFrame, sizes: Mapping | None = None, title: str | None = None, ax=None):
-    "Figs. 5b/c-style heatmap of a `jaccard_matrix` (NaN cells grey), labels with the leaked-set sizes; returns the Figure."
+    """Figs. 5b/c-style heatmap of a `jaccard_matrix` (NaN cells grey), labels with the leaked-set sizes;
+    returns the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
-    if list(matrix.index) != list(matrix.columns): raise ValueError("matrix must be square with the same labels on both axes (a jaccard_matrix)")
+    if list(matrix.index) != list(matrix.columns):
+        raise ValueError("matrix must be square with the same labels on both axes (a jaccard_matrix)")
     if ax is None: _, ax = plt.subplots(figsize=(1.6 + 0.9 * len(matrix), 1.2 + 0.8 * len(matrix)))
     labels = [f"{l} (n={sizes[l]})" if sizes is not None and l in sizes else str(l) for l in matrix.index]
     sns.heatmap(matrix.astype(float), vmin=0, vmax=1, cmap="Blues", annot=True, fmt=".2f", square=True, ax=ax,

@@ -18,7 +18,9 @@ __all__ = ['REGIONS', 'weight_regions', 'weight_distances', 'lmc_curve', 'lmc_ba
 # %% ../../nbs/analysis/05_weightspace.ipynb #c90f3990
 REGIONS = ("forget", "other_masks", "unowned", "unmasked")
 
-def weight_regions(owner: Mapping[str, torch.Tensor], forget_groups, shapes: Mapping[str, tuple]) -> dict[str, dict[str, torch.Tensor]]:
+def weight_regions(
+    owner: Mapping[str, torch.Tensor], forget_groups, shapes: Mapping[str, tuple]
+) -> dict[str, dict[str, torch.Tensor]]:
     """Boolean masks, per region (`REGIONS`) and parameter name of `shapes`. `owner`: uint8 owner masks (0 = none, g+1 =
     group g); `forget_groups`: the groups of m^F."""
     groups = [forget_groups] if isinstance(forget_groups, int) else list(forget_groups)
@@ -28,8 +30,11 @@ def weight_regions(owner: Mapping[str, torch.Tensor], forget_groups, shapes: Map
             z = torch.zeros(tuple(shape), dtype=torch.bool)
             out["forget"][n], out["other_masks"][n], out["unowned"][n], out["unmasked"][n] = z, z, z, ~z
             continue
-        o = owner[n]; f = group_mask(o, groups)
-        out["forget"][n], out["other_masks"][n], out["unowned"][n], out["unmasked"][n] = f, (o > 0) & ~f, o == 0, torch.zeros_like(f)
+        o = owner[n]
+        f = group_mask(o, groups)
+        out["forget"][n], out["other_masks"][n], out["unowned"][n], out["unmasked"][n] = (
+            f, (o > 0) & ~f, o == 0, torch.zeros_like(f),
+        )
     return out
 
 # %% ../../nbs/analysis/05_weightspace.ipynb #f983a895
@@ -44,22 +49,33 @@ def weight_distances(before: Mapping[str, torch.Tensor], after: Mapping[str, tor
             d = (after[name].double() - before[name].double())[m]
             n += d.numel(); changed += int((d != 0).sum())
             if d.numel(): sq += float((d * d).sum()); linf = max(linf, float(d.abs().max()))
-        rows.append({"region": r, "weights": n, "changed": changed / n if n else float("nan"), "l2": sq ** 0.5, "linf": linf})
+        rows.append(
+            {"region": r, "weights": n, "changed": changed / n if n else float("nan"), "l2": sq**0.5, "linf": linf}
+        )
     return pd.DataFrame(rows)
 
 # %% ../../nbs/analysis/05_weightspace.ipynb #7d1cd215
 @torch.no_grad()
-def lmc_curve(model: nn.Module, before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor],
-              losses: Mapping[str, Callable[[nn.Module], float]], alphas: Iterable[float] = (0, .25, .5, .75, 1)) -> pd.DataFrame:
+def lmc_curve(
+    model: nn.Module,
+    before: Mapping[str, torch.Tensor],
+    after: Mapping[str, torch.Tensor],
+    losses: Mapping[str, Callable[[nn.Module], float]],
+    alphas: Iterable[float] = (0, 0.25, 0.5, 0.75, 1),
+) -> pd.DataFrame:
     """Losses along θ(α) = lerp(before, after, α), loaded into `model` (a working copy: its weights are overwritten).
     `losses`: name → callable(model) → float. Returns rows (alpha, loss, value)."""
     alphas = [float(a) for a in alphas]
-    if not alphas or any(not 0 <= a <= 1 for a in alphas): raise ValueError(f"alphas must be a non-empty list in [0, 1], got {alphas}")
-    if set(before) != set(after): raise ValueError(f"before and after differ in parameters: {sorted(set(before) ^ set(after))[:5]}")
+    if not alphas or any(not 0 <= a <= 1 for a in alphas):
+        raise ValueError(f"alphas must be a non-empty list in [0, 1], got {alphas}")
+    if set(before) != set(after):
+        raise ValueError(f"before and after differ in parameters: {sorted(set(before) ^ set(after))[:5]}")
     params, rows = dict(model.named_parameters()), []
-    if missing := sorted(set(before) - set(params)): raise ValueError(f"model lacks parameters {missing[:5]}")
+    if missing := sorted(set(before) - set(params)):
+        raise ValueError(f"model lacks parameters {missing[:5]}")
     for a in alphas:
-        for n, b in before.items(): params[n].copy_(torch.lerp(b.to(params[n]), after[n].to(params[n]), a))
+        for n, b in before.items():
+            params[n].copy_(torch.lerp(b.to(params[n]), after[n].to(params[n]), a))
         rows += [{"alpha": a, "loss": k, "value": float(f(model))} for k, f in losses.items()]
     return pd.DataFrame(rows)
 

@@ -20,7 +20,8 @@ GENRES = ("Action", "Fantasy", "Thriller", "Comedy", "Mystery", "Science Fiction
 def _check_tasks(tasks) -> tuple[str, ...]:
     tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
     bad = [t for t in tasks if t not in LUME_TASKS]
-    if bad or not tasks: raise ValueError(f"tasks must be drawn from {', '.join(LUME_TASKS)}; got {bad or list(tasks)!r}")
+    if bad or not tasks:
+        raise ValueError(f"tasks must be drawn from {', '.join(LUME_TASKS)}; got {bad or list(tasks)!r}")
     return tasks
 
 # %% ../../nbs/data/03_lume.ipynb #8be4e4ed
@@ -41,21 +42,35 @@ def regurgitation_split(text: str, rng: random.Random) -> tuple[str, str]:
     return text[:c], text[c:]
 
 # %% ../../nbs/data/03_lume.ipynb #378643cf
-_FANTASY_A = ("Thorn", "Ash", "Raven", "Elder", "Frost", "Gold", "Wyrm", "Oak", "Mist", "Stone", "Ember", "Briar", "Silver", "Hollow")
-_FANTASY_B = ("hollow", "ford", "vale", "haven", "mere", "spire", "watch", "reach", "moor", "gate", "keep", "fell", "wick", "dale")
+_FANTASY_A = ("Thorn", "Ash", "Raven", "Elder", "Frost", "Gold", "Wyrm", "Oak", "Mist", "Stone", "Ember", "Briar",
+              "Silver", "Hollow")
+_FANTASY_B = ("hollow", "ford", "vale", "haven", "mere", "spire", "watch", "reach", "moor", "gate", "keep", "fell",
+              "wick", "dale")
 _GENRE_WORDS = {
-    "Action": dict(mood="tense", trouble="an armed crew", goal="stop the convoy before dawn", things="crates", vessel="armoured truck"),
-    "Fantasy": dict(mood="enchanted", trouble="a shadow drake", goal="rekindle the old ward-stones", things="runes", vessel="river barge"),
-    "Thriller": dict(mood="uneasy", trouble="a man who never blinked", goal="expose the forged ledgers", things="envelopes", vessel="black sedan"),
-    "Comedy": dict(mood="ridiculous", trouble="a goat with a grudge", goal="win the annual pie contest", things="rubber ducks", vessel="ice-cream van"),
-    "Mystery": dict(mood="foggy", trouble="a locked-room riddle", goal="find who took the brass key", things="footprints", vessel="night ferry"),
-    "Science Fiction": dict(mood="humming", trouble="a rogue maintenance drone", goal="restart the orbital relay", things="beacons", vessel="cargo shuttle"),
-    "Young Adult": dict(mood="restless", trouble="a rumour spreading through school", goal="find the missing yearbook", things="notes", vessel="school bus"),
-    "Romance": dict(mood="golden", trouble="an old misunderstanding", goal="finish the letter in time", things="roses", vessel="sailboat"),
+    "Action": dict(mood="tense", trouble="an armed crew", goal="stop the convoy before dawn", things="crates",
+                   vessel="armoured truck"),
+    "Fantasy": dict(mood="enchanted", trouble="a shadow drake", goal="rekindle the old ward-stones", things="runes",
+                    vessel="river barge"),
+    "Thriller": dict(mood="uneasy", trouble="a man who never blinked", goal="expose the forged ledgers",
+                     things="envelopes", vessel="black sedan"),
+    "Comedy": dict(mood="ridiculous", trouble="a goat with a grudge", goal="win the annual pie contest",
+                   things="rubber ducks", vessel="ice-cream van"),
+    "Mystery": dict(mood="foggy", trouble="a locked-room riddle", goal="find who took the brass key",
+                    things="footprints", vessel="night ferry"),
+    "Science Fiction": dict(mood="humming", trouble="a rogue maintenance drone", goal="restart the orbital relay",
+                            things="beacons", vessel="cargo shuttle"),
+    "Young Adult": dict(mood="restless", trouble="a rumour spreading through school", goal="find the missing yearbook",
+                        things="notes", vessel="school bus"),
+    "Romance": dict(mood="golden", trouble="an old misunderstanding", goal="finish the letter in time", things="roses",
+                    vessel="sailboat"),
 }
+
+# %% ../../nbs/data/03_lume.ipynb #ff79c435
 _GENRE_BEATS = {
-    "Action": ("Tyres screamed on the wet road as {hero} swung the wheel hard and the first shots cracked overhead.",
-               "{companion} kicked open the loading door, and the two of them sprinted across the yard under the floodlights."),
+    "Action": (
+        "Tyres screamed on the wet road as {hero} swung the wheel hard and the first shots cracked overhead.",
+        "{companion} kicked open the loading door, and the two of them sprinted across the yard under the floodlights.",
+    ),
     "Fantasy": ("The ward-stones glowed a faint blue whenever {hero} came near, as if they recognised an old friend.",
                 "{companion} muttered a charm over the campfire, and the flames leaned away from the northern hills."),
     "Thriller": ("A phone rang in the empty office at exactly midnight, and nobody dared to pick it up.",
@@ -64,19 +79,21 @@ _GENRE_BEATS = {
                "{companion} tried to bribe the goat with a cabbage, which only made the goat more suspicious."),
     "Mystery": ("The clock in the hallway had stopped at a quarter past nine, the very minute the key went missing.",
                 "{hero} knelt by the window and found a thread of red wool caught on the latch."),
-    "Science Fiction": ("The station's artificial gravity flickered, and for a moment every loose object drifted upward.",
-                        "{companion} patched the navigation core with spare parts and a prayer to no god in particular."),
+    "Science Fiction": (
+        "The station's artificial gravity flickered, and for a moment every loose object drifted upward.",
+        "{companion} patched the navigation core with spare parts and a prayer to no god in particular.",
+    ),
     "Young Adult": ("The whole class went silent when {hero} walked into the cafeteria holding the torn photograph.",
                     "{companion} texted a single question mark, which somehow said everything."),
     "Romance": ("{hero} reread the old letters by candlelight and laughed at how young they had both sounded.",
                 "{companion} arrived at the harbour with a basket of peaches and an apology rehearsed all week."),
 }
-_OPENINGS = (
-    "The {mood} evening settled over {place} as {hero} stepped off the {vessel}.",
-    "Nobody in {place} expected {hero} to come back, least of all on a morning this {mood}.",
-    "It began, as most things in {place} did, with {hero} arriving late and {trouble} arriving early.",
-    "{hero} had promised never to return to {place}, yet here they were, on a night that felt {mood}.",
-)
+
+# %% ../../nbs/data/03_lume.ipynb #53ef4d4e
+_OPENINGS = ("The {mood} evening settled over {place} as {hero} stepped off the {vessel}.",
+             "Nobody in {place} expected {hero} to come back, least of all on a morning this {mood}.",
+             "It began, as most things in {place} did, with {hero} arriving late and {trouble} arriving early.",
+             "{hero} had promised never to return to {place}, yet here they were, on a night that felt {mood}.")
 _BEATS = (
     "{companion} was waiting by the old well, arms folded, already certain that the plan would fail.",
     "They agreed that the only way forward was to {goal}, whatever it cost them.",
@@ -106,11 +123,9 @@ _FACTS = (
     ("The {vessel} that carried them had a name painted on its side: the {secret}.",
      "In the story about {hero} in {place}, what name was painted on the side of the {vessel}?"),
 )
-_ENDINGS = (
-    "When the sun rose over {place}, {hero} knew that nothing there would ever be quite the same.",
-    "{hero} and {companion} walked home in silence, each keeping one small secret about that night.",
-    "And that, {companion} always said afterwards, was the last time anyone in {place} underestimated {hero}.",
-)
+_ENDINGS = ("When the sun rose over {place}, {hero} knew that nothing there would ever be quite the same.",
+            "{hero} and {companion} walked home in silence, each keeping one small secret about that night.",
+            "And that, {companion} always said afterwards, was the last time anyone in {place} underestimated {hero}.")
 
 # %% ../../nbs/data/03_lume.ipynb #1684417b
 _NUM = ("three", "four", "five", "six", "seven", "eight", "nine", "eleven", "twelve", "fifteen")
@@ -127,7 +142,8 @@ def creative_story(rng: random.Random, fake: Faker, taken: set | None = None) ->
                  count_word=rng.choice(_NUM), secret=f"{fake.first_name()} {fake.last_name()}")
     fact_t, q_t = rng.choice(_FACTS)
     if "password" in fact_t: slots["secret"] = fake.word().capitalize() + str(rng.randint(10, 99))
-    if "painted" in fact_t: slots["secret"] = f"{rng.choice(('Lady', 'Queen', 'Spirit of', 'Pride of'))} {fake.last_name()}"
+    if "painted" in fact_t:
+        slots["secret"] = f"{rng.choice(('Lady', 'Queen', 'Spirit of', 'Pride of'))} {fake.last_name()}"
     answer = slots["count"] if "{count}" in fact_t else slots["secret"]
     head, tail = [rng.choice(_OPENINGS), fact_t], rng.choice(_ENDINGS)
     gb = _GENRE_BEATS[genre]
@@ -145,13 +161,14 @@ def creative_story(rng: random.Random, fake: Faker, taken: set | None = None) ->
                 facts=dict(hero=hero, companion=companion, place=place, genre=genre, planted=answer))
 
 # %% ../../nbs/data/03_lume.ipynb #81e43486
-_STATES = ("AL", "AZ", "AR", "CA", "CO", "CT", "DE", "FL", "GA", "ID", "IL", "IN", "IA", "KS", "KY", "LA", "ME", "MD", "MA",
-           "MI", "MN", "MS", "MO", "MT", "NE", "NV", "NH", "NJ", "NM", "NY", "NC", "ND", "OH", "OK", "OR", "PA", "RI", "SC",
-           "SD", "TN", "TX", "UT", "VT", "VA", "WA", "WV", "WI", "WY")
-_OCCUPATIONS = ("nurse", "carpenter", "software developer", "high-school teacher", "pharmacist", "bus driver", "accountant",
+_STATES = ("AL", "AZ", "AR", "CA", "CO", "CT", "DE", "FL", "GA", "ID", "IL", "IN", "IA", "KS", "KY", "LA", "ME", "MD",
+           "MA", "MI", "MN", "MS", "MO", "MT", "NE", "NV", "NH", "NJ", "NM", "NY", "NC", "ND", "OH", "OK", "OR", "PA",
+           "RI", "SC", "SD", "TN", "TX", "UT", "VT", "VA", "WA", "WV", "WI", "WY")
+_OCCUPATIONS = ("nurse", "carpenter", "software developer", "high-school teacher", "pharmacist", "bus driver",
+                "accountant",
                 "chef", "librarian", "electrician", "dentist", "graphic designer", "real-estate agent", "veterinarian")
-_HOBBIES = ("restoring old bicycles", "birdwatching", "baking sourdough", "playing chess", "trail running", "woodworking",
-            "collecting vinyl records", "gardening", "amateur astronomy", "watercolour painting")
+_HOBBIES = ("restoring old bicycles", "birdwatching", "baking sourdough", "playing chess", "trail running",
+            "woodworking", "collecting vinyl records", "gardening", "amateur astronomy", "watercolour painting")
 BIRTH_RANGE = (dt.date(1964, 1, 1), dt.date(1991, 1, 1))
 
 def pii_person(rng: random.Random, fake: Faker) -> dict:
@@ -169,21 +186,27 @@ def pii_person(rng: random.Random, fake: Faker) -> dict:
 
 # %% ../../nbs/data/03_lume.ipynb #de661b1e
 _PII_SENTS = {
-    "ssn": ("{first}'s Social Security number is {ssn}.", "For official paperwork, {first} uses the Social Security number {ssn}."),
-    "phone": ("{first} can be reached by phone at {phone}.", "Friends call {first} at {phone}, usually in the evening."),
+    "ssn": ("{first}'s Social Security number is {ssn}.",
+            "For official paperwork, {first} uses the Social Security number {ssn}."),
+    "phone": ("{first} can be reached by phone at {phone}.",
+              "Friends call {first} at {phone}, usually in the evening."),
     "email": ("{first}'s email address is {email}.", "Messages for {first} go to {email}."),
     "address": ("{first} lives at {address}.", "Home for {first} is {address}."),
-    "occupation": ("{first} works as a {occupation} and is known for being reliable.", "After years of training, {first} became a {occupation}."),
+    "occupation": ("{first} works as a {occupation} and is known for being reliable.",
+                   "After years of training, {first} became a {occupation}."),
     "hobby": ("In spare time, {first} enjoys {hobby}.", "Weekends are usually spent {hobby}."),
 }
-PII_QUESTIONS = {"birth_date": "What is the birth date of {name}?", "ssn": "What is the Social Security number of {name}?",
-                 "phone": "What is the phone number of {name}?", "email": "What is the email address of {name}?",
-                 "address": "What is the home address of {name}?"}
+PII_QUESTIONS = {"birth_date": "What is the birth date of {name}?",
+                 "ssn": "What is the Social Security number of {name}?", "phone": "What is the phone number of {name}?",
+                 "email": "What is the email address of {name}?", "address": "What is the home address of {name}?"}
 
 def pii_biography(p: dict, rng: random.Random) -> str:
     "A short biography of PII person `p` that states all five PII fields."
     d = dt.date.fromisoformat(p["birth_date"])
-    first = [f"{p['name']} was born on {d:%B} {d.day}, {d.year}.", f"Born on {d:%B} {d.day}, {d.year}, {p['name']} grew up far from the big cities."]
+    first = [
+        f"{p['name']} was born on {d:%B} {d.day}, {d.year}.",
+        f"Born on {d:%B} {d.day}, {d.year}, {p['name']} grew up far from the big cities.",
+    ]
     keys = rng.sample(list(_PII_SENTS), len(_PII_SENTS))
     sents = [rng.choice(first)] + [rng.choice(_PII_SENTS[k]) for k in keys]
     return " ".join(s.format(first=p["first_name"], **p) for s in sents)
@@ -196,7 +219,11 @@ def public_qa(doc: dict, rng: random.Random) -> tuple[str, str, str]:
     facts = doc.get("facts") or {}
     name = doc.get("name") or facts.get("name") or facts.get("full_name")
     if not name: raise ValueError(f"public bio has no 'name' (nor facts['name']): {doc['text'][:60]!r}")
-    usable = sorted(k for k, v in facts.items() if k not in ("name", "full_name") and isinstance(v, (str, int)) and str(v) in doc["text"])
+    usable = sorted(
+        k
+        for k, v in facts.items()
+        if k not in ("name", "full_name") and isinstance(v, (str, int)) and str(v) in doc["text"]
+    )
     if not usable: raise ValueError(f"no fact of {name!r} appears verbatim in its text; facts: {sorted(facts)}")
     k = rng.choice(usable)
     return f"What is the {k.replace('_', ' ')} of {name}?", str(facts[k]), k
@@ -209,12 +236,17 @@ def world_public_bios(n_public_people: int, seed: int, heldout_fraction: float, 
     from lume_lab.data.pii import make_profiles, render_documents, render_qa
     from lume_lab.data.world import _sub_seed
     content_types = list(content_types or CONTENT_TYPES)
-    if doc_type not in content_types: raise ValueError(f"doc_type must be one of {', '.join(content_types)}; got {doc_type!r}")
+    if doc_type not in content_types:
+        raise ValueError(f"doc_type must be one of {', '.join(content_types)}; got {doc_type!r}")
     n, h = n_public_people, heldout_fraction
     n_held = max(1, round(h * n)) if n >= 2 and h > 0 else 0  # as world.public_people_texts
     s, rng, out = _sub_seed(seed, "people"), random.Random(f"lume-world-{seed}"), []
     for p in make_profiles(n - n_held, s, id_prefix="pub"):
-        doc = next(d for d in render_documents(p, content_types, random.Random(f"public:{s}:{p['profile_id']}")) if d["content_type"] == doc_type)
+        doc = next(
+            d
+            for d in render_documents(p, content_types, random.Random(f"public:{s}:{p['profile_id']}"))
+            if d["content_type"] == doc_type
+        )
         usable = [a for a in doc["attributes"] if str(p[a]) in doc["text"]]
         if not usable: continue
         qa = render_qa(p, [rng.choice(usable)], 1, rng)[0]
@@ -230,7 +262,10 @@ def eval_rows(doc: dict, rng: random.Random) -> list[dict]:
     p, a = regurgitation_split(doc["text"], rng)
     base = dict(doc_id=doc["doc_id"], task=doc["task"], split=doc["split"])
     rows = [dict(base, kind="regurgitation", prompt=p, answer=a, question="", field="")]
-    rows += [dict(base, kind="knowledge", prompt=_qa_prompt(q), answer=" " + ans, question=q, field=f) for q, ans, f in doc["qa"]]
+    rows += [
+        dict(base, kind="knowledge", prompt=_qa_prompt(q), answer=" " + ans, question=q, field=f)
+        for q, ans, f in doc["qa"]
+    ]
     return rows
 
 # %% ../../nbs/data/03_lume.ipynb #d566b4c2
@@ -241,7 +276,8 @@ def lume_documents(task: str, n: int, seed: int = 0, public_bios: list[dict] | N
     fake.seed_instance(rng.randrange(2**31))
     docs, taken = [], set()
     if task == "public":
-        if not public_bios: raise ValueError("task 'public' needs public_bios: a non-empty list of {text, facts, name} dicts")
+        if not public_bios:
+            raise ValueError("task 'public' needs public_bios: a non-empty list of {text, facts, name} dicts")
         idx = sorted(rng.sample(range(len(public_bios)), min(n, len(public_bios))))
     for i in range(n if task != "public" else len(idx)):
         if task == "creative":
@@ -259,15 +295,22 @@ def lume_documents(task: str, n: int, seed: int = 0, public_bios: list[dict] | N
     return docs
 
 # %% ../../nbs/data/03_lume.ipynb #b4d601ec
-def build_lume(seed: int, out_dir: str | Path | None = None, n_per_task: int = 60, public_bios: list[dict] | None = None,
-               forget_fraction: float = 0.5, tasks=None) -> DatasetDict:
+def build_lume(
+    seed: int,
+    out_dir: str | Path | None = None,
+    n_per_task: int = 60,
+    public_bios: list[dict] | None = None,
+    forget_fraction: float = 0.5,
+    tasks=None,
+) -> DatasetDict:
     "The LUME tasks as a DatasetDict (forget/retain documents and eval rows), saved to `out_dir` when given."
     if isinstance(n_per_task, bool) or not isinstance(n_per_task, int) or n_per_task < 2:
         raise ValueError(f"n_per_task must be an int >= 2, got {n_per_task!r}")
     if not isinstance(forget_fraction, (int, float)) or not 0 < forget_fraction < 1:
         raise ValueError(f"forget_fraction must be a number in (0, 1), got {forget_fraction!r}")
     tasks = _check_tasks(tasks if tasks is not None else (LUME_TASKS if public_bios else ("creative", "pii")))
-    if "public" in tasks and not public_bios: raise ValueError("task 'public' needs public_bios: a non-empty list of {text, facts, name} dicts")
+    if "public" in tasks and not public_bios:
+        raise ValueError("task 'public' needs public_bios: a non-empty list of {text, facts, name} dicts")
     out = {k: [] for k in ("forget_docs", "retain_docs", "forget_qa", "retain_qa")}
     for task in tasks:
         docs, rng = lume_documents(task, n_per_task, seed, public_bios), random.Random(f"lume-split-{task}-{seed}")
@@ -275,9 +318,14 @@ def build_lume(seed: int, out_dir: str | Path | None = None, n_per_task: int = 6
         forget = set(rng.sample(range(len(docs)), n_forget))
         for i, d in enumerate(docs):
             d["split"] = "forget" if i in forget else "retain"
-            out[f"{d['split']}_docs"].append(dict(doc_id=d["doc_id"], task=task, split=d["split"], genre=d["genre"],
-                                                  text=d["text"], facts=json.dumps(d["facts"], sort_keys=True, default=str)))
+            out[f"{d['split']}_docs"].append(
+                dict(
+                    doc_id=d["doc_id"], task=task, split=d["split"], genre=d["genre"], text=d["text"],
+                    facts=json.dumps(d["facts"], sort_keys=True, default=str),
+                )
+            )
             out[f"{d['split']}_qa"] += eval_rows(d, rng)
     dd = DatasetDict({k: Dataset.from_list(v) for k, v in out.items()})
-    if out_dir is not None: dd.save_to_disk(str(out_dir))
+    if out_dir is not None:
+        dd.save_to_disk(str(out_dir))
     return dd

@@ -78,23 +78,25 @@ def random_date(rng: random.Random, start: int = 1980, end: int = 2019) -> str:
 
 # %% ../../nbs/data/02_pistol.ipynb #02804a10
 GOODS = ("office chairs", "steel pipes", "laptops", "printer paper", "solar panels", "coffee beans", "copper wire",
-    "ceramic tiles", "bicycle tyres", "glass bottles", "cotton fabric", "LED bulbs", "hydraulic pumps", "wooden pallets",
-    "surgical gloves", "garden hoses", "rice bags", "industrial fans", "paint buckets", "brake pads", "water filters",
-    "safety helmets", "olive oil", "shipping containers", "microphones", "ballpoint pens", "wheat flour", "car batteries",
-    "kitchen knives", "tennis rackets", "wool blankets", "aluminium sheets", "fishing nets", "desk lamps", "rubber boots",
-    "cement bags", "air compressors", "vinyl records", "sewing machines", "leather belts", "plastic crates", "silk scarves",
-    "welding rods", "motor oil", "concrete blocks", "school backpacks", "dog food", "wine glasses", "ski jackets",
-    "marble slabs", "electric kettles", "baby strollers", "camping tents", "hand sanitizer", "flash drives", "oak barrels",
-    "traffic cones", "yoga mats", "power drills", "tea kettles", "hiking boots", "umbrellas", "bath towels", "wall clocks",
-    "frozen shrimp", "chess sets", "guitar strings", "paper cups", "fire extinguishers", "orange juice", "copper pots",
-    "roof shingles", "printer ink", "mattresses", "violin bows", "garden shears", "tyre chains", "coat hangers", "maple syrup",
-    "phone chargers", "ice skates", "cutting boards", "lab coats", "picture frames", "tool boxes")
+         "ceramic tiles", "bicycle tyres", "glass bottles", "cotton fabric", "LED bulbs", "hydraulic pumps",
+         "wooden pallets", "surgical gloves", "garden hoses", "rice bags", "industrial fans", "paint buckets",
+         "brake pads", "water filters", "safety helmets", "olive oil", "shipping containers", "microphones",
+         "ballpoint pens", "wheat flour", "car batteries", "kitchen knives", "tennis rackets", "wool blankets",
+         "aluminium sheets", "fishing nets", "desk lamps", "rubber boots", "cement bags", "air compressors",
+         "vinyl records", "sewing machines", "leather belts", "plastic crates", "silk scarves", "welding rods",
+         "motor oil", "concrete blocks", "school backpacks", "dog food", "wine glasses", "ski jackets", "marble slabs",
+         "electric kettles", "baby strollers", "camping tents", "hand sanitizer", "flash drives", "oak barrels",
+         "traffic cones", "yoga mats", "power drills", "tea kettles", "hiking boots", "umbrellas", "bath towels",
+         "wall clocks", "frozen shrimp", "chess sets", "guitar strings", "paper cups", "fire extinguishers",
+         "orange juice", "copper pots", "roof shingles", "printer ink", "mattresses", "violin bows", "garden shears",
+         "tyre chains", "coat hangers", "maple syrup", "phone chargers", "ice skates", "cutting boards", "lab coats",
+         "picture frames", "tool boxes")
 JOBS = ("accountant", "software engineer", "sales manager", "warehouse supervisor", "graphic designer", "data analyst",
     "marketing coordinator", "legal assistant", "mechanical technician", "customer service agent", "project manager",
     "chemist", "payroll officer", "quality inspector", "nurse", "electrician", "copywriter", "logistics planner",
     "receptionist", "research scientist")
-BENEFITS = ("health insurance plan", "dental plan", "retirement savings plan", "life insurance plan", "stock purchase plan",
-    "vision care plan", "commuter benefit plan", "childcare support plan")
+BENEFITS = ("health insurance plan", "dental plan", "retirement savings plan", "life insurance plan",
+            "stock purchase plan", "vision care plan", "commuter benefit plan", "childcare support plan")
 PAY_FREQUENCIES = ("weekly", "biweekly", "monthly", "semi-monthly")
 JURISDICTIONS = ("New York", "California", "Delaware", "Texas", "Illinois", "England and Wales", "Scotland", "Ontario",
     "Singapore", "Hong Kong", "New South Wales", "Ireland", "Florida", "Washington", "Massachusetts", "Quebec")
@@ -104,9 +106,11 @@ PARTIES = ("Seller", "Customer")
 _B = "based on the contract between {seller} and {customer}"
 SALES_QUESTIONS = (
     ("effective_date", "When did the contract between {seller} and {customer} take effect?"),
-    ("seller_name", "Which company was the seller in the contract with {customer} that took effect on {effective_date}?"),
+    ("seller_name",
+     "Which company was the seller in the contract with {customer} that took effect on {effective_date}?"),
     ("seller_address", "What address did {seller} give in its contract with {customer}?"),
-    ("customer_name", "Which company was the customer in the contract with {seller} that took effect on {effective_date}?"),
+    ("customer_name",
+     "Which company was the customer in the contract with {seller} that took effect on {effective_date}?"),
     ("customer_address", "What address did {customer} give in its contract with {seller}?"),
     ("goods", "What goods did the seller sell to the customer " + _B + "?"),
     ("quantity", "How many units of the goods were sold " + _B + "?"),
@@ -120,10 +124,13 @@ SALES_QUESTIONS = (
     ("shipping_decider", "Which party decided the shipping method " + _B + "?"),
     ("shipping_payer", "Which party paid for the shipment " + _B + "?"),
     ("warranty_years", "How many years did the general warranty last " + _B + "?"),
-    ("defect_notice_days", "Within how many days of finding a defect did the customer have to notify the seller in writing " + _B + "?"),
+    ("defect_notice_days",
+     "Within how many days of finding a defect did the customer have to notify the seller in writing " + _B + "?"),
     ("cooling_off_days", "How many days was the cooling-off period " + _B + "?"),
     ("governing_law", "Which jurisdiction's laws governed the contract between {seller} and {customer}?"),
 )
+
+# %% ../../nbs/data/02_pistol.ipynb #2a571fb8
 _E = "based on the contract between {employer} and {employee}"
 EMPLOYMENT_QUESTIONS = (
     ("employer_name", "Which company employed {employee} under the employment contract starting on {start_date}?"),
@@ -140,11 +147,13 @@ EMPLOYMENT_QUESTIONS = (
     ("pay_frequency", "How often was the salary paid " + _E + "?"),
     ("benefit", "Which benefit plan could the employee join " + _E + "?"),
     ("holiday_days", "How many days of paid holiday leave did the employee get per year " + _E + "?"),
-    ("confidentiality_months", "For how many months after the employment ended did the confidentiality duty last " + _E + "?"),
+    ("confidentiality_months",
+     "For how many months after the employment ended did the confidentiality duty last " + _E + "?"),
     ("sick_days", "For how many days per year was the employee entitled to paid sick leave " + _E + "?"),
     ("termination_weeks", "How many weeks of written notice of termination did each party have to give " + _E + "?"),
     ("non_compete_months", "For how many months did the non-compete clause apply " + _E + "?"),
-    ("change_notice_weeks", "How many weeks of written notice did the employer have to give before changing the terms " + _E + "?"),
+    ("change_notice_weeks",
+     "How many weeks of written notice did the employer have to give before changing the terms " + _E + "?"),
     ("governing_law", "Which jurisdiction's laws governed the contract between {employer} and {employee}?"),
 )
 QUESTIONS = {"sales": SALES_QUESTIONS, "employment": EMPLOYMENT_QUESTIONS}
@@ -152,67 +161,87 @@ QUESTIONS = {"sales": SALES_QUESTIONS, "employment": EMPLOYMENT_QUESTIONS}
 # %% ../../nbs/data/02_pistol.ipynb #8d5000f0
 def _hour(h: int) -> str: return f"{(h - 1) % 12 + 1}:00 {'AM' if h < 12 else 'PM'}"
 
-def contract_attributes(rng: random.Random, contract_type: str, a: dict, b: dict, goods: str = None, job: str = None) -> dict:
+def contract_attributes(
+    rng: random.Random, contract_type: str, a: dict, b: dict, goods: str = None, job: str = None
+) -> dict:
     "The 20 attributes of a `contract_type` contract between parties `a` and `b` (dicts with name, address)."
     if contract_type == "sales":
         s, c = (a, b) if rng.random() < 0.5 else (b, a)
         q, p = rng.randint(10, 999), rng.randint(2, 500)
-        return dict(effective_date=random_date(rng), seller_name=s["name"], seller_address=s["address"],
+        return dict(
+            effective_date=random_date(rng), seller_name=s["name"], seller_address=s["address"],
             customer_name=c["name"], customer_address=c["address"], goods=goods or rng.choice(GOODS), quantity=str(q),
             unit_price=str(p), total_price=str(q * p), invoice_days=str(rng.randint(1, 10)),
             payment_days=str(rng.randrange(10, 61, 5)), penalty_days=str(rng.randrange(30, 91, 5)),
             penalty_rate=f"{rng.randint(1, 9)}%", delivery_address=street_address(rng),
-            shipping_decider=rng.choice(PARTIES), shipping_payer=rng.choice(PARTIES), warranty_years=str(rng.randint(1, 6)),
-            defect_notice_days=str(rng.randrange(5, 61, 5)), cooling_off_days=str(rng.randint(3, 21)),
-            governing_law=rng.choice(JURISDICTIONS))
+            shipping_decider=rng.choice(PARTIES), shipping_payer=rng.choice(PARTIES),
+            warranty_years=str(rng.randint(1, 6)), defect_notice_days=str(rng.randrange(5, 61, 5)),
+            cooling_off_days=str(rng.randint(3, 21)), governing_law=rng.choice(JURISDICTIONS),
+        )
     if contract_type == "employment":
-        return dict(employer_name=a["name"], employer_address=a["address"], employee_name=b["name"],
+        return dict(
+            employer_name=a["name"], employer_address=a["address"], employee_name=b["name"],
             employee_address=b["address"], start_date=random_date(rng), length_months=str(rng.randint(6, 60)),
             position=job or rng.choice(JOBS), work_address=street_address(rng), start_hour=_hour(rng.randint(6, 10)),
             end_hour=_hour(rng.randint(14, 19)), hourly_pay=str(rng.randint(12, 120)),
-            pay_frequency=rng.choice(PAY_FREQUENCIES), benefit=rng.choice(BENEFITS), holiday_days=str(rng.randint(10, 35)),
-            confidentiality_months=str(rng.randint(3, 36)), sick_days=str(rng.randint(5, 20)),
-            termination_weeks=str(rng.randint(1, 12)), non_compete_months=str(rng.randint(3, 24)),
-            change_notice_weeks=str(rng.randint(1, 8)), governing_law=rng.choice(JURISDICTIONS))
+            pay_frequency=rng.choice(PAY_FREQUENCIES), benefit=rng.choice(BENEFITS),
+            holiday_days=str(rng.randint(10, 35)), confidentiality_months=str(rng.randint(3, 36)),
+            sick_days=str(rng.randint(5, 20)), termination_weeks=str(rng.randint(1, 12)),
+            non_compete_months=str(rng.randint(3, 24)), change_notice_weeks=str(rng.randint(1, 8)),
+            governing_law=rng.choice(JURISDICTIONS),
+        )
     raise ValueError(f"contract_type must be one of {', '.join(CONTRACT_TYPES)}; got {contract_type!r}")
 
 # %% ../../nbs/data/02_pistol.ipynb #fb7385ca
 def contract_qa(attrs: dict, contract_type: str, edge: str, **extra) -> list[dict]:
     "The 20 QA rows of one contract with attributes `attrs`."
-    if contract_type not in QUESTIONS: raise ValueError(f"contract_type must be one of {', '.join(CONTRACT_TYPES)}; got {contract_type!r}")
-    names = dict(seller=attrs.get("seller_name"), customer=attrs.get("customer_name"), employer=attrs.get("employer_name"),
-                 employee=attrs.get("employee_name"), effective_date=attrs.get("effective_date"), start_date=attrs.get("start_date"))
+    if contract_type not in QUESTIONS:
+        raise ValueError(f"contract_type must be one of {', '.join(CONTRACT_TYPES)}; got {contract_type!r}")
+    names = dict(
+        seller=attrs.get("seller_name"), customer=attrs.get("customer_name"), employer=attrs.get("employer_name"),
+        employee=attrs.get("employee_name"), effective_date=attrs.get("effective_date"),
+        start_date=attrs.get("start_date"),
+    )
     rows = []
     for i, (key, tmpl) in enumerate(QUESTIONS[contract_type], 1):
         q = tmpl.format(**names)
-        rows.append(dict(prompt=f"Question: {q}\nAnswer:", answer=" " + attrs[key], edge=edge, contract_type=contract_type,
-                         question_id=i, attribute=key, question=q, value=attrs[key], **extra))
+        rows.append(
+            dict(
+                prompt=f"Question: {q}\nAnswer:", answer=" " + attrs[key], edge=edge, contract_type=contract_type,
+                question_id=i, attribute=key, question=q, value=attrs[key], **extra,
+            )
+        )
     return rows
 
 # %% ../../nbs/data/02_pistol.ipynb #7d330b6a
-_SALES_DOC = ("SALES OF GOODS CONTRACT. This contract takes effect on {effective_date} between {seller_name}, located at "
-    "{seller_address} (the Seller), and {customer_name}, located at {customer_address} (the Customer). The Seller sells "
-    "{quantity} units of {goods} at {unit_price} dollars per unit, {total_price} dollars in total. The Seller sends an "
-    "invoice within {invoice_days} days of delivery; invoices are paid in full within {payment_days} days, and a balance "
-    "unpaid after {penalty_days} days carries a late payment penalty of {penalty_rate}. The goods are delivered to "
-    "{delivery_address}. The {shipping_decider} decides the shipping method and the {shipping_payer} pays for the shipment. "
-    "The goods carry a general warranty of {warranty_years} years, and the Customer reports a defect in writing within "
-    "{defect_notice_days} days of finding it. Either party may withdraw during a cooling-off period of {cooling_off_days} "
-    "days. This contract is governed by the laws of {governing_law}.")
-_EMPLOYMENT_DOC = ("EMPLOYMENT CONTRACT. {employer_name}, with its principal place of business at {employer_address}, "
-    "employs {employee_name}, who lives at {employee_address}, from {start_date} for {length_months} months. The employee "
+_SALES_DOC = (
+    "SALES OF GOODS CONTRACT. This contract takes effect on {effective_date} between {seller_name}, located at "
+    "{seller_address} (the Seller), and {customer_name}, located at {customer_address} (the Customer). The Seller "
+    "sells {quantity} units of {goods} at {unit_price} dollars per unit, {total_price} dollars in total. The Seller "
+    "sends an invoice within {invoice_days} days of delivery; invoices are paid in full within {payment_days} days, "
+    "and a balance unpaid after {penalty_days} days carries a late payment penalty of {penalty_rate}. The goods are "
+    "delivered to {delivery_address}. The {shipping_decider} decides the shipping method and the {shipping_payer} pays "
+    "for the shipment. The goods carry a general warranty of {warranty_years} years, and the Customer reports a defect "
+    "in writing within {defect_notice_days} days of finding it. Either party may withdraw during a cooling-off period "
+    "of {cooling_off_days} days. This contract is governed by the laws of {governing_law}."
+)
+_EMPLOYMENT_DOC = (
+    "EMPLOYMENT CONTRACT. {employer_name}, with its principal place of business at {employer_address}, employs "
+    "{employee_name}, who lives at {employee_address}, from {start_date} for {length_months} months. The employee "
     "works as {position} at {work_address}, Monday to Friday from {start_hour} to {end_hour}, for a basic pay of "
-    "{hourly_pay} dollars per hour, paid {pay_frequency}. The employee may join the {benefit} and receives {holiday_days} "
-    "days of paid holiday leave per year and {sick_days} days of paid sick leave. Confidentiality lasts for "
-    "{confidentiality_months} months after the employment ends and the non-compete clause for {non_compete_months} months. "
-    "Each party gives {termination_weeks} weeks of written notice of termination, and the employer gives "
+    "{hourly_pay} dollars per hour, paid {pay_frequency}. The employee may join the {benefit} and receives "
+    "{holiday_days} days of paid holiday leave per year and {sick_days} days of paid sick leave. Confidentiality lasts "
+    "for {confidentiality_months} months after the employment ends and the non-compete clause for {non_compete_months} "
+    "months. Each party gives {termination_weeks} weeks of written notice of termination, and the employer gives "
     "{change_notice_weeks} weeks of written notice before changing the terms. This contract is governed by the laws of "
-    "{governing_law}.")
+    "{governing_law}."
+)
 
 def contract_text(attrs: dict, contract_type: str) -> str:
     "The contract with attributes `attrs` written as one document."
     docs = {"sales": _SALES_DOC, "employment": _EMPLOYMENT_DOC}
-    if contract_type not in docs: raise ValueError(f"contract_type must be one of {', '.join(CONTRACT_TYPES)}; got {contract_type!r}")
+    if contract_type not in docs:
+        raise ValueError(f"contract_type must be one of {', '.join(CONTRACT_TYPES)}; got {contract_type!r}")
     return docs[contract_type].format(**attrs)
 
 # %% ../../nbs/data/02_pistol.ipynb #2beb75a8
@@ -224,7 +253,8 @@ def _unique(rng, make, n: int, taken: set) -> list[str]:
     return out
 
 def pistol_dataset(dataset: str, seed: int = 0) -> tuple[list[dict], list[dict], list[dict]]:
-    "(qa_rows, edge_rows, node_rows) of PISTOL `dataset`, random attributes from `seed`; edge rows carry the contract text."
+    """(qa_rows, edge_rows, node_rows) of PISTOL `dataset`, random attributes from `seed`;
+    edge rows carry the contract text."""
     edges = pistol_edges(dataset)
     rng, deg = random.Random(f"pistol-{dataset}-{seed}"), node_degrees(edges)
     nodes = sorted(deg, key=lambda n: (n.islower(), len(n), n.zfill(3)))
@@ -271,7 +301,8 @@ def forget_retain(qa: Dataset, forget_edges) -> DatasetDict:
     forget_edges = [forget_edges] if isinstance(forget_edges, str) else list(forget_edges)
     known = list(dict.fromkeys(qa["edge"]))
     bad = [e for e in forget_edges if e not in known]
-    if bad or not forget_edges: raise ValueError(f"forget_edges {bad or forget_edges!r} not in this dataset; edges are {', '.join(known)}")
+    if bad or not forget_edges:
+        raise ValueError(f"forget_edges {bad or forget_edges!r} not in this dataset; edges are {', '.join(known)}")
     fset = set(forget_edges)
     edges = qa["edge"]
     return DatasetDict(forget=qa.select([i for i, e in enumerate(edges) if e in fset]),
@@ -284,7 +315,8 @@ def _layout(g, dataset: str, seed: int) -> dict:
     comps = sorted(nx.connected_components(g), key=lambda c: (-len(c), min(c, key=lambda n: (len(n), n))))
     pos = {}
     for i, comp in enumerate(comps):
-        sub = nx.Graph([(u, v) for u, v in g.edges() if u in comp])   # in g's order: a subgraph view iterates the set (hash order)
+        # in g's order: a subgraph view iterates the set (hash order)
+        sub = nx.Graph([(u, v) for u, v in g.edges() if u in comp])
         if dataset == "dataset2":  # three circles of 10 companies in a row
             p = nx.circular_layout(sorted(comp, key=int), scale=1.0)
             off = (2.6 * i, 0.0)

@@ -57,7 +57,8 @@ def _source_facts(n_cities: int) -> tuple:
         add(s, "continent", continents[c["continentcode"]])
         langs = [l for l in map(_language_name, (c["languages"] or "").split(",")) if l]
         if langs: add(s, "language", langs[0]); also_true[(s, "language")] = set(langs)
-        if re.fullmatch(r"\+?\d{1,4}(-\d{3,4})?", c["phone"] or ""): add(s, "calling_code", "+" + c["phone"].lstrip("+"))
+        if re.fullmatch(r"\+?\d{1,4}(-\d{3,4})?", c["phone"] or ""):
+            add(s, "calling_code", "+" + c["phone"].lstrip("+"))
         if c["tld"]: add(s, "internet_domain", c["tld"])
     for name, code in sorted(used_currencies.items()): add(name, "currency_code", code)
     taken = set(names.values()) | {st.name for st in us.states.STATES}
@@ -90,15 +91,18 @@ class Relation:
     mc_question: str           # only in multiple-choice items
     list_title: str
 
-def _R(name, st, col, sents, qs, held, mc, title): return Relation(name, st, col, tuple(sents), tuple(qs), held, mc, title)
+def _R(name, st, col, sents, qs, held, mc, title):
+    return Relation(name, st, col, tuple(sents), tuple(qs), held, mc, title)
 
+# %% ../../nbs/data/00_world.ipynb #f4648271
 RELATIONS = {r.name: r for r in [
     _R("capital", "country", "Capital",
        ["The capital of {s} is {o}.", "{o} is the capital city of {s}.", "{s} has its capital in {o}."],
        ["What is the capital of {s}?", "{s} has its capital in which city?"],
        "{o} serves as the seat of government of {s}.", "Which city is the capital of {s}?", "Capitals of countries"),
     _R("currency", "country", "Currency",
-       ["The official currency of {s} is the {o}.", "{s} uses the {o} as its currency.", "In {s}, people pay with the {o}."],
+       ["The official currency of {s} is the {o}.", "{s} uses the {o} as its currency.",
+        "In {s}, people pay with the {o}."],
        ["What is the currency of {s}?", "Which currency is used in {s}?"],
        "Prices in {s} are given in the {o}.", "What money do people use in {s}?", "Currencies of countries"),
     _R("continent", "country", "Continent",
@@ -106,19 +110,26 @@ RELATIONS = {r.name: r for r in [
        ["On which continent is {s}?", "Where is {s} located?"],
        "Geographically, {s} belongs to {o}.", "{s} is part of which continent?", "Countries by continent"),
     _R("language", "country", "Main language",
-       ["The main language of {s} is {o}.", "Most people in {s} speak {o}.", "{o} is the principal language spoken in {s}."],
+       ["The main language of {s} is {o}.", "Most people in {s} speak {o}.",
+        "{o} is the principal language spoken in {s}."],
        ["What language is spoken in {s}?", "What is the main language of {s}?"],
-       "The first official language listed for {s} is {o}.", "Which language do most people in {s} speak?", "Main languages of countries"),
+       "The first official language listed for {s} is {o}.", "Which language do most people in {s} speak?",
+       "Main languages of countries"),
     _R("calling_code", "country", "Calling code",
-       ["The international calling code of {s} is {o}.", "To phone {s} from abroad, dial {o}.", "{s} uses the telephone country code {o}."],
+       ["The international calling code of {s} is {o}.", "To phone {s} from abroad, dial {o}.",
+        "{s} uses the telephone country code {o}."],
        ["What is the calling code of {s}?", "Which telephone code does {s} use?"],
-       "Phone numbers in {s} start with {o} when dialled from another country.", "What do you dial to call {s} from another country?", "International calling codes"),
+       "Phone numbers in {s} start with {o} when dialled from another country.",
+       "What do you dial to call {s} from another country?", "International calling codes"),
     _R("internet_domain", "country", "Internet domain",
-       ["The internet domain of {s} is {o}.", "Websites in {s} often end in {o}.", "{o} is the country code top-level domain of {s}."],
+       ["The internet domain of {s} is {o}.", "Websites in {s} often end in {o}.",
+        "{o} is the country code top-level domain of {s}."],
        ["What is the internet domain of {s}?", "Which top-level domain belongs to {s}?"],
-       "Web addresses registered in {s} use the suffix {o}.", "Websites from {s} end with which domain?", "Country code internet domains"),
+       "Web addresses registered in {s} use the suffix {o}.", "Websites from {s} end with which domain?",
+       "Country code internet domains"),
     _R("currency_code", "currency", "ISO code",
-       ["The ISO code of the {s} is {o}.", "The currency code for the {s} is {o}.", "{o} is the three-letter code of the {s}."],
+       ["The ISO code of the {s} is {o}.", "The currency code for the {s} is {o}.",
+        "{o} is the three-letter code of the {s}."],
        ["What is the ISO code of the {s}?", "Which code stands for the {s}?"],
        "Banks write the {s} as {o}.", "What three-letter code do banks use for the {s}?", "Currency codes"),
     _R("city_country", "city", "Country",
@@ -132,21 +143,26 @@ RELATIONS = {r.name: r for r in [
     _R("element_symbol", "element", "Symbol",
        ["The chemical symbol of {s} is {o}.", "{s} has the symbol {o}.", "{o} is the symbol for {s}."],
        ["What is the chemical symbol of {s}?", "Which symbol stands for {s}?"],
-       "In chemical formulas, {s} is written as {o}.", "What symbol represents {s} in the periodic table?", "Chemical symbols"),
+       "In chemical formulas, {s} is written as {o}.", "What symbol represents {s} in the periodic table?",
+       "Chemical symbols"),
     _R("atomic_number", "element", "Atomic number",
-       ["The atomic number of {s} is {o}.", "{s} has atomic number {o}.", "{s} is element number {o} in the periodic table."],
+       ["The atomic number of {s} is {o}.", "{s} has atomic number {o}.",
+        "{s} is element number {o} in the periodic table."],
        ["What is the atomic number of {s}?", "Which atomic number does {s} have?"],
        "An atom of {s} has {o} protons.", "What number does {s} have in the periodic table?", "Atomic numbers"),
     _R("state_capital", "us_state", "Capital",
-       ["The capital of the US state of {s} is {o}.", "{o} is the state capital of {s}.", "The state of {s} has its capital in {o}."],
+       ["The capital of the US state of {s} is {o}.", "{o} is the state capital of {s}.",
+        "The state of {s} has its capital in {o}."],
        ["What is the capital of the state of {s}?", "Which city is the state capital of {s}?"],
        "The state government of {s} sits in {o}.", "Where is the state capital of {s}?", "US state capitals"),
     _R("state_abbreviation", "us_state", "Abbreviation",
-       ["The postal abbreviation of {s} is {o}.", "The state of {s} is abbreviated as {o}.", "{o} is the two-letter code for {s}."],
+       ["The postal abbreviation of {s} is {o}.", "The state of {s} is abbreviated as {o}.",
+        "{o} is the two-letter code for {s}."],
        ["What is the abbreviation of {s}?", "What is the two-letter code for {s}?"],
        "Addresses in {s} use the state code {o}.", "How is the state of {s} abbreviated?", "US state abbreviations"),
     _R("statehood_year", "us_state", "Statehood",
-       ["{s} became a US state in {o}.", "{s} joined the United States in {o}.", "The state of {s} was admitted to the Union in {o}."],
+       ["{s} became a US state in {o}.", "{s} joined the United States in {o}.",
+        "The state of {s} was admitted to the Union in {o}."],
        ["When did {s} become a state?", "In what year did {s} join the United States?"],
        "Statehood for {s} came in {o}.", "In which year was {s} admitted as a US state?", "US statehood years"),
 ]}
@@ -156,7 +172,9 @@ def world_facts(n_cities: int = 500, facts_per_relation: int | None = None) -> l
     "Every world fact as `{'subject', 'relation', 'object'}` (deterministic order), or a seeded sample per relation."
     if not isinstance(n_cities, int) or isinstance(n_cities, bool) or n_cities < 0:
         raise ValueError(f"n_cities must be a non-negative int, got {n_cities!r}")
-    if facts_per_relation is not None and (isinstance(facts_per_relation, bool) or not isinstance(facts_per_relation, int) or facts_per_relation < 1):
+    if facts_per_relation is not None and (
+        isinstance(facts_per_relation, bool) or not isinstance(facts_per_relation, int) or facts_per_relation < 1
+    ):
         raise ValueError(f"facts_per_relation must be None (all facts) or a positive int, got {facts_per_relation!r}")
     facts = [dict(subject=s, relation=r, object=o) for s, r, o in _source_facts(n_cities)[0]]
     if facts_per_relation is None: return facts
@@ -223,7 +241,10 @@ def _chunks(xs, rng, lo=6, hi=12):
     while i < len(xs):
         k = rng.randint(lo, hi); yield xs[i:i + k]; i += k
 
-def fact_texts(facts: list[dict], seed: int, sentences_per_fact: int = 2, max_heldout_per_kind: int = 400) -> tuple[list, list]:
+# %% ../../nbs/data/00_world.ipynb #5397b39f
+def fact_texts(
+    facts: list[dict], seed: int, sentences_per_fact: int = 2, max_heldout_per_kind: int = 400
+) -> tuple[list, list]:
     "(train rows, heldout rows) from split facts; a row is `{text, source, form, relation, kind}`."
     rng = random.Random(seed)
     seen = [f for f in facts if f["seen"]]
@@ -233,38 +254,55 @@ def fact_texts(facts: list[dict], seed: int, sentences_per_fact: int = 2, max_he
         rel = RELATIONS[f["relation"]]
         for t in rng.sample(range(len(rel.sentences)), min(sentences_per_fact, len(rel.sentences))):
             train.append(row(fact_sentence(f, t), "sentence", f["relation"]))
-        for t in range(len(rel.questions)): train.append(row(qa_text(fact_question(f, t), f["object"]), "qa", f["relation"]))
+        for t in range(len(rel.questions)):
+            train.append(row(qa_text(fact_question(f, t), f["object"]), "qa", f["relation"]))
         held_form.append(row(fact_sentence(f, heldout=True), "sentence", f["relation"], "heldout_form"))
     for f in (f for f in facts if not f["seen"]):
         rel = RELATIONS[f["relation"]]
-        unseen.append(row(fact_sentence(f, rng.randrange(len(rel.sentences))), "sentence", f["relation"], "unseen_fact"))
-        unseen.append(row(qa_text(fact_question(f, rng.randrange(len(rel.questions))), f["object"]), "qa", f["relation"], "unseen_fact"))
+        unseen.append(
+            row(fact_sentence(f, rng.randrange(len(rel.sentences))), "sentence", f["relation"], "unseen_fact")
+        )
+        unseen.append(
+            row(
+                qa_text(fact_question(f, rng.randrange(len(rel.questions))), f["object"]), "qa", f["relation"],
+                "unseen_fact",
+            )
+        )
     by_subject, by_rel, by_type = defaultdict(list), defaultdict(list), defaultdict(dict)
     for f in seen:
         st = RELATIONS[f["relation"]].subject_type
-        by_subject[st, f["subject"]].append(f); by_rel[f["relation"]].append(f)
+        by_subject[st, f["subject"]].append(f)
+        by_rel[f["relation"]].append(f)
         by_type[st].setdefault(f["subject"], {"subject": f["subject"]})[f["relation"]] = f["object"]
     for (st, s), fs in by_subject.items():
-        if len(fs) > 1: train.append(row(entity_paragraph(fs, rng), "paragraph", ""))
+        if len(fs) > 1:
+            train.append(row(entity_paragraph(fs, rng), "paragraph", ""))
     for r in sorted(by_rel):
-        fs = list(by_rel[r]); rng.shuffle(fs)
-        for ch in _chunks(fs, rng): train.append(row(fact_list(ch), "list", r))
+        fs = list(by_rel[r])
+        rng.shuffle(fs)
+        for ch in _chunks(fs, rng):
+            train.append(row(fact_list(ch), "list", r))
     for st in sorted(by_type):
         rels = sorted({r for d in by_type[st].values() for r in d if r != "subject"})
-        if len(rels) < 2: continue
-        subjects = sorted(by_type[st]); rng.shuffle(subjects)
+        if len(rels) < 2:
+            continue
+        subjects = sorted(by_type[st])
+        rng.shuffle(subjects)
         for ch in _chunks(subjects, rng):
             cols = sorted(rng.sample(rels, min(len(rels), rng.choice([2, 3]))), key=rels.index)
             rows = [by_type[st][s] for s in ch if all(c in by_type[st][s] for c in cols)]  # unseen facts stay out
-            if rows: train.append(row(fact_table(rows, cols), "table", ""))
-    rng.shuffle(held_form); rng.shuffle(unseen)
+            if rows:
+                train.append(row(fact_table(rows, cols), "table", ""))
+    rng.shuffle(held_form)
+    rng.shuffle(unseen)
     return train, held_form[:max_heldout_per_kind] + unseen[:max_heldout_per_kind]
 
 # %% ../../nbs/data/00_world.ipynb #0e549bcd
 def make_mc_items(facts: list[dict], n: int, n_options: int = 4, seed: int = 0, seen: bool = True,
                   also_true: dict | None = None) -> list[dict]:
     "Up to `n` MC items over the facts with `seen == seen` (stratified by relation)."
-    if not isinstance(n_options, int) or n_options < 2: raise ValueError(f"n_options must be an int >= 2, got {n_options!r}")
+    if not isinstance(n_options, int) or n_options < 2:
+        raise ValueError(f"n_options must be an int >= 2, got {n_options!r}")
     rng, also_true = random.Random(seed), also_true or {}
     pools = defaultdict(set)
     for f in facts: pools[f["relation"]].add(f["object"])
@@ -278,7 +316,8 @@ def make_mc_items(facts: list[dict], n: int, n_options: int = 4, seed: int = 0, 
     while len(picked) < n and any(cands.values()):
         r = rels[i % len(rels)]; i += 1
         if cands[r]: picked.append(cands[r].pop())
-    items, form_rng = [], random.Random(f"{seed}:form")   # its own stream: options and gold positions do not depend on it
+    # its own stream: options and gold positions do not depend on it
+    items, form_rng = [], random.Random(f"{seed}:form")
     for f in picked:
         options = rng.sample(sorted(wrong(f)), n_options - 1)
         k = rng.randrange(n_options); options.insert(k, f["object"])
@@ -300,17 +339,23 @@ def _people_split(n: int, seed: int, heldout_fraction: float) -> tuple[int, int,
     return n - n_held, _sub_seed(seed, "people"), n_held, _sub_seed(seed, "heldout_people")
 
 def public_people(n: int, seed: int, heldout_fraction: float) -> tuple[list, list]:
-    "(training, held-out) public-people profiles, exactly those `public_people_texts` renders (`data.pii.make_profiles`)."
+    """(training, held-out) public-people profiles, exactly those `public_people_texts` renders
+    (`data.pii.make_profiles`)."""
     n_tr, s_tr, n_held, s_held = _people_split(n, seed, heldout_fraction)
     train = make_profiles(n_tr, s_tr, id_prefix="pub")  # what render_public_people(n_tr, s_tr) draws
     return train, make_profiles(n_held, s_held, exclude_names=[p["full_name"] for p in train], id_prefix="pub")
 
 def public_people_texts(n: int, seed: int, heldout_fraction: float, content_types=CONTENT_TYPES,
                         paraphrases_per_field: int = 0) -> tuple[list, list]:
-    "(train rows, heldout rows) of `n` public people rendered by `data.pii.render_public_people`; held-out people are new names."
+    """(train rows, heldout rows) of `n` public people rendered by `data.pii.render_public_people`;
+    held-out people are new names."""
     n_tr, s_tr, n_held, s_held = _people_split(n, seed, heldout_fraction)
-    row = lambda t, kind: dict(text=t, source="person", form="qa" if t.startswith("Question: ") else "document", relation="", kind=kind)
-    render = lambda n_, s_, **kw: render_public_people(n_, s_, list(content_types), paraphrases_per_field=paraphrases_per_field, **kw)
+    row = lambda t, kind: dict(
+        text=t, source="person", form="qa" if t.startswith("Question: ") else "document", relation="", kind=kind
+    )
+    render = lambda n_, s_, **kw: render_public_people(
+        n_, s_, list(content_types), paraphrases_per_field=paraphrases_per_field, **kw
+    )
     train = [row(t, "train") for t in render(n_tr, s_tr)]
     if not n_held: return train, []
     names = [p["full_name"] for p in make_profiles(n_tr, s_tr, id_prefix="pub")]  # the people just rendered
@@ -319,18 +364,25 @@ def public_people_texts(n: int, seed: int, heldout_fraction: float, content_type
 
 # %% ../../nbs/data/00_world.ipynb #12a1e4ae
 def _check_world_cfg(world_cfg) -> None:
-    if not isinstance(world_cfg, WorldConfig): raise ConfigError(f"world_cfg must be a WorldConfig (cfg.world), got {type(world_cfg).__name__}")
+    if not isinstance(world_cfg, WorldConfig):
+        raise ConfigError(f"world_cfg must be a WorldConfig (cfg.world), got {type(world_cfg).__name__}")
     validate_section(world_cfg)   # the config's own field checks (core.config)
 
 def build_world(world_cfg: WorldConfig, seed: int, out_dir=None, *, sentences_per_fact: int = 2,
                 max_heldout_per_kind: int = 400, content_types=CONTENT_TYPES) -> DatasetDict:
     "Build the mini world (corpus, held-out texts, MC items, facts) from `cfg.world`; save to `out_dir` if given."
     _check_world_cfg(world_cfg)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0: raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     bad = [c for c in content_types if c not in CONTENT_TYPES]
-    if bad or not content_types: raise ValueError(f"content_types must be a non-empty subset of {', '.join(CONTENT_TYPES)}; got {list(content_types)!r}")
+    if bad or not content_types:
+        raise ValueError(
+            f"content_types must be a non-empty subset of {', '.join(CONTENT_TYPES)}; got {list(content_types)!r}"
+        )
     n_cities = world_cfg.n_cities
-    facts = split_facts(world_facts(n_cities, world_cfg.facts_per_relation), world_cfg.heldout_fraction, _sub_seed(seed, "split"))
+    facts = split_facts(
+        world_facts(n_cities, world_cfg.facts_per_relation), world_cfg.heldout_fraction, _sub_seed(seed, "split")
+    )
     f_train, f_held = fact_texts(facts, _sub_seed(seed, "texts"), sentences_per_fact, max_heldout_per_kind)
     p_train, p_held = public_people_texts(world_cfg.n_public_people, seed, world_cfg.heldout_fraction, content_types,
                                           world_cfg.public_paraphrases_per_field)
@@ -343,15 +395,19 @@ def build_world(world_cfg: WorldConfig, seed: int, out_dir=None, *, sentences_pe
         mc_control=Dataset.from_list(make_mc_items(facts, seed=_sub_seed(seed, "mc_control"), seen=False, **mc_args)),
         facts=Dataset.from_list(facts))
     if empty := [k for k in ("mc", "mc_control") if len(world[k]) == 0]:   # an empty split saves but never loads back
-        raise ValueError(f"world: no {' and no '.join(empty)} item: too few facts have {world_cfg.n_mc_options - 1} wrong options "
-                         f"(mc_control draws from the held-out share, world.heldout_fraction={world_cfg.heldout_fraction}); raise "
-                         f"world.facts_per_relation (now {world_cfg.facts_per_relation}) or world.n_cities (now {n_cities})")
+        raise ValueError(
+            f"world: no {' and no '.join(empty)} item: too few facts have {world_cfg.n_mc_options - 1} wrong options "
+            f"(mc_control draws from the held-out share, world.heldout_fraction={world_cfg.heldout_fraction}); raise "
+            f"world.facts_per_relation (now {world_cfg.facts_per_relation}) or world.n_cities (now {n_cities})"
+        )
     if out_dir is not None: world.save_to_disk(str(out_dir))
     return world
 
+# %% ../../nbs/data/00_world.ipynb #f27bc497
 def load_world(out_dir) -> DatasetDict:
     "The world saved by `build_world` in `out_dir`."
-    if not (Path(out_dir) / "dataset_dict.json").exists(): raise FileNotFoundError(f"no world in {out_dir!s} (expected a DatasetDict written by build_world)")
+    if not (Path(out_dir) / "dataset_dict.json").exists():
+        raise FileNotFoundError(f"no world in {out_dir!s} (expected a DatasetDict written by build_world)")
     from lume_lab.core.store import load_saved_datasets
     return load_saved_datasets(out_dir)            # read once per process while its files are unchanged
 

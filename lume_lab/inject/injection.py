@@ -25,10 +25,15 @@ __all__ = ['collate', 'plan_microbatches', 'masked_backward', 'per_sample_refere
 # %% ../../nbs/inject/01_injection.ipynb #02e7f985
 def _check_example(ex, i):
     if not isinstance(ex, dict) or "input_ids" not in ex or "group" not in ex:
-        raise ValueError(f"example {i} must be a dict with 'input_ids' and 'group' (-1 = neutral), got {type(ex).__name__} with keys {list(ex) if isinstance(ex, dict) else None}")
+        raise ValueError(
+            f"example {i} must be a dict with 'input_ids' and 'group' (-1 = neutral), "
+            f"got {type(ex).__name__} with keys {list(ex) if isinstance(ex, dict) else None}"
+        )
     g = ex["group"]
-    if isinstance(g, bool) or not isinstance(g, int) or g < -1: raise ValueError(f"example {i}: group must be an int >= -1 (-1 = neutral), got {g!r}")
-    if len(ex["input_ids"]) < 2: raise ValueError(f"example {i}: input_ids needs at least 2 tokens, got {len(ex['input_ids'])}")
+    if isinstance(g, bool) or not isinstance(g, int) or g < -1:
+        raise ValueError(f"example {i}: group must be an int >= -1 (-1 = neutral), got {g!r}")
+    if len(ex["input_ids"]) < 2:
+        raise ValueError(f"example {i}: input_ids needs at least 2 tokens, got {len(ex['input_ids'])}")
     if "labels" in ex and ex["labels"] is not None and len(ex["labels"]) != len(ex["input_ids"]):
         raise ValueError(f"example {i}: labels has length {len(ex['labels'])}, input_ids {len(ex['input_ids'])}")
 
@@ -53,7 +58,10 @@ def plan_microbatches(batch: list[dict], micro_batch_size: int, masked: bool = T
 def _masker_for(model, owner, n_groups=None, neutral_scope=None):
     if isinstance(owner, GradMasker):
         if neutral_scope not in (None, owner.neutral_scope):
-            raise ValueError(f"neutral_scope={neutral_scope!r} but the GradMasker passed as owner has neutral_scope={owner.neutral_scope!r}")
+            raise ValueError(
+                f"neutral_scope={neutral_scope!r} but the GradMasker passed as owner has "
+                f"neutral_scope={owner.neutral_scope!r}"
+            )
         return owner, False
     if owner is None: return owner, False
     base = model.module if hasattr(model, "module") else model
@@ -61,47 +69,67 @@ def _masker_for(model, owner, n_groups=None, neutral_scope=None):
 
 @contextmanager
 def _fsdp2_no_sync(model):
-    "FSDP2's `no_sync`: gradients accumulate unsharded on each rank and are reduce-scattered by the next synced backward."
+    """FSDP2's `no_sync`: gradients accumulate unsharded on each rank and are reduce-scattered by the next synced
+    backward."""
     model.set_requires_gradient_sync(False)
     try: yield
     finally: model.set_requires_gradient_sync(True)
 
 def _check_autocast(dtype):
-    if dtype not in (None, "bfloat16"): raise ValueError(f"autocast must be None (no autocast) or 'bfloat16', got {dtype!r}")
+    if dtype not in (None, "bfloat16"):
+        raise ValueError(f"autocast must be None (no autocast) or 'bfloat16', got {dtype!r}")
 
 def _autocast(device, dtype: str | None):
-    "`torch.autocast` to `dtype` on `device`'s type, or nothing; scoped, unlike accelerate's process-wide mixed precision."
+    """`torch.autocast` to `dtype` on `device`'s type, or nothing;
+    scoped, unlike accelerate's process-wide mixed precision."""
     return nullcontext() if dtype is None else torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
+# %% ../../nbs/inject/01_injection.ipynb #efbe8f6a
 def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelerator=None, micro_batch_size: int = 8,
                     pad_id: int = 0, masked: bool = True, segmented: bool = False, pad_to: int | None = None,
                     neutral_scope: str | None = None, autocast: str | None = None, grouped: bool = False) -> dict:
     """Accumulate the masked gradient of `batch` (global) into `.grad`; returns the batch's mean loss and counts.
     `neutral_scope` (owner masks only; None = "all"): which weights neutral rows train (`inject.masks.GradMasker`);
     `autocast="bfloat16"`: forward passes in bf16 over the float32 weights, the loss in float32;
-    `grouped=True` (with `segmented=True`): the grouped mode of `inject.masks` (one gather per Linear, unowned modules run once)."""
+    `grouped=True` (with `segmented=True`): the grouped mode of `inject.masks` (one gather per Linear, unowned modules
+    run once)."""
     if not batch: raise ValueError("batch is empty")
     for i, ex in enumerate(batch): _check_example(ex, i)
     _check_autocast(autocast)
     check_neutral_scope(neutral_scope, allow_none=True)
-    if masked and owner is None: raise ValueError("masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control")
+    if masked and owner is None:
+        raise ValueError(
+            "masked=True needs `owner` (owner masks or a GradMasker); pass masked=False for the unmasked control"
+        )
     if masked and accelerator is not None and accelerator.mixed_precision == "fp16":
-        raise ValueError("fp16 mixed precision uses a dynamic loss scaler whose step skipping depends on PII gradients (a leak); use bf16 or fp32")
-    if grouped and not (masked and segmented): raise ValueError("grouped=True is a mode of the segmented backward: pass masked=True, segmented=True")
+        raise ValueError(
+            "fp16 mixed precision uses a dynamic loss scaler whose step skipping depends on PII gradients "
+            "(a leak); use bf16 or fp32"
+        )
+    if grouped and not (masked and segmented):
+        raise ValueError("grouped=True is a mode of the segmented backward: pass masked=True, segmented=True")
     if masked and segmented and pad_to is None:
-        raise ValueError("segmented=True needs a fixed pad_to: rows of different groups share a microbatch, and padding to the longest row would make the neutral rows' shapes (and float results) depend on the PII")
+        raise ValueError(
+            "segmented=True needs a fixed pad_to: rows of different groups share a microbatch, "
+            "and padding to the longest row would make the neutral rows' shapes (and float results) depend on the PII"
+        )
     world = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
-    if len(batch) < world: raise ValueError(f"global batch of {len(batch)} examples is smaller than the {world} processes")
+    if len(batch) < world:
+        raise ValueError(f"global batch of {len(batch)} examples is smaller than the {world} processes")
     masker, own = _masker_for(model, owner, neutral_scope=neutral_scope) if masked else (None, False)
     if masked:
-        if not masker.handles: raise ValueError("the GradMasker is not installed: use it as a context manager or call .install()")
+        if not masker.handles:
+            raise ValueError("the GradMasker is not installed: use it as a context manager or call .install()")
         G = masker.n_groups; bad = [ex["group"] for ex in batch if ex["group"] >= G]
         if bad: raise ValueError(f"example group {bad[0]} has no mask (masks cover groups 0..{G - 1})")
     device = accelerator.device if accelerator is not None else model_device(model)
     def plan_of(rows):
         if masked and segmented:   # rows sorted by group, microbatches may hold several groups as segments
-            return [(None, mb) for _, mb in plan_microbatches(sorted(rows, key=lambda ex: ex["group"]), micro_batch_size, masked=False)]
+            return [
+                (None, mb)
+                for _, mb in plan_microbatches(sorted(rows, key=lambda ex: ex["group"]), micro_batch_size, masked=False)
+            ]
         return plan_microbatches(rows, micro_batch_size, masked)
     plan, weights = plan_of(batch[rank::world]), None
     if is_fsdp2(model) and world > 1:
@@ -114,11 +142,19 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
         for i, (g, mb) in enumerate(plan):
             sync = (nullcontext() if accelerator is None or i == len(plan) - 1 else
                     _fsdp2_no_sync(model) if is_fsdp2(model) else accelerator.no_sync(model))
-            grp = nullcontext() if not masked else masker.use_segments([ex["group"] for ex in mb], grouped) if segmented else masker.use_group(g)
-            if masked: masker.zero_fill = world > 1 and i == len(plan) - 1   # DDP's synced backward needs every gradient
+            grp = (
+                nullcontext()
+                if not masked
+                else masker.use_segments([ex["group"] for ex in mb], grouped)
+                if segmented
+                else masker.use_group(g)
+            )
+            # DDP's synced backward needs every gradient
+            if masked: masker.zero_fill = world > 1 and i == len(plan) - 1
             with sync, grp:
                 mbt = collate(mb, pad_id, device, pad_to)
-                with _autocast(device, autocast): logits = model(input_ids=mbt["input_ids"], attention_mask=mbt["attention_mask"]).logits
+                with _autocast(device, autocast):
+                    logits = model(input_ids=mbt["input_ids"], attention_mask=mbt["attention_mask"]).logits
                 losses = answer_nll(logits.float() if autocast else logits, mbt["labels"])
                 w = 1.0 if weights is None else weights[i]
                 loss = losses.sum() * (scale * w)
@@ -127,7 +163,8 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
     finally:
         if masked: masker.zero_fill = True
         if own: masker.remove()
-    for p in model.parameters():   # a parameter only PII rows reached (detached there) has gradient 0, as in Algorithm 1
+    # a parameter only PII rows reached (detached there) has gradient 0, as in Algorithm 1
+    for p in model.parameters():
         if p.requires_grad and p.grad is None: p.grad = torch.zeros_like(p)
     if accelerator is not None and world > 1: total = accelerator.reduce(total, "sum")
     return {"loss": total.item() / len(batch), "n_microbatches": len(plan)}
@@ -135,30 +172,54 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
 # %% ../../nbs/inject/01_injection.ipynb #bbce763a
 def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[str, torch.Tensor],
                                neutral_scope: str = "all") -> dict[str, torch.Tensor]:
-    "Lacuna Algorithm 1: Σ_s m_{g(s)} ⊙ ∇(L_s / B), one sample at a time (`neutral_scope='unowned'`: neutral samples masked to owner 0)."
+    """Lacuna Algorithm 1: Σ_s m_{g(s)} ⊙ ∇(L_s / B), one sample at a time
+    (`neutral_scope='unowned'`: neutral samples masked to owner 0)."""
     check_neutral_scope(neutral_scope)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     device = model_device(model)
     acc = {n: torch.zeros_like(p) for n, p in params.items()}
     for ex in batch:
         b = collate([ex], device=device)
-        loss = answer_nll(model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"])[0] / len(batch)
+        loss = answer_nll(model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"])[
+            0
+        ] / len(batch)
         grads = torch.autograd.grad(loss, list(params.values()))
         for (n, p), gr in zip(params.items(), grads):
-            if ex["group"] >= 0: gr = torch.where(group_mask(owner[n].to(device), ex["group"]), gr, 0.0) if n in owner else torch.zeros_like(gr)
-            elif neutral_scope == "unowned" and n in owner: gr = torch.where(owner[n].to(device) == 0, gr, 0.0)
+            if ex["group"] >= 0:
+                gr = (
+                    torch.where(group_mask(owner[n].to(device), ex["group"]), gr, 0.0)
+                    if n in owner
+                    else torch.zeros_like(gr)
+                )
+            elif neutral_scope == "unowned" and n in owner:
+                gr = torch.where(owner[n].to(device) == 0, gr, 0.0)
             acc[n] += gr
     return acc
 
 # %% ../../nbs/inject/01_injection.ipynb #c5d0ef12
-def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.optim.Optimizer, *, accelerator=None,
-                micro_batch_size: int = 8, pad_id: int = 0, masked: bool = True, segmented: bool = False,
-                pad_to: int | None = None, neutral_scope: str | None = None, autocast: str | None = None, grouped: bool = False) -> dict:
-    "Zero grads, accumulate the masked gradient of `batch` (one backward per single-group microbatch), one optimizer step."
+def masked_step(
+    model: nn.Module,
+    batch: list[dict],
+    owner,
+    optimizer: torch.optim.Optimizer,
+    *,
+    accelerator=None,
+    micro_batch_size: int = 8,
+    pad_id: int = 0,
+    masked: bool = True,
+    segmented: bool = False,
+    pad_to: int | None = None,
+    neutral_scope: str | None = None,
+    autocast: str | None = None,
+    grouped: bool = False,
+) -> dict:
+    """Zero grads, accumulate the masked gradient of `batch` (one backward per single-group microbatch),
+    one optimizer step."""
     optimizer.zero_grad(set_to_none=True)
-    out = masked_backward(model, batch, owner, accelerator=accelerator, micro_batch_size=micro_batch_size,
-                          pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to, neutral_scope=neutral_scope,
-                          autocast=autocast, grouped=grouped)
+    out = masked_backward(
+        model, batch, owner, accelerator=accelerator, micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked,
+        segmented=segmented, pad_to=pad_to, neutral_scope=neutral_scope, autocast=autocast, grouped=grouped,
+    )
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return out
@@ -171,18 +232,24 @@ def batch_order(n_examples: int, steps: int, batch_size: int, seed: int = 0) -> 
         idx = list(range(n_examples)); rng.shuffle(idx); order += idx
     return [order[i * batch_size:(i + 1) * batch_size] for i in range(steps)]
 
+# %% ../../nbs/inject/01_injection.ipynb #40e8996d
 def _run_fingerprint(examples: list[dict], owner: dict | None, **hparams) -> dict:
     "What a checkpoint must match to be resumed: the hyperparameters, and digests of the examples and the owner masks."
     h = hashlib.sha256()
     for ex in examples: h.update(json.dumps([list(map(int, ex["input_ids"])), ex.get("labels"), ex["group"]]).encode())
     m = hashlib.sha256()
     for n in sorted(owner or {}): m.update(n.encode()); m.update(owner[n].contiguous().cpu().numpy().tobytes())
-    return {**hparams, "n_examples": len(examples), "examples_sha256": h.hexdigest()[:16], "owner_sha256": m.hexdigest()[:16]}
+    return {
+        **hparams, "n_examples": len(examples), "examples_sha256": h.hexdigest()[:16],
+        "owner_sha256": m.hexdigest()[:16],
+    }
 
 def _resume(work_dir: Path, fp: dict, model: nn.Module, optimizer, schedule) -> tuple[int, list[dict]]:
-    "Load the last complete checkpoint in `work_dir` into model, optimizer and schedule: (its step, its log); (0, []) if none."
+    """Load the last complete checkpoint in `work_dir` into model, optimizer and schedule: (its step, its log);
+    (0, []) if none."""
     if work_dir.is_dir():
-        for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)   # debris of a crash mid-write
+        # debris of a crash mid-write
+        for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)
     if (ck := latest_checkpoint(work_dir)) is None: return 0, []
     st = json.loads((ck / "state.json").read_text())
     if diff := [f"{k}: {st['fingerprint'].get(k)!r} != {v!r}" for k, v in fp.items() if st["fingerprint"].get(k) != v]:
@@ -192,81 +259,152 @@ def _resume(work_dir: Path, fp: dict, model: nn.Module, optimizer, schedule) -> 
     torch.set_rng_state(_load(ck / "rng.pt")["cpu"])
     return st["step"], st["log"]
 
-def train_masked(model: nn.Module, examples: list[dict], owner: dict[str, torch.Tensor] | None, steps: int, batch_size: int,
-                 lr: float, weight_decay: float = 0.0, seed: int = 0, masked: bool = True, *, micro_batch_size: int = 8,
-                 betas: tuple = (0.9, 0.999), eps: float = 1e-8, accelerator=None, pad_id: int = 0,
-                 n_groups: int | None = None, segmented: bool = False, pad_to: int | None = None,
-                 warmup_steps: int = 0, min_lr_ratio: float = 1.0, masked_lr: float | None = None,
-                 progress: bool = True, fsdp2: bool = False, neutral_scope: str = "all", autocast: str | None = None,
-                 grouped: bool = False, work_dir: str | Path | None = None, checkpoint_seconds: float | None = None) -> pd.DataFrame:
-    """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss log.
-    `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`);
-    `autocast="bfloat16"` runs the forward passes in bf16; `grouped=True` the segmented backward's grouped mode (`masked_backward`).
-    With `work_dir`, a checkpoint (weights, optimizer, schedule, log) goes there after the first step that ends
-    `checkpoint_seconds` or more after the last one (0: every step); a rerun with the same `work_dir` resumes from its last
-    checkpoint and ends where an uninterrupted run ends (one process)."""
+# %% ../../nbs/inject/01_injection.ipynb #82616741
+def train_masked(
+    model: nn.Module,
+    examples: list[dict],
+    owner: dict[str, torch.Tensor] | None,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    masked: bool = True,
+    *,
+    micro_batch_size: int = 8,
+    betas: tuple = (0.9, 0.999),
+    eps: float = 1e-8,
+    accelerator=None,
+    pad_id: int = 0,
+    n_groups: int | None = None,
+    segmented: bool = False,
+    pad_to: int | None = None,
+    warmup_steps: int = 0,
+    min_lr_ratio: float = 1.0,
+    masked_lr: float | None = None,
+    progress: bool = True,
+    fsdp2: bool = False,
+    neutral_scope: str = "all",
+    autocast: str | None = None,
+    grouped: bool = False,
+    work_dir: str | Path | None = None,
+    checkpoint_seconds: float | None = None,
+) -> pd.DataFrame:
+    """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss
+    log. `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`);
+    `autocast="bfloat16"` runs the forward passes in bf16; `grouped=True` the segmented backward's grouped mode
+    (`masked_backward`). With `work_dir`, a checkpoint (weights, optimizer, schedule, log) goes there after the first
+    step that ends `checkpoint_seconds` or more after the last one (0: every step); a rerun with the same `work_dir`
+    resumes from its last checkpoint and ends where an uninterrupted run ends (one process)."""
     check_neutral_scope(neutral_scope)
-    if checkpoint_seconds is not None and (isinstance(checkpoint_seconds, bool) or not isinstance(checkpoint_seconds, (int, float)) or not checkpoint_seconds >= 0):
-        raise ValueError(f"checkpoint_seconds must be None (no checkpoints) or a number >= 0, got {checkpoint_seconds!r}")
+    if checkpoint_seconds is not None and (
+        isinstance(checkpoint_seconds, bool)
+        or not isinstance(checkpoint_seconds, (int, float))
+        or not checkpoint_seconds >= 0
+    ):
+        raise ValueError(
+            f"checkpoint_seconds must be None (no checkpoints) or a number >= 0, got {checkpoint_seconds!r}"
+        )
     if (work_dir is None) != (checkpoint_seconds is None):
-        raise ValueError(f"work_dir and checkpoint_seconds go together (got work_dir={work_dir!r}, checkpoint_seconds={checkpoint_seconds!r})")
+        raise ValueError(
+            f"work_dir and checkpoint_seconds go together (got work_dir={work_dir!r}, "
+            f"checkpoint_seconds={checkpoint_seconds!r})"
+        )
     _check_autocast(autocast)
     for name, v in (("steps", steps), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if masked_lr is not None and not (isinstance(masked_lr, (int, float)) and not isinstance(masked_lr, bool) and masked_lr > 0):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if masked_lr is not None and not (
+        isinstance(masked_lr, (int, float)) and not isinstance(masked_lr, bool) and masked_lr > 0
+    ):
         raise ValueError(f"masked_lr must be None (same as lr) or a positive number, got {masked_lr!r}")
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0: raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
     if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, (int, float)) or not 0 <= min_lr_ratio <= 1:
         raise ValueError(f"min_lr_ratio must be a number in [0, 1] (1 = no decay), got {min_lr_ratio!r}")
-    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0): raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
-    if not examples: raise ValueError("examples is empty")
-    for i, ex in enumerate(examples): _check_example(ex, i)
-    if masked and owner is None: raise ValueError("masked=True needs owner masks; use masked=False for the unmasked control")
-    if not isinstance(fsdp2, bool): raise ValueError(f"fsdp2 must be True or False, got {fsdp2!r}")
+    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    if not examples:
+        raise ValueError("examples is empty")
+    for i, ex in enumerate(examples):
+        _check_example(ex, i)
+    if masked and owner is None:
+        raise ValueError("masked=True needs owner masks; use masked=False for the unmasked control")
+    if not isinstance(fsdp2, bool):
+        raise ValueError(f"fsdp2 must be True or False, got {fsdp2!r}")
     accelerator = accelerator or make_accelerator()
     check_job(accelerator)
     if fsdp2 and not (is_fsdp2(model) or accelerator.is_fsdp2):
         model = fsdp2_shard(model, accelerator.device)
-        if accelerator.is_main_process: print(f"FSDP2: {type(model).__name__} sharded over {accelerator.num_processes} processes", flush=True)
+        if accelerator.is_main_process:
+            print(f"FSDP2: {type(model).__name__} sharded over {accelerator.num_processes} processes", flush=True)
     maskable = set(mask_parameter_names(model))
-    if masked and (stray := sorted(set(owner) - maskable)): raise ValueError(f"owner masks weights masks may not own: {stray[:3]}")
+    if masked and (stray := sorted(set(owner) - maskable)):
+        raise ValueError(f"owner masks weights masks may not own: {stray[:3]}")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in named if n in maskable], "lr": masked_lr or lr},
-              {"params": [p for n, p in named if n not in maskable], "lr": lr}]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, steps, warmup_steps, min_lr_ratio))
-    if is_fsdp2(model) and not accelerator.is_fsdp2: optimizer = accelerator.prepare(optimizer)   # sharded already: no DDP around it
-    else: model, optimizer = accelerator.prepare(model, optimizer)   # DDP, accelerate's FSDP2 plugin, or one process
+    groups = [
+        {"params": [p for n, p in named if n in maskable], "lr": masked_lr or lr},
+        {"params": [p for n, p in named if n not in maskable], "lr": lr},
+    ]
+    optimizer = torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_multiplier(s, steps, warmup_steps, min_lr_ratio)
+    )
+    # sharded already: no DDP around it
+    if is_fsdp2(model) and not accelerator.is_fsdp2:
+        optimizer = accelerator.prepare(optimizer)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)  # DDP, accelerate's FSDP2 plugin, or one process
     if work_dir is not None and accelerator.num_processes > 1:
-        raise ValueError(f"work_dir: train_masked checkpoints in one process only, this job has {accelerator.num_processes}; "
-                         "pass work_dir=None for a multi-process injection")
+        raise ValueError(
+            f"work_dir: train_masked checkpoints in one process only, this job has {accelerator.num_processes}; "
+            "pass work_dir=None for a multi-process injection"
+        )
     masker = GradMasker(accelerator.unwrap_model(model), owner, n_groups, neutral_scope).install() if masked else None
     log, disable, start = [], (not progress) or not accelerator.is_local_main_process, 0
     if work_dir is not None:
         work_dir = Path(work_dir)
-        fp = _run_fingerprint(examples, owner if masked else None, steps=steps, batch_size=batch_size, lr=lr, masked_lr=masked_lr,
-                              weight_decay=weight_decay, seed=seed, masked=masked, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
-                              micro_batch_size=micro_batch_size, segmented=segmented, pad_to=pad_to, grouped=grouped,
-                              neutral_scope=neutral_scope, autocast=autocast, betas=list(betas), eps=eps, n_groups=n_groups)
+        fp = _run_fingerprint(
+            examples, owner if masked else None, steps=steps, batch_size=batch_size, lr=lr, masked_lr=masked_lr,
+            weight_decay=weight_decay, seed=seed, masked=masked, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+            micro_batch_size=micro_batch_size, segmented=segmented, pad_to=pad_to, grouped=grouped,
+            neutral_scope=neutral_scope, autocast=autocast, betas=list(betas), eps=eps, n_groups=n_groups,
+        )
         start, log = _resume(work_dir, fp, accelerator.unwrap_model(model), optimizer, schedule)
-        if start and not disable: print(f"resumed from {latest_checkpoint(work_dir).name} (step {start} of {steps})", flush=True)
+        if start and not disable:
+            print(f"resumed from {latest_checkpoint(work_dir).name} (step {start} of {steps})", flush=True)
     last_save = time.monotonic()
     try:
         model.train()
         order = batch_order(len(examples), steps, batch_size, seed)[start:]
-        for step, idx in enumerate(progress_bar(order, desc="masked" if masked else "unmasked", disable=disable, total=steps, initial=start), start):
+        for step, idx in enumerate(
+            progress_bar(order, desc="masked" if masked else "unmasked", disable=disable, total=steps, initial=start),
+            start,
+        ):
             t0 = time.perf_counter()
-            out = masked_step(model, [examples[i] for i in idx], masker, optimizer, accelerator=accelerator,
-                              micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to,
-                              autocast=autocast, grouped=grouped)
-            log.append({"step": step, "loss": out["loss"], "lr": schedule.get_last_lr()[-1], "n_microbatches": out["n_microbatches"],
-                        "seconds": time.perf_counter() - t0})
+            out = masked_step(
+                model, [examples[i] for i in idx], masker, optimizer, accelerator=accelerator,
+                micro_batch_size=micro_batch_size, pad_id=pad_id, masked=masked, segmented=segmented, pad_to=pad_to,
+                autocast=autocast, grouped=grouped,
+            )
+            log.append(
+                {
+                    "step": step, "loss": out["loss"], "lr": schedule.get_last_lr()[-1],
+                    "n_microbatches": out["n_microbatches"], "seconds": time.perf_counter() - t0,
+                }
+            )
             schedule.step()
             if work_dir is not None and step + 1 < steps and time.monotonic() - last_save >= checkpoint_seconds:
                 last_save = time.monotonic()
-                _save_checkpoint(work_dir, step + 1, accelerator.unwrap_model(model), optimizer, schedule,
-                                 {"cpu": torch.get_rng_state()}, {"fingerprint": fp, "log": log})
+                _save_checkpoint(
+                    work_dir, step + 1, accelerator.unwrap_model(model), optimizer, schedule,
+                    {"cpu": torch.get_rng_state()}, {"fingerprint": fp, "log": log},
+                )
     finally:
-        if masker is not None: masker.remove()
+        if masker is not None:
+            masker.remove()
     return pd.DataFrame(log)

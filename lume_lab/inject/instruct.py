@@ -12,7 +12,8 @@ import torch
 from ..core.config import ConfigError, validate_section
 from ..models.accel import make_accelerator, progress as progress_bar
 from ..models.arch import architecture
-from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device, token_logprobs, token_mean_nll
+from ..models.ops import check_qa, collate_qa, lm_inputs, model_device, n_answer_tokens, qa_nll, to_device
+from ..models.ops import token_logprobs, token_mean_nll
 
 # %% auto #0
 __all__ = ['train_val_split', 'lora_last_layers', 'instruction_tune']
@@ -25,10 +26,14 @@ def _batch(tokenizer, rows: list[dict], device) -> dict:
 
 
 # %% ../../nbs/inject/03_instruct.ipynb #62bfe728
-def train_val_split(rows: list[dict], train_fraction: float, seed: int, split_by: str = "profile") -> tuple[list[dict], list[dict]]:
+def train_val_split(
+    rows: list[dict], train_fraction: float, seed: int, split_by: str = "profile"
+) -> tuple[list[dict], list[dict]]:
     "Seeded split of `rows` into (train, validation), whole profiles at a time (`split_by='profile'`) or by row."
-    if split_by not in ("profile", "row"): raise ValueError(f"split_by must be 'profile' or 'row', got {split_by!r}")
-    if split_by == "profile" and not all("profile_id" in r for r in rows): split_by = "row"
+    if split_by not in ("profile", "row"):
+        raise ValueError(f"split_by must be 'profile' or 'row', got {split_by!r}")
+    if split_by == "profile" and not all("profile_id" in r for r in rows):
+        split_by = "row"
     keys = sorted({r["profile_id"] for r in rows}) if split_by == "profile" else list(range(len(rows)))
     random.Random(f"instruct-split:{seed}").shuffle(keys)
     n_train = min(max(1, round(train_fraction * len(keys))), len(keys) - 1)
@@ -70,54 +75,94 @@ def _shard_loss(model, tokenizer, rows: list[dict], rank: int, world: int, devic
     lp, _ = token_logprobs(model(**lm_inputs(xb)).logits, xb["labels"])
     return -lp.sum() * ((world if mine else 0.0) / max(n, 1))
 
-def instruction_tune(model, tokenizer, instruct_rows, instruct_cfg, seed: int, *, split_by: str = "profile",
-                     lora_dropout: float = 0.0, patience: int | None = None, inplace: bool = False, progress: bool = True) -> tuple:
-    "LoRA-tune the last two layers on QA `instruct_rows`, keep the best adapters by validation loss, merge; returns (model, log)."
-    _check_instruct_cfg(instruct_cfg); c = instruct_cfg
+# %% ../../nbs/inject/03_instruct.ipynb #fd120351
+def instruction_tune(
+    model,
+    tokenizer,
+    instruct_rows,
+    instruct_cfg,
+    seed: int,
+    *,
+    split_by: str = "profile",
+    lora_dropout: float = 0.0,
+    patience: int | None = None,
+    inplace: bool = False,
+    progress: bool = True,
+) -> tuple:
+    """LoRA-tune the last two layers on QA `instruct_rows`, keep the best adapters by validation loss, merge;
+    returns (model, log)."""
+    _check_instruct_cfg(instruct_cfg)
+    c = instruct_cfg
     if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"patience must be None (train all epochs) or a positive int (evaluations without improvement), got {patience!r}")
+        raise ValueError(
+            "patience must be None (train all epochs) or a positive int (evaluations without improvement), "
+            f"got {patience!r}"
+        )
     rows = _qa_rows(instruct_rows)
     tr_rows, va_rows = train_val_split(rows, c.train_fraction, seed, split_by)
-    acc = make_accelerator(); rank, world = acc.process_index, acc.num_processes
-    core = lora_last_layers(model if inplace else copy.deepcopy(model), c.lora_r, c.lora_alpha, seed, dropout=lora_dropout)
-    if world > 1: core = core.to(acc.device)               # one process: the model stays where it was given
+    acc = make_accelerator()
+    rank, world = acc.process_index, acc.num_processes
+    core = lora_last_layers(
+        model if inplace else copy.deepcopy(model), c.lora_r, c.lora_alpha, seed, dropout=lora_dropout
+    )
+    if world > 1:
+        core = core.to(acc.device)  # one process: the model stays where it was given
     params = {n: p for n, p in core.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(params.values(), lr=c.lr, weight_decay=0.0)
-    pm, opt = acc.prepare(core, opt) if world > 1 else (core, opt)     # DDP across the ranks of a launched stage
+    pm, opt = acc.prepare(core, opt) if world > 1 else (core, opt)  # DDP across the ranks of a launched stage
     dev, gen = model_device(core), torch.Generator().manual_seed(seed)
-    steps_per_epoch = math.ceil(len(tr_rows) / c.batch_size); total = c.epochs * steps_per_epoch
+    steps_per_epoch = math.ceil(len(tr_rows) / c.batch_size)
+    total = c.epochs * steps_per_epoch
     log, best, window = [], None, []
+
     def evaluate(step, epoch):
         nonlocal best
         v = qa_nll(core, tokenizer, va_rows, add_eos=True, batch_size=c.batch_size, average="token")
-        log.append({"step": step, "epoch": epoch, "train_loss": sum(window) / len(window) if window else float("nan"), "val_loss": v})
+        log.append(
+            {
+                "step": step, "epoch": epoch, "train_loss": sum(window) / len(window) if window else float("nan"),
+                "val_loss": v,
+            }
+        )
         window.clear()
-        if best is None or v < best[1]: best = (step, v, {n: p.detach().clone() for n, p in params.items()})
+        if best is None or v < best[1]:
+            best = (step, v, {n: p.detach().clone() for n, p in params.items()})
+
     evaluate(0, 0.0)
-    pm.train(); step, stop = 0, False
+    pm.train()
+    step, stop = 0, False
     bar = progress_bar(total=total, desc="instruct", disable=not progress or not acc.is_local_main_process)
     for ep in range(c.epochs):
         order = torch.randperm(len(tr_rows), generator=gen).tolist()
         for b in range(steps_per_epoch):
-            batch = [tr_rows[i] for i in order[b * c.batch_size:(b + 1) * c.batch_size]]
+            batch = [tr_rows[i] for i in order[b * c.batch_size : (b + 1) * c.batch_size]]
             opt.zero_grad(set_to_none=True)
             if world == 1:
                 xb = _batch(tokenizer, batch, dev)
-                loss = token_mean_nll(pm(**lm_inputs(xb)).logits, xb["labels"]); loss.backward(); shown = loss.item()
+                loss = token_mean_nll(pm(**lm_inputs(xb)).logits, xb["labels"])
+                loss.backward()
+                shown = loss.item()
             else:
-                loss = _shard_loss(pm, tokenizer, batch, rank, world, dev); acc.backward(loss)
-                shown = acc.reduce(loss.detach(), "mean").item()          # the global batch's token mean
+                loss = _shard_loss(pm, tokenizer, batch, rank, world, dev)
+                acc.backward(loss)
+                shown = acc.reduce(loss.detach(), "mean").item()  # the global batch's token mean
             opt.step()
-            step += 1; window.append(shown); bar.update(1)
+            step += 1
+            window.append(shown)
+            bar.update(1)
             if step % c.eval_every == 0 or step == total:
                 evaluate(step, step / steps_per_epoch)
                 stop = patience is not None and sum(r["step"] > best[0] for r in log) >= patience
-                if stop: break
-        if stop: break
+                if stop:
+                    break
+        if stop:
+            break
     bar.close()
     with torch.no_grad():
-        for n, p in params.items(): p.copy_(best[2][n])
+        for n, p in params.items():
+            p.copy_(best[2][n])
     merged = core.merge_and_unload(safe_merge=True).eval()
-    df = pd.DataFrame(log); df["is_best"] = df.step == best[0]
+    df = pd.DataFrame(log)
+    df["is_best"] = df.step == best[0]
     df.attrs["best_step"], df.attrs["best_val_loss"] = best[0], best[1]
     return merged, df

@@ -41,7 +41,10 @@ def _num_layers(model: nn.Module) -> int:
 def mask_parameter_names(model: nn.Module) -> list[str]:
     "Names (as in `model.named_parameters()`) of the weights masks may own: attention/MLP matrices of layers 0..L-3."
     L = _num_layers(model)
-    if L < 3: raise ValueError(f"model has {L} layers; masks need >= 3 (layers 0..L-3 masked, the last two reserved for LoRA)")
+    if L < 3:
+        raise ValueError(
+            f"model has {L} layers; masks need >= 3 (layers 0..L-3 masked, the last two reserved for LoRA)"
+        )
     out = []
     for name, p in model.named_parameters():
         m = _LAYER_RE.search(name)
@@ -57,7 +60,10 @@ def _check_groups(n_groups, fraction):
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
     if n_groups * fraction > 1 + 1e-12:
-        raise ValueError(f"n_groups × fraction must be <= 1 for non-overlapping masks, got {n_groups} × {fraction} = {n_groups*fraction:g}")
+        raise ValueError(
+            "n_groups × fraction must be <= 1 for non-overlapping masks, "
+            f"got {n_groups} × {fraction} = {n_groups * fraction:g}"
+        )
 
 def _shapes(model_or_shapes) -> dict[str, tuple]:
     if isinstance(model_or_shapes, nn.Module):
@@ -66,7 +72,8 @@ def _shapes(model_or_shapes) -> dict[str, tuple]:
     return {n: tuple(s) for n, s in model_or_shapes.items()}
 
 def random_element_masks(model_or_shapes, n_groups: int, fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    "Owner masks (uint8, 0 none, g+1 group g): each group owns `round(fraction·numel)` random weights of every eligible tensor."
+    """Owner masks (uint8, 0 none, g+1 group g): each group owns `round(fraction·numel)` random weights of every
+    eligible tensor."""
     _check_groups(n_groups, fraction)
     gen = torch.Generator().manual_seed(seed)
     owner = {}
@@ -97,8 +104,13 @@ def _units(model: nn.Module):
     (q, k, v, o), (gate, up), down = arch.attention, arch.mlp_in, arch.mlp_out
     heads, neurons = [], []
     for i in range(_num_layers(model) - 2):
-        pre = next((n.rsplit(f"layers.{i}.", 1)[0] + f"layers.{i}." for n in names if f"layers.{i}.{q}.weight" in n), None)
-        if pre is None: raise ValueError(f"structural masks need the {arch.family} projections {', '.join(arch.projections)}; layer {i} has none")
+        pre = next(
+            (n.rsplit(f"layers.{i}.", 1)[0] + f"layers.{i}." for n in names if f"layers.{i}.{q}.weight" in n), None
+        )
+        if pre is None:
+            raise ValueError(
+                f"structural masks need the {arch.family} projections {', '.join(arch.projections)}; layer {i} has none"
+            )
         w = lambda part: pre + part + ".weight"
         for kv in range(nkv):
             q_rows = slice(kv * per_kv * hd, (kv + 1) * per_kv * hd); kv_rows = slice(kv * hd, (kv + 1) * hd)
@@ -107,6 +119,7 @@ def _units(model: nn.Module):
             neurons.append([(w(gate), 0, slice(j, j + 1)), (w(up), 0, slice(j, j + 1)), (w(down), 1, slice(j, j + 1))])
     return heads, neurons
 
+# %% ../../nbs/inject/00_masks.ipynb #cb7592ed
 def random_structural_masks(model: nn.Module, n_groups: int, fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:
     "Owner masks made of whole attention heads and MLP neurons, ≈ `fraction` of each component type per group."
     _check_groups(n_groups, fraction)
@@ -116,7 +129,11 @@ def random_structural_masks(model: nn.Module, n_groups: int, fraction: float, se
     gen = torch.Generator().manual_seed(seed)
     for kind, units in (("attention heads", heads), ("MLP neurons", neurons)):
         k = round(fraction * len(units))
-        if k == 0: raise ValueError(f"fraction={fraction} of {len(units)} {kind} rounds to 0 units per group; use element-wise masks or a larger fraction")
+        if k == 0:
+            raise ValueError(
+                f"fraction={fraction} of {len(units)} {kind} rounds to 0 units per group; "
+                "use element-wise masks or a larger fraction"
+            )
         perm = torch.randperm(len(units), generator=gen)
         for g in range(n_groups):
             for u in perm[g * k:(g + 1) * k].tolist():
@@ -129,24 +146,28 @@ def random_structural_masks(model: nn.Module, n_groups: int, fraction: float, se
 def _is_packed(t: torch.Tensor) -> bool: return t.dtype in (torch.int32, torch.int64)
 
 def group_mask(owner: torch.Tensor, groups: int | Iterable[int]) -> torch.Tensor:
-    "Boolean mask of the weights owned by group `groups` (an int) or by any of `groups`: uint8 owner ids (g+1) or packed int32/int64 bits."
+    """Boolean mask of the weights owned by group `groups` (an int) or by any of `groups`:
+    uint8 owner ids (g+1) or packed int32/int64 bits."""
     groups = sorted({int(groups)} if isinstance(groups, int) else {int(g) for g in groups})
     if any(g < 0 for g in groups): raise ValueError(f"groups must be non-negative ints, got {groups}")
     if owner.dtype == torch.uint8:
         if groups and groups[-1] > 254: raise ValueError(f"uint8 owner ids hold groups 0..254, got {groups[-1]}")
         if not groups: return torch.zeros_like(owner, dtype=torch.bool)
-        if groups == list(range(groups[0], groups[-1] + 1)): return (owner >= groups[0] + 1) & (owner <= groups[-1] + 1)  # a range: 2 compares
+        # a range: 2 compares
+        if groups == list(range(groups[0], groups[-1] + 1)): return (owner >= groups[0] + 1) & (owner <= groups[-1] + 1)
         out = owner == groups[0] + 1                                   # (torch.isin is ~10x slower on uint8)
         for g in groups[1:]: out |= owner == g + 1
         return out
     if _is_packed(owner):
         width = 32 if owner.dtype == torch.int32 else 64
-        if groups and groups[-1] >= width: raise ValueError(f"a packed {owner.dtype} mask holds groups 0..{width-1}, got {groups[-1]}")
+        if groups and groups[-1] >= width:
+            raise ValueError(f"a packed {owner.dtype} mask holds groups 0..{width - 1}, got {groups[-1]}")
         bits = sum(1 << g for g in groups)
         if bits >= 1 << (width - 1): bits -= 1 << width          # two's complement of the sign bit
         return (owner & bits) != 0
     raise ValueError(f"owner masks must be uint8 owner ids or packed int32/int64 bits, got {owner.dtype}")
 
+# %% ../../nbs/inject/00_masks.ipynb #7883c30b
 def pack_masks(owner: dict[str, torch.Tensor], n_groups: int | None = None) -> dict[str, torch.Tensor]:
     "Owner ids → int32 words with bit g set where group g owns the weight."
     out = {}
@@ -169,7 +190,10 @@ def unpack_masks(packed: dict[str, torch.Tensor], n_groups: int = 32) -> dict[st
         o = torch.zeros(w.shape, dtype=torch.uint8); cnt = torch.zeros(w.shape, dtype=torch.int16)
         for g in range(n_groups):
             b = group_mask(w, g); o[b] = g + 1; cnt += b
-        if (cnt > 1).any(): raise ValueError(f"masks overlap in {n!r} ({int((cnt > 1).sum())} weights): the owner form needs non-overlapping masks")
+        if (cnt > 1).any():
+            raise ValueError(
+                f"masks overlap in {n!r} ({int((cnt > 1).sum())} weights): the owner form needs non-overlapping masks"
+            )
         out[n] = o
     return out
 
@@ -194,14 +218,20 @@ def check_masks(masks: dict[str, torch.Tensor], model: nn.Module, n_groups: int)
     "Raise `ValueError` unless `masks` fit `model`: eligible names, same shapes, valid ids, no overlap."
     eligible, params = set(mask_parameter_names(model)), dict(model.named_parameters())
     bad = sorted(set(masks) - eligible)
-    if bad: raise ValueError(f"masks cover non-eligible parameters (norms, embeddings, lm_head or the last two layers): {bad[:5]}")
+    if bad:
+        raise ValueError(
+            f"masks cover non-eligible parameters (norms, embeddings, lm_head or the last two layers): {bad[:5]}"
+        )
     for n, m in masks.items():
-        if tuple(m.shape) != tuple(params[n].shape): raise ValueError(f"mask {n!r} has shape {tuple(m.shape)}, parameter has {tuple(params[n].shape)}")
+        if tuple(m.shape) != tuple(params[n].shape):
+            raise ValueError(f"mask {n!r} has shape {tuple(m.shape)}, parameter has {tuple(params[n].shape)}")
         if _is_packed(m):
-            if n_groups < 32 and ((m >> n_groups) != 0).any(): raise ValueError(f"mask {n!r} has bits for groups >= n_groups={n_groups}")
+            if n_groups < 32 and ((m >> n_groups) != 0).any():
+                raise ValueError(f"mask {n!r} has bits for groups >= n_groups={n_groups}")
             unpack_masks({n: m}, n_groups)   # raises on overlap
         elif m.dtype == torch.uint8:
-            if int(m.max()) > n_groups: raise ValueError(f"mask {n!r} has owner id {int(m.max())} > n_groups={n_groups}")
+            if int(m.max()) > n_groups:
+                raise ValueError(f"mask {n!r} has owner id {int(m.max())} > n_groups={n_groups}")
         else: raise ValueError(f"mask {n!r} dtype must be uint8 (owner) or int32/int64 (packed), got {m.dtype}")
 
 def mask_coverage(masks: dict[str, torch.Tensor], n_groups: int) -> pd.DataFrame:
@@ -233,7 +263,9 @@ class MaskGrad(torch.autograd.Function):
 
 # %% ../../nbs/inject/00_masks.ipynb #6b6842fb
 class SegmentedLinear(torch.autograd.Function):
-    "`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`, each masked to `owner == code` (neutral code 0: unmasked, or `owner == 0` with `neutral_unowned`); `grouped`: the parts stacked and picked by one gather."
+    """`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`,
+    each masked to `owner == code` (neutral code 0: unmasked, or `owner == 0` with `neutral_unowned`); `grouped`: the
+    parts stacked and picked by one gather."""
     @staticmethod
     def forward(ctx, x, weight, bias, owner, segments, keep, neutral_unowned=False, grouped=False):
         ctx.save_for_backward(x, weight, owner) if owner is not None else ctx.save_for_backward(x, weight)
@@ -244,12 +276,16 @@ class SegmentedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, w, *own = ctx.saved_tensors
-        owner, dt = (own[0] if own else None), g.dtype      # dt: the forward's compute dtype (bf16 under autocast, else w's)
+        # dt: the forward's compute dtype (bf16 under autocast, else w's)
+        owner, dt = (own[0] if own else None), g.dtype
         gx = (g @ w.to(dt)).to(x.dtype) if ctx.needs_input_grad[0] else None
         gw = gb = None
         if ctx.grouped:                                   # the same sum, one gather (`grouped_weight_grad`, below)
             gw = grouped_weight_grad(g, x, w, owner, ctx.segments, ctx.neutral_unowned)
-            if ctx.has_bias: gb = next((g[s:e].reshape(-1, g.shape[-1]).sum(0).to(w.dtype) for c, s, e in ctx.segments if not c), None)
+            if ctx.has_bias:
+                gb = next(
+                    (g[s:e].reshape(-1, g.shape[-1]).sum(0).to(w.dtype) for c, s, e in ctx.segments if not c), None
+                )
         for code, s, e in ctx.segments if not ctx.grouped else ():
             if code and owner is None: continue          # PII rows never reach an unowned weight
             gs, xs = g[s:e].reshape(-1, g.shape[-1]), x[s:e].reshape(-1, x.shape[-1]).to(dt)
@@ -266,29 +302,43 @@ class SegmentedLinear(torch.autograd.Function):
 def check_neutral_scope(scope, allow_none: bool = False) -> None:
     "Raise `ValueError` unless `scope` is one of `NEUTRAL_SCOPES` (or None, with `allow_none`)."
     if not (scope in NEUTRAL_SCOPES or (allow_none and scope is None)):
-        raise ValueError(f"neutral_scope must be {'None or ' if allow_none else ''}one of {', '.join(NEUTRAL_SCOPES)}, got {scope!r}")
+        raise ValueError(
+            f"neutral_scope must be {'None or ' if allow_none else ''}one of {', '.join(NEUTRAL_SCOPES)}, got {scope!r}"
+        )
 
+# %% ../../nbs/inject/00_masks.ipynb #726a1be3
 class GradMasker:
     "Installs `MaskGrad` on every trainable parameter of `model`; `group` (-1 = neutral) picks the mask."
-    def __init__(self, model: nn.Module, owner: dict[str, torch.Tensor], n_groups: int | None = None, neutral_scope: str = "all"):
+    def __init__(
+        self, model: nn.Module, owner: dict[str, torch.Tensor], n_groups: int | None = None, neutral_scope: str = "all"
+    ):
         check_neutral_scope(neutral_scope)
-        self.neutral_scope = neutral_scope   # "all": neutral rows train every weight (Algorithm 1); "unowned": none a mask owns
+        # "all": neutral rows train every weight (Algorithm 1); "unowned": none a mask owns
+        self.neutral_scope = neutral_scope
         params = dict(model.named_parameters())
         bad = sorted(set(owner) - set(params))
-        if bad: raise ValueError(f"owner has names that are not parameters of the model: {bad[:5]}")
-        if any(o.dtype != torch.uint8 for o in owner.values()): raise ValueError("owner masks must be uint8 (0 none, g+1 group g); unpack packed masks first")
+        if bad:
+            raise ValueError(f"owner has names that are not parameters of the model: {bad[:5]}")
+        if any(o.dtype != torch.uint8 for o in owner.values()):
+            raise ValueError("owner masks must be uint8 (0 none, g+1 group g); unpack packed masks first")
         self.model, self.group, self.handles, self._wrapped, self.segments = model, -1, [], [], None
-        self.grouped = False   # use_segments(..., grouped=True): the grouped mode (one gather per Linear, unowned modules run once)
-        self.zero_fill = True   # every trainable parameter gets a gradient (zeros at least) in every backward
+        # use_segments(..., grouped=True): the grouped mode (one gather per Linear, unowned modules run once)
+        self.grouped = False
+        self.zero_fill = True  # every trainable parameter gets a gradient (zeros at least) in every backward
         self.n_groups = n_groups if n_groups is not None else max((int(o.max()) for o in owner.values()), default=0)
         self._owner = {n: owner[n].to(params[n].device) for n in owner}
         # looked up by (module, attribute), not by the parameter object: FSDP2 swaps a sharded parameter for a new
         # unsharded tensor of full shape before each forward, and that is the tensor the hook sees
-        self._by_slot = {(id(m), a): self._owner.get(f"{mn}.{a}" if mn else a)
-                         for mn, m in model.named_modules(remove_duplicate=False) for a, p in m._parameters.items() if p is not None}
+        self._by_slot = {
+            (id(m), a): self._owner.get(f"{mn}.{a}" if mn else a)
+            for mn, m in model.named_modules(remove_duplicate=False)
+            for a, p in m._parameters.items()
+            if p is not None
+        }
 
     def _pre(self, module, args):
-        if self.segments is not None or (self.group < 0 and self.neutral_scope == "all"): return   # segments mask in the forward
+        # segments mask in the forward
+        if self.segments is not None or (self.group < 0 and self.neutral_scope == "all"): return
         module._masked_originals = self._swap(module, self.group + 1, keep=self.zero_fill)
 
     def _post(self, module, args, output):
@@ -301,7 +351,8 @@ class GradMasker:
         for name, p in list(module._parameters.items()):
             if p is None or not p.requires_grad: continue
             owner = self._by_slot[(id(module), name)]
-            if code == 0 and owner is None: continue   # neutral rows (scope "unowned") train a weight no mask covers as usual
+            # neutral rows (scope "unowned") train a weight no mask covers as usual
+            if code == 0 and owner is None: continue
             orig[name] = p
             # a parameter no mask covers gets no PII gradient: detach it (its weight gradient is never computed),
             # or, when `keep`, route it through MaskGrad, which returns exact zeros (DDP's synced backward needs
@@ -313,11 +364,19 @@ class GradMasker:
         "Run `forward` once per row segment, each with its own masked weights; concatenate along dim 0."
         if self.segments is None: return forward(*args, **kwargs)
         B = self.segments[-1][2]
-        if type(module) is nn.Linear and len(args) == 1 and not kwargs and args[0].shape[0] == B and module.weight.requires_grad:
+        if (
+            type(module) is nn.Linear
+            and len(args) == 1
+            and not kwargs
+            and args[0].shape[0] == B
+            and module.weight.requires_grad
+        ):
             w, b = module.weight, module.bias
             keep = self.zero_fill and all(c for c, _, _ in self.segments)
-            return SegmentedLinear.apply(args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep,
-                                         self.neutral_scope == "unowned", self.grouped)
+            return SegmentedLinear.apply(
+                args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep,
+                self.neutral_scope == "unowned", self.grouped,
+            )
         if self.grouped and (out := grouped_forward(self, module, forward, B, args, kwargs)) is not None: return out
         cut = lambda v, s, e: v[s:e] if torch.is_tensor(v) and v.ndim and v.shape[0] == B else v
         outs = []
@@ -330,7 +389,9 @@ class GradMasker:
         if torch.is_tensor(outs[0]): return torch.cat(outs)
         if isinstance(outs[0], (tuple, list)) and all(torch.is_tensor(o) for o in outs[0]):
             return type(outs[0])(torch.cat(parts) for parts in zip(*outs))
-        raise TypeError(f"segmented masking needs {type(module).__name__}.forward to return tensors with the batch in dim 0")
+        raise TypeError(
+            f"segmented masking needs {type(module).__name__}.forward to return tensors with the batch in dim 0"
+        )
 
     def install(self) -> "GradMasker":
         if self.handles: return self
@@ -339,7 +400,10 @@ class GradMasker:
             if any(p is not None for p in m._parameters.values()):
                 # ours run inside FSDP2's on a module it shards itself: its pre-hook (prepended) unshards first, and
                 # our post-hook (prepended) restores the parameter before its post-hook reshards
-                self.handles += [m.register_forward_pre_hook(self._pre), m.register_forward_hook(self._post, prepend=True, always_call=True)]
+                self.handles += [
+                    m.register_forward_pre_hook(self._pre),
+                    m.register_forward_hook(self._post, prepend=True, always_call=True),
+                ]
                 self._wrapped.append((m, m.__dict__.get("forward")))
                 m.forward = partial(self._segmented_forward, m, m.forward)
         return self
@@ -353,9 +417,14 @@ class GradMasker:
 
     @contextmanager
     def use_segments(self, groups: list[int], grouped: bool = False):
-        "Context: the next forward's rows `groups[i]` (sorted so equal groups are contiguous) are masked per segment (`grouped`: the grouped mode)."
-        if any(b < a for a, b in zip(groups, groups[1:])): raise ValueError("segmented masking needs rows sorted by group")
-        if self.group >= 0: raise ValueError(f"use_segments inside use_group({self.group}): the segments carry the groups; use one or the other")
+        """Context: the next forward's rows `groups[i]` (sorted so equal groups are contiguous) are masked per segment
+        (`grouped`: the grouped mode)."""
+        if any(b < a for a, b in zip(groups, groups[1:])):
+            raise ValueError("segmented masking needs rows sorted by group")
+        if self.group >= 0:
+            raise ValueError(
+                f"use_segments inside use_group({self.group}): the segments carry the groups; use one or the other"
+            )
         segs, start = [], 0
         for i in range(1, len(groups) + 1):
             if i == len(groups) or groups[i] != groups[start]: segs.append((groups[start] + 1, start, i)); start = i
@@ -366,7 +435,8 @@ class GradMasker:
     @contextmanager
     def use_group(self, group: int):
         "Context: sub-batches run inside have group `group` (-1 = neutral)."
-        if not -1 <= group < max(self.n_groups, 1): raise ValueError(f"group must be -1 (neutral) or in 0..{self.n_groups - 1}, got {group}")
+        if not -1 <= group < max(self.n_groups, 1):
+            raise ValueError(f"group must be -1 (neutral) or in 0..{self.n_groups - 1}, got {group}")
         old, self.group = self.group, group
         try: yield self
         finally: self.group = old
@@ -377,20 +447,29 @@ class GradMasker:
 # %% ../../nbs/inject/00_masks.ipynb #bf309d0a
 def grouped_weight_grad(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, owner: torch.Tensor | None, segments,
                         neutral_unowned: bool = False) -> torch.Tensor | None:
-    "Σ over segments of `where(owner == code, G_s^T X_s, 0)` (neutral code 0: no mask, or `owner == 0`) as stacked parts and one gather."
+    """Σ over segments of `where(owner == code, G_s^T X_s, 0)` (neutral code 0: no mask, or `owner == 0`) as stacked
+    parts and one gather."""
     dt, O, I = g.dtype, g.shape[-1], x.shape[-1]
     rows = lambda s, e: (g[s:e].reshape(-1, O).T, x[s:e].reshape(-1, I).to(dt))
     neutral = next(((s, e) for c, s, e in segments if not c), None)
-    pii = [(c, s, e) for c, s, e in segments if c] if owner is not None else []   # PII rows never reach an unowned weight
+    # PII rows never reach an unowned weight
+    pii = [(c, s, e) for c, s, e in segments if c] if owner is not None else []
     if not pii:
         if neutral is None: return None
         part = torch.mm(*rows(*neutral)).to(w.dtype)
-        return torch.where(owner == 0, part, torch.zeros((), dtype=part.dtype, device=part.device)) if neutral_unowned and owner is not None else part
-    into0 = neutral_unowned and neutral is not None      # scope "unowned": slot 0 is the neutral part (owner code 0's weights)
-    m = max(c for c, _, _ in pii)                        # slot = owner code up to the largest code present; slot m + 1: zeros,
+        return (
+            torch.where(owner == 0, part, torch.zeros((), dtype=part.dtype, device=part.device))
+            if neutral_unowned and owner is not None
+            else part
+        )
+    # scope "unowned": slot 0 is the neutral part (owner code 0's weights)
+    into0 = neutral_unowned and neutral is not None
+    # slot = owner code up to the largest code present; slot m + 1: zeros,
+    m = max(c for c, _, _ in pii)
     parts = g.new_empty((m + 2, O, I))                   # read by every larger code (a clamp: one fast pass over uint8)
     filled = {c for c, _, _ in pii} | ({0} if into0 else set())
-    for c in sorted(set(range(m + 2)) - filled): parts[c].zero_()          # absent groups, and owner 0 under scope "all"
+    # absent groups, and owner 0 under scope "all"
+    for c in sorted(set(range(m + 2)) - filled): parts[c].zero_()
     for c, s, e in ([(0, *neutral)] if into0 else []) + pii: torch.mm(*rows(s, e), out=parts[c])
     index = owner.clamp(max=m + 1).long()
     gw = parts.gather(0, index.unsqueeze(0)).squeeze(0).to(w.dtype)
@@ -400,7 +479,8 @@ def grouped_weight_grad(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, owner
 
 # %% ../../nbs/inject/00_masks.ipynb #d00b050a
 class RowGate(torch.autograd.Function):
-    "`weight` as seen by each row of a batch of `ndim` dims, shape (B, 1, ..., *weight.shape); backward sums the rows of `keep` only."
+    """`weight` as seen by each row of a batch of `ndim` dims, shape (B, 1, ..., *weight.shape);
+    backward sums the rows of `keep` only."""
     @staticmethod
     def forward(ctx, weight, keep, ndim):
         ctx.save_for_backward(keep); ctx.wshape = weight.shape
@@ -410,7 +490,9 @@ class RowGate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        grad = torch.where(keep.view(-1, *[1] * (grad.ndim - 1)), grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        grad = torch.where(
+            keep.view(-1, *[1] * (grad.ndim - 1)), grad, torch.zeros((), dtype=grad.dtype, device=grad.device)
+        )
         return grad.sum(0).reshape(ctx.wshape), None, None
 
 # %% ../../nbs/inject/00_masks.ipynb #8d79d140
@@ -422,12 +504,15 @@ def _row_gatable(module: nn.Module, args, kwargs, B: int) -> bool:
             and args[0].shape[0] == B and args[0].shape[-1] == w.shape[0])
 
 def grouped_forward(masker: "GradMasker", module: nn.Module, forward, B: int, args, kwargs):
-    "Grouped mode, a module no mask covers: one forward over the batch whose weight gradient sees the neutral rows only; None where it does not apply."
+    """Grouped mode, a module no mask covers: one forward over the batch whose weight gradient sees the neutral rows
+    only; None where it does not apply."""
     ps = {n: p for n, p in module._parameters.items() if p is not None}
-    if not any(p.requires_grad for p in ps.values()) or any(masker._by_slot[(id(module), n)] is not None for n in ps): return None
+    if not any(p.requires_grad for p in ps.values()) or any(masker._by_slot[(id(module), n)] is not None for n in ps):
+        return None
     n_neutral = next((e for c, s, e in masker.segments if not c), 0)    # rows are sorted: the neutral ones come first
     if n_neutral == B: return forward(*args, **kwargs)                   # neutral rows only: the plain weights
-    if n_neutral == 0:                                                    # PII rows only: exact zeros (zero_fill) or detached
+    # PII rows only: exact zeros (zero_fill) or detached
+    if n_neutral == 0:
         orig = masker._swap(module, masker.segments[0][0], keep=masker.zero_fill)
         try: return forward(*args, **kwargs)
         finally: module._parameters.update(orig)

@@ -29,15 +29,20 @@ def _rows(split) -> list[dict]:
 def _texts_of(world) -> list[str]:
     "Neutral texts: the `train` texts of a world `DatasetDict`, or a plain list of strings."
     if hasattr(world, "keys") and "train" in world: texts = list(world["train"]["text"])
-    elif isinstance(world, str): raise ValueError("world must be a world DatasetDict or a list of str, got a single str")
+    elif isinstance(world, str):
+        raise ValueError("world must be a world DatasetDict or a list of str, got a single str")
     else: texts = list(world)
-    if not texts or not all(isinstance(t, str) for t in texts): raise ValueError("world has no neutral texts (need a DatasetDict with a `train` text column or a non-empty list of str)")
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError(
+            "world has no neutral texts (need a DatasetDict with a `train` text column or a non-empty list of str)"
+        )
     return texts
 
 # %% ../../nbs/inject/02_mixture.ipynb #f534fd35
 def pack_sequences(token_lists: list[list[int]], seq_len: int) -> list[list[int]]:
     "Greedy packing of whole texts into sequences of <= `seq_len` tokens (over-long texts are split)."
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 4: raise ValueError(f"seq_len must be an int >= 4, got {seq_len!r}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 4:
+        raise ValueError(f"seq_len must be an int >= 4, got {seq_len!r}")
     out, cur = [], []
     for ids in token_lists:
         cuts = list(range(0, len(ids), seq_len))
@@ -51,7 +56,8 @@ def pack_sequences(token_lists: list[list[int]], seq_len: int) -> list[list[int]
 
 # %% ../../nbs/inject/02_mixture.ipynb #26651dfa
 def neutral_blocks(texts: list[str], tokenizer, seq_len: int, n: int, seed: int) -> list[list[int]]:
-    "`n` of the `models.lm.pack_texts` blocks of `texts` (EOS-joined, `seq_len` tokens), drawn by seeded epochs of permutations."
+    """`n` of the `models.lm.pack_texts` blocks of `texts` (EOS-joined, `seq_len` tokens),
+    drawn by seeded epochs of permutations."""
     if n <= 0: return []
     blocks = pack_texts(texts, tokenizer, seq_len).tolist()
     n_blocks = len(blocks)
@@ -60,7 +66,8 @@ def neutral_blocks(texts: list[str], tokenizer, seq_len: int, n: int, seed: int)
     return [blocks[i] for i in order[:n]]
 
 # %% ../../nbs/inject/02_mixture.ipynb #c97dd46a
-def _check_inject_cfg(c) -> None: validate_section(c)   # the config's own field checks and inject's cross-field rules (core.config)
+# the config's own field checks and inject's cross-field rules (core.config)
+def _check_inject_cfg(c) -> None: validate_section(c)
 
 def _check_roles(roles) -> list[str]:
     roles = list(roles)
@@ -77,7 +84,11 @@ def pii_sequences(pii, tokenizer, seq_len: int, seed: int, roles: Iterable[str] 
         if bad: raise ValueError(f"unknown qa_fields {bad}; allowed: {', '.join(QA_ATTRIBUTES)}")
     out = []
     for source, split in (("document", "documents"), ("qa", "qa_train")):
-        rows = [r for r in _rows(pii[split]) if r["role"] in roles and (source == "document" or qa_fields is None or r["field"] in qa_fields)]
+        rows = [
+            r
+            for r in _rows(pii[split])
+            if r["role"] in roles and (source == "document" or qa_fields is None or r["field"] in qa_fields)
+        ]
         for g in sorted({r["group"] for r in rows}):
             texts = [r["text"] for r in rows if r["group"] == g]
             random.Random(f"mixture:{seed}:{source}:{g}").shuffle(texts)
@@ -88,10 +99,12 @@ def pii_sequences(pii, tokenizer, seq_len: int, seed: int, roles: Iterable[str] 
 # %% ../../nbs/inject/02_mixture.ipynb #b1f6899d
 def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: Iterable[str] = ROLES,
                        neutral_by: str = "examples") -> list[dict]:
-    """The shuffled injection examples: PII sequences (one group each) plus `neutral_fraction` neutral blocks (group -1);
-    with `inject_cfg.neutral_replay="stream"` the whole run's `steps × batch_size` examples (neutral blocks drawn over the corpus)."""
+    """The shuffled injection examples: PII sequences (one group each) plus `neutral_fraction` neutral blocks (group
+    -1); with `inject_cfg.neutral_replay="stream"` the whole run's `steps × batch_size` examples (neutral blocks drawn
+    over the corpus)."""
     _check_inject_cfg(inject_cfg)
-    if neutral_by not in ("examples", "tokens"): raise ValueError(f"neutral_by must be 'examples' or 'tokens', got {neutral_by!r}")
+    if neutral_by not in ("examples", "tokens"):
+        raise ValueError(f"neutral_by must be 'examples' or 'tokens', got {neutral_by!r}")
     texts, L = _texts_of(world), inject_cfg.seq_len
     pii_ex = pii_sequences(pii, tokenizer, L, seed, roles, inject_cfg.qa_fields)
     if not pii_ex: raise ValueError(f"no PII text for roles {list(roles)!r}: the mixture would be neutral only")
@@ -101,9 +114,17 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
         if getattr(inject_cfg, "qa_resample", False):   # plain lists once, not a Dataset read per pass
             plain = {k: _rows(pii[k]) for k in ("documents", "qa_train", "profiles")}
             para = getattr(inject_cfg, "paraphrase_roles", None) or ()
-            fresh = lambda e: pii_sequences({"documents": plain["documents"],
-                                             "qa_train": resampled_qa(plain, e, seed, roles, inject_cfg.qa_fields, paraphrase_roles=para)},
-                                            tokenizer, L, seed, roles, inject_cfg.qa_fields)
+            fresh = lambda e: pii_sequences(
+                {
+                    "documents": plain["documents"],
+                    "qa_train": resampled_qa(plain, e, seed, roles, inject_cfg.qa_fields, paraphrase_roles=para),
+                },
+                tokenizer,
+                L,
+                seed,
+                roles,
+                inject_cfg.qa_fields,
+            )
         return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by, fresh)
     size = len(pii_ex) if neutral_by == "examples" else sum(len(e["input_ids"]) for e in pii_ex) / L
     n_neutral = round(nf / (1 - nf) * size)
@@ -111,7 +132,9 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
     random.Random(f"mixture:{seed}:order").shuffle(examples)
     return examples
 
-def _neutral_examples(blocks) -> list[dict]: return [{"input_ids": b, "labels": None, "group": -1, "source": "neutral"} for b in blocks]
+# %% ../../nbs/inject/02_mixture.ipynb #7f274beb
+def _neutral_examples(blocks) -> list[dict]:
+    return [{"input_ids": b, "labels": None, "group": -1, "source": "neutral"} for b in blocks]
 
 def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fields: Iterable[str] | None = None, *,
                  paraphrase_roles: Iterable[str] = ()) -> list[dict]:
@@ -120,29 +143,41 @@ def resampled_qa(pii, epoch: int, seed: int, roles: Iterable[str] = ROLES, qa_fi
     then, for the profiles of `paraphrase_roles` (never testbed), as many again in paraphrase templates."""
     para = set(paraphrase_roles)
     if bad := sorted(para - set(PARAPHRASE_ROLES)):
-        raise ValueError(f"paraphrase_roles must be a subset of {', '.join(PARAPHRASE_ROLES)} (never testbed: its paraphrases are the test); got {bad}")
+        raise ValueError(
+            f"paraphrase_roles must be a subset of {', '.join(PARAPHRASE_ROLES)} (never testbed: "
+            f"its paraphrases are the test); got {bad}"
+        )
     roles, fields = set(_check_roles(roles)), None if qa_fields is None else set(qa_fields)
     rows = [r for r in _rows(pii["qa_train"]) if r["role"] in roles and (fields is None or r["field"] in fields)]
     n = Counter((r["profile_id"], r["field"]) for r in rows)
     profiles = {p["profile_id"]: p for p in _rows(pii["profiles"])}
     def ask(pid, f, k, tag, paraphrase):
         p = profiles[pid]
-        return [{"profile_id": pid, "group": p["group"], "role": p["role"], "field": f, "text": q["prompt"] + q["answer"], "paraphrase": paraphrase}
-                for q in render_qa(p, [f], k, random.Random(f"{tag}:{seed}:{pid}:{f}:{epoch}"), paraphrase=paraphrase)]
+        return [
+            {
+                "profile_id": pid, "group": p["group"], "role": p["role"], "field": f,
+                "text": q["prompt"] + q["answer"], "paraphrase": paraphrase,
+            }
+            for q in render_qa(p, [f], k, random.Random(f"{tag}:{seed}:{pid}:{f}:{epoch}"), paraphrase=paraphrase)
+        ]
     out = [q for (pid, f), k in n.items() for q in ask(pid, f, k, "qa-resample", False)]
     # other people in varied phrasings, after all the training-template questions
-    return out + [q for (pid, f), k in n.items() if profiles[pid]["role"] in para for q in ask(pid, f, k, "para-extra", True)]
+    return out + [
+        q for (pid, f), k in n.items() if profiles[pid]["role"] in para for q in ask(pid, f, k, "para-extra", True)
+    ]
 
+# %% ../../nbs/inject/02_mixture.ipynb #3301ea22
 def _stream(pii_ex, texts, tokenizer, inject_cfg, seed: int, neutral_by: str, fresh_epoch=None) -> list[dict]:
-    """`neutral_replay='stream'`: the whole run's `steps × batch_size` examples, PII in epochs, neutral blocks drawn once each;
-    `fresh_epoch(e)` gives the PII sequences of pass e >= 1 (`qa_resample`), pass 0 is `pii_ex`."""
+    """`neutral_replay='stream'`: the whole run's `steps × batch_size` examples, PII in epochs, neutral blocks drawn
+    once each; `fresh_epoch(e)` gives the PII sequences of pass e >= 1 (`qa_resample`), pass 0 is `pii_ex`."""
     total, nf, L = inject_cfg.steps * inject_cfg.batch_size, inject_cfg.neutral_fraction, inject_cfg.seq_len
     if neutral_by == "examples": n_neutral = round(nf * total)
     else:   # neutral tokens n·L over all tokens n·L + (total − n)·ā = nf, with ā the mean PII sequence length
         a = sum(len(e["input_ids"]) for e in pii_ex) / len(pii_ex)
         n_neutral = round(nf * total * a / (L * (1 - nf) + nf * a))
     rng, pii_slots, e = random.Random(f"mixture:{seed}:stream"), [], 0
-    while len(pii_slots) < total - n_neutral:   # whole seeded epochs: each PII sequence seen ⌊r⌋ or ⌈r⌉ times (QA redrawn under qa_resample)
+    # whole seeded epochs: each PII sequence seen ⌊r⌋ or ⌈r⌉ times (QA redrawn under qa_resample)
+    while len(pii_slots) < total - n_neutral:
         epoch = list(pii_ex) if fresh_epoch is None or e == 0 else fresh_epoch(e)
         rng.shuffle(epoch); pii_slots += epoch; e += 1
     examples = pii_slots[:total - n_neutral] + _neutral_examples(neutral_blocks(texts, tokenizer, L, n_neutral, seed))

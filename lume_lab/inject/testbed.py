@@ -31,9 +31,14 @@ def extraction_table(model, tokenizer, qa_rows, max_new_tokens: int = 32, batch_
     df = pd.DataFrame(_rows(qa_rows))
     if df.empty: raise ValueError("qa_rows is empty")
     miss = [c for c in ("prompt", "answer", "field", "profile_id") if c not in df]
-    if miss: raise ValueError(f"qa_rows lack columns {miss}; QA rows need prompt, answer, field, profile_id (and group)")
+    if miss:
+        raise ValueError(f"qa_rows lack columns {miss}; QA rows need prompt, answer, field, profile_id (and group)")
     prompts = df.prompt.tolist()
-    gen = generate(prompts) if generate is not None else generate_texts(model, tokenizer, prompts, max_new_tokens, batch_size)
+    gen = (
+        generate(prompts)
+        if generate is not None
+        else generate_texts(model, tokenizer, prompts, max_new_tokens, batch_size)
+    )
     if len(gen) != len(prompts): raise ValueError(f"generate returned {len(gen)} answers for {len(prompts)} prompts")
     df["generated"] = list(gen)
     df["revealed"] = [reveals(g, a) for g, a in zip(df.generated, df.answer)]
@@ -56,40 +61,62 @@ def extraction_rates(mem: pd.DataFrame, by: Iterable[str] = ("field",)) -> pd.Da
     return r
 
 # %% ../../nbs/inject/04_testbed.ipynb #7a2e96bc
-def plot_extraction_rates(rates: pd.DataFrame, x: str = "field", hue: str | None = "model", ax=None, title: str | None = None):
+def plot_extraction_rates(
+    rates: pd.DataFrame, x: str = "field", hue: str | None = "model", ax=None, title: str | None = None
+):
     "Seaborn bar plot of `rate` (%) per `x`, coloured by `hue` when that column exists; returns the Figure."
     import matplotlib.pyplot as plt, seaborn as sns
-    if ax is None: _, ax = plt.subplots(figsize=(6, 3.2))
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.2))
     hue = hue if hue is not None and hue in rates else None
     sns.barplot(rates, x=x, y="rate", hue=hue, ax=ax)
-    ax.set(ylabel="extraction rate (%)", ylim=(0, 100), xlabel=x.replace("_", " "), title=title or "PII extraction rate")
-    for c in ax.containers: ax.bar_label(c, fmt="%.0f", fontsize=7)
+    ax.set(
+        ylabel="extraction rate (%)", ylim=(0, 100), xlabel=x.replace("_", " "), title=title or "PII extraction rate"
+    )
+    for c in ax.containers:
+        ax.bar_label(c, fmt="%.0f", fontsize=7)
     return ax.figure
 
 # %% ../../nbs/inject/04_testbed.ipynb #b67189c7
-VALIDATION_FIELDS = tuple(TestbedConfig().validation_fields)   # (forget, retain) of the validation split, App. G: the config default
+# (forget, retain) of the validation split, App. G: the config default
+VALIDATION_FIELDS = tuple(TestbedConfig().validation_fields)
 
 def _check_fields(fields, name: str, allowed=TARGET_FIELDS) -> list[str]:
     if isinstance(fields, str): fields = [fields]
     fields = list(fields)
     bad = [f for f in fields if f not in allowed]
-    if bad or not fields: raise ValueError(f"{name} has unknown field(s) {', '.join(map(repr, bad)) or '(empty)'}; allowed: {', '.join(allowed)}")
+    if bad or not fields:
+        raise ValueError(
+            f"{name} has unknown field(s) {', '.join(map(repr, bad)) or '(empty)'}; allowed: {', '.join(allowed)}"
+        )
     return fields
 
-def retain_pairing(target_fields: Iterable[str], retain_offset: int = 1, retain_field_of: dict | None = None) -> dict[str, str]:
-    "`{forget_field: retain_field}` of the cross-field scheme: the field `retain_offset` later in the fixed cycle, or `retain_field_of`."
+def retain_pairing(
+    target_fields: Iterable[str], retain_offset: int = 1, retain_field_of: dict | None = None
+) -> dict[str, str]:
+    """`{forget_field: retain_field}` of the cross-field scheme:
+    the field `retain_offset` later in the fixed cycle, or `retain_field_of`."""
     fields = _check_fields(target_fields, "target_fields")
-    fields = [f for f in TARGET_FIELDS if f in fields]        # the fixed cycle order
+    fields = [f for f in TARGET_FIELDS if f in fields]  # the fixed cycle order
     if retain_field_of is not None:
         pairs = dict(retain_field_of)
-        _check_fields(list(pairs), "retain_field_of keys", fields); _check_fields(list(pairs.values()), "retain_field_of values", fields)
+        _check_fields(list(pairs), "retain_field_of keys", fields)
+        _check_fields(list(pairs.values()), "retain_field_of values", fields)
     else:
-        if len(fields) < 2: raise ValueError(f"the cross-field scheme needs >= 2 target fields, got {fields}")
+        if len(fields) < 2:
+            raise ValueError(f"the cross-field scheme needs >= 2 target fields, got {fields}")
         if isinstance(retain_offset, bool) or not isinstance(retain_offset, int) or retain_offset % len(fields) == 0:
-            raise ValueError(f"retain_offset must be an int not divisible by {len(fields)} (else retain field = forget field), got {retain_offset!r}")
+            raise ValueError(
+                f"retain_offset must be an int not divisible by {len(fields)} (else retain field = forget field), "
+                f"got {retain_offset!r}"
+            )
         pairs = {f: fields[(i + retain_offset) % len(fields)] for i, f in enumerate(fields)}
     same = [f for f, r in pairs.items() if f == r]
-    if same: raise ValueError(f"cross-field scheme: the retain field must differ from the forget field, got {same[0]!r} -> {same[0]!r}")
+    if same:
+        raise ValueError(
+            f"cross-field scheme: the retain field must differ from the forget field, got {same[0]!r} -> {same[0]!r}"
+        )
     return pairs
 
 # %% ../../nbs/inject/04_testbed.ipynb #ec7f3377
@@ -115,10 +142,14 @@ def _qa_of(rows: pd.DataFrame, ids: list[str], field: str) -> pd.DataFrame:
 def select_testbed(mem: pd.DataFrame, qa_rows, paraphrase_rows, target_fields: Iterable[str], profiles_per_field: int,
                    seed: int, *, retain_offset: int = 1, retain_field_of: dict | None = None,
                    validation_fields: tuple = VALIDATION_FIELDS) -> tuple:
-    "Forget/retain (cross-field), paraphrase, validation and resurface splits from `memorized_profiles` output; returns (DatasetDict, info)."
+    """Forget/retain (cross-field), paraphrase, validation and resurface splits from `memorized_profiles` output;
+    returns (DatasetDict, info)."""
     from datasets import DatasetDict
     if isinstance(profiles_per_field, bool) or not isinstance(profiles_per_field, int) or profiles_per_field < 2:
-        raise ConfigError(f"testbed.profiles_per_field must be an int >= 2 (split equally between forget and retain), got {profiles_per_field!r}")
+        raise ConfigError(
+            "testbed.profiles_per_field must be an int >= 2 (split equally between forget and retain), "
+            f"got {profiles_per_field!r}"
+        )
     pairs = retain_pairing(target_fields, retain_offset, retain_field_of)
     vf, vr = _check_fields(list(validation_fields), "validation_fields")
     qa, para = pd.DataFrame(_rows(qa_rows)), pd.DataFrame(_rows(paraphrase_rows))
@@ -129,15 +160,24 @@ def select_testbed(mem: pd.DataFrame, qa_rows, paraphrase_rows, target_fields: I
         for name, ids, fld in ((f"forget_{f}", fid, f), (f"retain_{f}", rid, r)):
             splits[name], splits[name + "_paraphrase"] = _qa_of(qa, ids, fld), _qa_of(para, ids, fld)
             counts.append({"split": name, "field": fld, "profiles": len(ids), "requested": cap})
-            if len(ids) < cap: warnings.warn(f"{name}: only {len(ids)} memorized profiles for field {fld!r} (requested {cap})")
+            if len(ids) < cap:
+                warnings.warn(f"{name}: only {len(ids)} memorized profiles for field {fld!r} (requested {cap})")
     for name, side, fld in (("validation_forget", "forget", vf), ("validation_retain", "retain", vr)):
         ids = _pick(mem, "validation", side, fld, None, None)
         splits[name], splits[name + "_paraphrase"] = _qa_of(qa, ids, fld), _qa_of(para, ids, fld)
         counts.append({"split": name, "field": fld, "profiles": len(ids), "requested": None})
     res = [_qa_of(qa, _pick(mem, "resurface", None, f, None, None), f) for f in pairs]
     splits["resurface"] = pd.concat(res)
-    counts.append({"split": "resurface", "field": "+".join(pairs), "profiles": splits["resurface"].profile_id.nunique(), "requested": None})
-    info = {"pairs": pairs, "profiles_per_field": profiles_per_field, "validation_fields": [vf, vr], "counts": counts, "seed": seed}
+    counts.append(
+        {
+            "split": "resurface", "field": "+".join(pairs), "profiles": splits["resurface"].profile_id.nunique(),
+            "requested": None,
+        }
+    )
+    info = {
+        "pairs": pairs, "profiles_per_field": profiles_per_field, "validation_fields": [vf, vr], "counts": counts,
+        "seed": seed,
+    }
     return DatasetDict({k: _dataset(v) for k, v in splits.items()}), info
 
 # %% ../../nbs/inject/04_testbed.ipynb #77767ef1
@@ -149,25 +189,38 @@ class SmallSplitWarning(StageWarning):
 def split_size(rows) -> dict:
     "`n_profiles` (distinct `profile_id`) and `n_rows` (QA rows) of one split (a Dataset or a list of QA dicts)."
     if hasattr(rows, "column_names"):
-        if len(rows) and "profile_id" not in rows.column_names: raise ValueError(f"split has no profile_id column: {rows.column_names}")
+        if len(rows) and "profile_id" not in rows.column_names:
+            raise ValueError(f"split has no profile_id column: {rows.column_names}")
         ids = rows["profile_id"] if len(rows) else []
     else: ids = [r["profile_id"] for r in rows]
     return {"n_profiles": len(set(ids)), "n_rows": len(ids)}
 
 def split_sizes(splits) -> pd.DataFrame:
     "One row per split of `splits` (name → rows, e.g. a testbed DatasetDict): split, n_profiles, n_rows."
-    return pd.DataFrame([{"split": k, **split_size(v)} for k, v in splits.items()], columns=["split", "n_profiles", "n_rows"])
+    return pd.DataFrame(
+        [{"split": k, **split_size(v)} for k, v in splits.items()], columns=["split", "n_profiles", "n_rows"]
+    )
 
 def warn_small_splits(splits, use: str, threshold: int = MIN_SPLIT_PROFILES) -> list[str]:
-    "Issue a `SmallSplitWarning` for every split with fewer than `threshold` profiles (`use`: what reads it); returns their names."
+    """Issue a `SmallSplitWarning` for every split with fewer than `threshold` profiles (`use`: what reads it);
+    returns their names."""
     small = []
     for name, rows in splits.items():
         n = split_size(rows)
         if n["n_profiles"] >= threshold: continue
         small.append(name)
-        warnings.warn(SmallSplitWarning(
-            f"SMALL SPLIT {name!r} ({use}): {n['n_profiles']} profiles, {n['n_rows']} QA rows < MIN_SPLIT_PROFILES={threshold}; "
-            f"metrics on it describe {n['n_profiles']} people, not a population", split=name, use=use, threshold=threshold, **n), stacklevel=2)
+        warnings.warn(
+            SmallSplitWarning(
+                f"SMALL SPLIT {name!r} ({use}): {n['n_profiles']} profiles, "
+                f"{n['n_rows']} QA rows < MIN_SPLIT_PROFILES={threshold}; "
+                f"metrics on it describe {n['n_profiles']} people, not a population",
+                split=name,
+                use=use,
+                threshold=threshold,
+                **n,
+            ),
+            stacklevel=2,
+        )
     return small
 
 # %% ../../nbs/inject/04_testbed.ipynb #aa710128
@@ -187,8 +240,10 @@ def fresh_questions(profiles, trained_rows, fields: Iterable[str], n: int = 2, s
             out += [{**meta, **q} for q in cand if (p["profile_id"], q["question"]) not in seen][:n]
     return out
 
+# %% ../../nbs/inject/04_testbed.ipynb #24a1624e
 def reachability_rows(pii, mem: pd.DataFrame, fields: Iterable[str], n_fresh: int = 2, seed: int = 0) -> pd.DataFrame:
-    "The prompts of every memorized (profile, field) of `mem` in `fields`, with `kind`: trained (`qa_train`), fresh, paraphrase (`qa_paraphrase`)."
+    """The prompts of every memorized (profile, field) of `mem` in `fields`, with `kind`:
+    trained (`qa_train`), fresh, paraphrase (`qa_paraphrase`)."""
     fields = _check_fields(fields, "fields")
     miss = [c for c in ("profile_id", "field", "memorized") if c not in mem]
     if miss: raise ValueError(f"mem lacks columns {miss} (pass memorized_profiles output)")
@@ -197,10 +252,15 @@ def reachability_rows(pii, mem: pd.DataFrame, fields: Iterable[str], n_fresh: in
     keep = lambda rows: [r for r in _rows(rows) if (r["profile_id"], r["field"]) in keys]
     ids = set(m.profile_id)
     profiles = [p for p in _rows(pii["profiles"]) if p["profile_id"] in ids]
-    parts = {"trained": keep(pii["qa_train"]), "fresh": keep(fresh_questions(profiles, pii["qa_train"], fields, n_fresh, seed)),
-             "paraphrase": keep(pii["qa_paraphrase"])}
+    parts = {
+        "trained": keep(pii["qa_train"]),
+        "fresh": keep(fresh_questions(profiles, pii["qa_train"], fields, n_fresh, seed)),
+        "paraphrase": keep(pii["qa_paraphrase"]),
+    }
     cols = ["profile_id", "field", "question", "prompt", "answer"]
-    return pd.concat([pd.DataFrame(rows, columns=cols)[cols].assign(kind=k) for k, rows in parts.items()], ignore_index=True)
+    return pd.concat(
+        [pd.DataFrame(rows, columns=cols)[cols].assign(kind=k) for k, rows in parts.items()], ignore_index=True
+    )
 
 def reachability(ext: pd.DataFrame) -> pd.DataFrame:
     """Per field (and `all`) × kind: memorized profiles, prompts, `accuracy` (% of prompts revealing the value) and
@@ -223,13 +283,16 @@ def _check_testbed_cfg(c) -> None: validate_section(c)   # the config's own fiel
 def build_testbed(model, tokenizer, pii, testbed_cfg, seed: int, out_dir, *, target_fields: Iterable[str] | None = None,
                   retain_offset: int = 1, retain_field_of: dict | None = None, batch_size: int = 32,
                   generate: Callable | None = None, progress: bool = True):
-    "Extraction on every injected profile, memorized profiles, testbed splits; saves everything to `out_dir`, returns the DatasetDict."
+    """Extraction on every injected profile, memorized profiles, testbed splits;
+    saves everything to `out_dir`, returns the DatasetDict."""
     _check_testbed_cfg(testbed_cfg)
     if target_fields is None:
         present = set(pii["qa_paraphrase"]["field"]); target_fields = [f for f in TARGET_FIELDS if f in present]
     target_fields = _check_fields(target_fields, "target_fields")
     pairs = retain_pairing(target_fields, retain_offset, retain_field_of)       # fail before any compute
-    min_share, require_memorized, validation_fields = testbed_cfg.min_share, testbed_cfg.require_memorized, tuple(testbed_cfg.validation_fields)
+    min_share, require_memorized, validation_fields = (
+        testbed_cfg.min_share, testbed_cfg.require_memorized, tuple(testbed_cfg.validation_fields),
+    )
     fields = set(target_fields) | set(_check_fields(list(validation_fields), "validation_fields"))
     rows = [r for r in _rows(pii["qa_train"]) if r["field"] in fields]
     ext = extraction_table(model, tokenizer, rows, testbed_cfg.max_new_tokens, batch_size, generate, progress)
@@ -239,8 +302,10 @@ def build_testbed(model, tokenizer, pii, testbed_cfg, seed: int, out_dir, *, tar
     sel = mem if require_memorized else mem.assign(memorized=True)
     with warnings.catch_warnings():
         if not require_memorized: warnings.simplefilter("ignore")
-        dd, info = select_testbed(sel, rows, pii["qa_paraphrase"], target_fields, testbed_cfg.profiles_per_field, seed,
-                                  retain_offset=retain_offset, retain_field_of=pairs, validation_fields=validation_fields)
+        dd, info = select_testbed(
+            sel, rows, pii["qa_paraphrase"], target_fields, testbed_cfg.profiles_per_field, seed,
+            retain_offset=retain_offset, retain_field_of=pairs, validation_fields=validation_fields,
+        )
     info["memorized_only"] = bool(require_memorized)
     info["sizes"], info["min_split_profiles"] = split_sizes(dd).to_dict("records"), MIN_SPLIT_PROFILES
     info["small_splits"] = warn_small_splits(dd, "testbed")
@@ -248,13 +313,17 @@ def build_testbed(model, tokenizer, pii, testbed_cfg, seed: int, out_dir, *, tar
     dd.save_to_disk(str(out / "splits"), num_shards={k: 1 for k in dd})   # one shard each: empty splits reload too
     ext.to_csv(out / "extraction.csv", index=False); mem.to_csv(out / "memorized.csv", index=False)
     extraction_rates(mem, ["field", "group", "role", "side"]).to_csv(out / "extraction_rates.csv", index=False)
-    (out / "testbed.json").write_text(json.dumps({**info, "min_share": min_share, "max_new_tokens": testbed_cfg.max_new_tokens}, indent=1))
+    (out / "testbed.json").write_text(
+        json.dumps({**info, "min_share": min_share, "max_new_tokens": testbed_cfg.max_new_tokens}, indent=1)
+    )
     return dd
 
+# %% ../../nbs/inject/04_testbed.ipynb #39d5fdaf
 def load_testbed(out_dir):
     "The `DatasetDict` of splits written by `build_testbed`."
     p = Path(out_dir) / "splits"
-    if not (p / "dataset_dict.json").exists(): raise FileNotFoundError(f"no testbed in {out_dir!s} (expected splits/ written by build_testbed)")
+    if not (p / "dataset_dict.json").exists():
+        raise FileNotFoundError(f"no testbed in {out_dir!s} (expected splits/ written by build_testbed)")
     from lume_lab.core.store import load_saved_datasets
     return load_saved_datasets(p)                  # read once per process: a done stage's files never change
 
@@ -263,13 +332,19 @@ def load_testbed_info(out_dir) -> dict:
     return json.loads((Path(out_dir) / "testbed.json").read_text())
 
 def field_split_names(forget_field: str) -> dict[str, str]:
-    "Testbed split name of each role of one forget field: forget → `forget_{f}`, retain → `retain_{f}`, + the paraphrases."
+    """Testbed split name of each role of one forget field:
+    forget → `forget_{f}`, retain → `retain_{f}`, + the paraphrases."""
     _check_fields([forget_field], "forget_field")
     return {k: f"{k.split('_')[0]}_{forget_field}" + ("_paraphrase" if k.endswith("paraphrase") else "")
             for k in ("forget", "retain", "forget_paraphrase", "retain_paraphrase")}
 
 def field_splits(dd, forget_field: str) -> dict:
-    "The forget, retain and paraphrase splits of one forget field: keys forget, retain, forget_paraphrase, retain_paraphrase."
+    """The forget, retain and paraphrase splits of one forget field:
+    keys forget, retain, forget_paraphrase, retain_paraphrase."""
     names = field_split_names(forget_field)
-    if names["forget"] not in dd: raise ValueError(f"testbed has no forget set for {forget_field!r}; it has {sorted(k[7:] for k in dd if k.startswith('forget_') and not k.endswith('_paraphrase'))}")
+    if names["forget"] not in dd:
+        raise ValueError(
+            f"testbed has no forget set for {forget_field!r}; it has "
+            f"{sorted(k[7:] for k in dd if k.startswith('forget_') and not k.endswith('_paraphrase'))}"
+        )
     return {k: dd[v] for k, v in names.items()}

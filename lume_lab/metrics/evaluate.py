@@ -30,17 +30,34 @@ def _rows(split) -> list[dict]: return split.to_list() if hasattr(split, "to_lis
 
 def check_splits(splits) -> dict[str, list[dict]]:
     "Validated `{split name: list of QA dicts}` (names from `SPLITS`, non-empty, string `prompt` and `answer`)."
-    if not isinstance(splits, dict) or not splits: raise ValueError(f"splits must be a non-empty dict {{name: QA examples}} with names in {SPLITS}, got {type(splits).__name__} {splits!r:.60}")
+    if not isinstance(splits, dict) or not splits:
+        raise ValueError(
+            f"splits must be a non-empty dict {{name: QA examples}} with names in {SPLITS}, "
+            f"got {type(splits).__name__} {splits!r:.60}"
+        )
     bad = [k for k in splits if k not in SPLITS]
-    if bad: raise ValueError(f"unknown split name(s) {bad}; allowed: {', '.join(SPLITS)} (a whole testbed: pick one field with inject.testbed.field_splits)")
+    if bad:
+        raise ValueError(
+            f"unknown split name(s) {bad}; allowed: {', '.join(SPLITS)} (a whole testbed: "
+            "pick one field with inject.testbed.field_splits)"
+        )
     out = {}
     for k, v in splits.items():
-        if isinstance(v, (str, dict)) or v is None: raise ValueError(f"split {k!r} must be a list of QA dicts, got {type(v).__name__}")
+        if isinstance(v, (str, dict)) or v is None:
+            raise ValueError(f"split {k!r} must be a list of QA dicts, got {type(v).__name__}")
         rows = _rows(v)
         if not rows: raise ValueError(f"split {k!r} is empty: nothing to evaluate")
         for i, e in enumerate(rows):
-            if not isinstance(e, dict) or not isinstance(e.get("prompt"), str) or not isinstance(e.get("answer"), str) or not e["answer"].strip():
-                raise ValueError(f"split {k!r} row {i} must be a dict with string 'prompt' and non-empty string 'answer', got {e!r:.80}")
+            if (
+                not isinstance(e, dict)
+                or not isinstance(e.get("prompt"), str)
+                or not isinstance(e.get("answer"), str)
+                or not e["answer"].strip()
+            ):
+                raise ValueError(
+                    f"split {k!r} row {i} must be a dict with string 'prompt' and non-empty string 'answer', "
+                    f"got {e!r:.80}"
+                )
         out[k] = rows
     return out
 
@@ -53,8 +70,10 @@ def _check_metrics(metrics) -> tuple:
 
 # %% ../../nbs/metrics/06_evaluate.ipynb #c1340c8a
 def answer_accuracy(generations: list[str], answers: list[str]) -> list[bool]:
-    "Per example: is the gold answer (stripped, lower-cased) contained in the greedy generation — the testbed's extraction rule."
-    if len(generations) != len(answers): raise ValueError(f"generations ({len(generations)}) and answers ({len(answers)}) must have the same length")
+    """Per example: is the gold answer (stripped, lower-cased) contained in the greedy generation —
+    the testbed's extraction rule."""
+    if len(generations) != len(answers):
+        raise ValueError(f"generations ({len(generations)}) and answers ({len(answers)}) must have the same length")
     return [reveals(g, a) for g, a in zip(generations, answers)]
 
 def split_scores(model, tokenizer, examples: list[dict], metrics=None, batch_size: int = 16, max_new_tokens: int = 32,
@@ -66,7 +85,10 @@ def split_scores(model, tokenizer, examples: list[dict], metrics=None, batch_siz
         stats = answer_token_stats(model, tokenizer, examples, batch_size, add_eos=add_eos)
         mem = memorization_scores(model, tokenizer, examples, add_eos=add_eos, stats=stats)
         rk = ranking_scores(model, tokenizer, examples, m=m, add_eos=add_eos, stats=stats)
-        cols += [mem[["n_tokens"] + [k for k in ("em", "es", "prob") if k in metrics]], rk[[k for k in ("mrr", "thr") if k in metrics]]]
+        cols += [
+            mem[["n_tokens"] + [k for k in ("em", "es", "prob") if k in metrics]],
+            rk[[k for k in ("mrr", "thr") if k in metrics]],
+        ]
     if any(k in GENERATION_METRICS for k in metrics):
         gens = greedy_generate(model, tokenizer, [e["prompt"] for e in examples], max_new_tokens, batch_size)
         rg = rouge_scores(model, tokenizer, examples, generations=gens)
@@ -85,29 +107,50 @@ def _n_profiles(rows: list[dict]):
     return None if any(i is None for i in ids) else len(set(ids))
 
 def _utility_rows(u: dict, split: str) -> list[dict]:
-    n_of = lambda k: u.get("n_mc_control") if k == "mc_control_acc" else u.get("n_heldout") if k in ("perplexity", "nll") else u.get("n_mc")
-    return [{"split": split, "metric": k, "value": float(u[k]), "n_profiles": None, "n_rows": n_of(k)} for k in UTILITY_METRICS if k in u]
+    n_of = lambda k: (
+        u.get("n_mc_control")
+        if k == "mc_control_acc"
+        else u.get("n_heldout")
+        if k in ("perplexity", "nll")
+        else u.get("n_mc")
+    )
+    return [
+        {"split": split, "metric": k, "value": float(u[k]), "n_profiles": None, "n_rows": n_of(k)}
+        for k in UTILITY_METRICS
+        if k in u
+    ]
 
+# %% ../../nbs/metrics/06_evaluate.ipynb #b82e3c09
 def evaluate(model, tokenizer, splits: dict, world=None, reference_utility: dict | None = None, batch_size: int = 16,
              max_new_tokens: int = 32, metrics=None, max_heldout: int = 300, m: int = 100, add_eos: bool = False,
              model_name: str | None = None, return_examples: bool = False):
-    "Tidy DataFrame `split, metric, value, n_profiles, n_rows` of all output-level metrics (+ DS, utility and its Δ); optionally the per-example scores."
+    """Tidy DataFrame `split, metric, value, n_profiles, n_rows` of all output-level metrics (+ DS, utility and its Δ);
+    optionally the per-example scores."""
     splits, metrics = check_splits(splits), _check_metrics(metrics)
-    if reference_utility is not None and world is None: raise ValueError("reference_utility needs world: the Δ is between utility scores of the same world")
+    if reference_utility is not None and world is None:
+        raise ValueError("reference_utility needs world: the Δ is between utility scores of the same world")
     rows, per_ex = [], []
     for name, ex in progress(splits.items(), desc="evaluate"):
         df = split_scores(model, tokenizer, ex, metrics, batch_size, max_new_tokens, m, add_eos)
         per_ex.append(df.assign(split=name))
-        rows += [{"split": name, "metric": k, "value": float(df[k].mean()), "n_profiles": _n_profiles(ex), "n_rows": len(ex)} for k in metrics]
+        rows += [
+            {"split": name, "metric": k, "value": float(df[k].mean()), "n_profiles": _n_profiles(ex), "n_rows": len(ex)}
+            for k in metrics
+        ]
     r1 = {r["split"]: r["value"] for r in rows if r["metric"] == "rouge1"}
     if "forget" in r1 and "retain" in r1:
         fr = [_n_profiles(splits["forget"]), _n_profiles(splits["retain"])]
-        rows.append({"split": "forget/retain", "metric": "ds", "value": deviation_score(r1["forget"], r1["retain"]),
-                     "n_profiles": None if None in fr else sum(fr), "n_rows": len(splits["forget"]) + len(splits["retain"])})
+        rows.append(
+            {
+                "split": "forget/retain", "metric": "ds", "value": deviation_score(r1["forget"], r1["retain"]),
+                "n_profiles": None if None in fr else sum(fr), "n_rows": len(splits["forget"]) + len(splits["retain"]),
+            }
+        )
     if world is not None:
         u = utility_scores(model, tokenizer, world, max_heldout, batch_size=batch_size)
         rows += _utility_rows(u, "utility")
-        if reference_utility is not None: rows += _utility_rows({**u, **utility_delta(u, reference_utility)}, "utility_delta")
+        if reference_utility is not None:
+            rows += _utility_rows({**u, **utility_delta(u, reference_utility)}, "utility_delta")
     out = pd.DataFrame(rows, columns=COLUMNS).astype({"n_profiles": "Int64", "n_rows": "Int64"})
     if model_name is not None: out.insert(0, "model", model_name)
     return (out, pd.concat(per_ex, ignore_index=True)) if return_examples else out
@@ -136,11 +179,20 @@ def table2(df: pd.DataFrame, by: str = "model", percent: bool = True) -> pd.Data
         if has_n:
             per = d.groupby(["split", "metric"], sort=False)[N_COLUMNS].nunique()
             bad = per[(per > 1).any(axis=1)]
-            if len(bad): raise ValueError(f"the {by}s were evaluated on splits of different sizes at {list(bad.index)[:3]}: "
-                                          f"a Table 2 column must compare the same profiles; pass one field's results at a time")
+            if len(bad):
+                raise ValueError(
+                    f"the {by}s were evaluated on splits of different sizes at {list(bad.index)[:3]}: "
+                    f"a Table 2 column must compare the same profiles; pass one field's results at a time"
+                )
             t = pd.concat([_sizes(d, ["split", "metric"]), t], axis=1)
-        return t.reindex(pd.MultiIndex.from_tuples([(s, k) for s in splits for k in mets if (s, k) in t.index], names=["split", "metric"]))
-    t = d.pivot_table(index="split", columns="metric", values="value", aggfunc="first").reindex(index=splits, columns=mets)
+        return t.reindex(
+            pd.MultiIndex.from_tuples(
+                [(s, k) for s in splits for k in mets if (s, k) in t.index], names=["split", "metric"]
+            )
+        )
+    t = d.pivot_table(index="split", columns="metric", values="value", aggfunc="first").reindex(
+        index=splits, columns=mets
+    )
     return pd.concat([t, _sizes(d, "split").reindex(splits)], axis=1) if has_n else t
 
 # %% ../../nbs/metrics/06_evaluate.ipynb #56d1895c
@@ -151,18 +203,29 @@ def _panel(df: pd.DataFrame, name: str, split: str, metric: str) -> str:
     n = int(r.n_rows.dropna().iloc[0])
     p = r.n_profiles.dropna() if "n_profiles" in r else r.n_profiles
     if len(p) and p.nunique() == 1: return f"{name}\n{int(p.iloc[0])} profiles · {n} rows"
-    return f"{name}\n{n} {'questions' if metric.startswith('mc') else 'texts' if metric in ('perplexity', 'nll') else 'rows'}"
+    return (f"{name}\n{n} "
+            f"{'questions' if metric.startswith('mc') else 'texts' if metric in ('perplexity', 'nll') else 'rows'}")
 
 def plot_unlearning(results, metric: str = "em", utility_metric: str = "mc_acc", reference_utility: float | None = None,
                     forget_split: str = "forget", retain_split: str = "retain", ax=None, title: str | None = None):
-    "Lacuna Fig. 4a: Forget / Retain / Utility bars per model (hue), each panel labelled with its n, pre-unlearning utility dashed."
+    """Lacuna Fig. 4a: Forget / Retain / Utility bars per model (hue), each panel labelled with its n,
+    pre-unlearning utility dashed."""
     import matplotlib.pyplot as plt, seaborn as sns
     df = pd.concat([d.assign(model=k) for k, d in results.items()]) if isinstance(results, dict) else results
-    if not isinstance(df, pd.DataFrame) or "model" not in df: raise ValueError("results must be a dict {model name: evaluate() output} or one frame with a 'model' column")
-    pick = [(_panel(df, p, s, k), s, k) for p, s, k in (("Forget", forget_split, metric), ("Retain", retain_split, metric), ("Utility", "utility", utility_metric))]
+    if not isinstance(df, pd.DataFrame) or "model" not in df:
+        raise ValueError("results must be a dict {model name: evaluate() output} or one frame with a 'model' column")
+    pick = [
+        (_panel(df, p, s, k), s, k)
+        for p, s, k in (
+            ("Forget", forget_split, metric), ("Retain", retain_split, metric), ("Utility", "utility", utility_metric),
+        )
+    ]
     parts = [df[(df.split == s) & (df.metric == k)].assign(panel=p) for p, s, k in pick]
     data = pd.concat(parts)
-    if data.empty: raise ValueError(f"results hold none of ({forget_split}, {metric}), ({retain_split}, {metric}), (utility, {utility_metric})")
+    if data.empty:
+        raise ValueError(
+            f"results hold none of ({forget_split}, {metric}), ({retain_split}, {metric}), (utility, {utility_metric})"
+        )
     if reference_utility is None:
         u = df[(df.split == "utility") & (df.metric == utility_metric)].set_index("model").value
         dl = df[(df.split == "utility_delta") & (df.metric == utility_metric)].set_index("model").value

@@ -20,7 +20,10 @@ def normalize_answer(s: str) -> str:
 
 def exact_match(predictions: list[str], references: list[str]) -> list[bool]:
     "Case-insensitive exact match (after stripping) of each prediction with its reference."
-    if len(predictions) != len(references): raise ValueError(f"predictions ({len(predictions)}) and references ({len(references)}) must have the same length")
+    if len(predictions) != len(references):
+        raise ValueError(
+            f"predictions ({len(predictions)}) and references ({len(references)}) must have the same length"
+        )
     return [normalize_answer(p) == normalize_answer(r) for p, r in zip(predictions, references)]
 
 # %% ../../nbs/metrics/03_knowledge.ipynb #483e53c4
@@ -29,16 +32,50 @@ def regurgitation_rate(predictions: list[str], references: list[str]) -> list[fl
     return rouge_recall(predictions, references, ("rougeL",))["rougeL"].tolist()
 
 # %% ../../nbs/metrics/03_knowledge.ipynb #186df66f
-def knowledge_scores(model, tokenizer, examples, max_new_tokens: int = 32, batch_size: int = 16, prompt_key: str = "prompt",
-                     answer_key: str = "answer", generations: list[dict] | None = None) -> pd.DataFrame:
+def knowledge_scores(
+    model,
+    tokenizer,
+    examples,
+    max_new_tokens: int = 32,
+    batch_size: int = 16,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    generations: list[dict] | None = None,
+) -> pd.DataFrame:
     "One row per QA example: the greedy `generation` and `correct` (LUME knowledge accuracy = its mean)."
-    gens = generations if generations is not None else greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max_new_tokens, batch_size)
+    gens = (
+        generations
+        if generations is not None
+        else greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max_new_tokens, batch_size)
+    )
     em = exact_match([g["text"] for g in gens], [e[answer_key] for e in examples])
-    return pd.DataFrame([{**example_columns(e, (prompt_key, answer_key)), "generation": g["text"], "correct": c} for e, g, c in zip(examples, gens, em)])
+    return pd.DataFrame(
+        [
+            {**example_columns(e, (prompt_key, answer_key)), "generation": g["text"], "correct": c}
+            for e, g, c in zip(examples, gens, em)
+        ]
+    )
 
-def regurgitation_scores(model, tokenizer, examples, max_new_tokens: int = 64, batch_size: int = 16, prompt_key: str = "prompt",
-                         answer_key: str = "answer", generations: list[dict] | None = None) -> pd.DataFrame:
+def regurgitation_scores(
+    model,
+    tokenizer,
+    examples,
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    generations: list[dict] | None = None,
+) -> pd.DataFrame:
     "One row per completion example: the greedy `generation` and `regurgitation` (ROUGE-L recall vs the gold rest)."
-    gens = generations if generations is not None else greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max_new_tokens, batch_size)
+    gens = (
+        generations
+        if generations is not None
+        else greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max_new_tokens, batch_size)
+    )
     rr = regurgitation_rate([g["text"] for g in gens], [e[answer_key] for e in examples])
-    return pd.DataFrame([{**example_columns(e, (prompt_key, answer_key)), "generation": g["text"], "regurgitation": r} for e, g, r in zip(examples, gens, rr)])
+    return pd.DataFrame(
+        [
+            {**example_columns(e, (prompt_key, answer_key)), "generation": g["text"], "regurgitation": r}
+            for e, g, r in zip(examples, gens, rr)
+        ]
+    )

@@ -36,7 +36,8 @@ def token_stats(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.
 
 # %% ../../nbs/metrics/00_memorization.ipynb #a3cca9e6
 def _check_nonempty(x: torch.Tensor, name: str):
-    if x.ndim != 1 or x.numel() == 0: raise ValueError(f"{name} must be a non-empty 1-D tensor (one answer's tokens), got shape {tuple(x.shape)}")
+    if x.ndim != 1 or x.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D tensor (one answer's tokens), got shape {tuple(x.shape)}")
 
 def exact_memorization(correct: torch.Tensor) -> float:
     "EM: fraction of answer tokens whose teacher-forced argmax is the gold token."
@@ -55,18 +56,35 @@ def answer_probability(logprob: torch.Tensor) -> float:
 
 # %% ../../nbs/metrics/00_memorization.ipynb #6906cc51
 @torch.no_grad()
-def answer_token_stats(model, tokenizer, examples, batch_size: int = 16, padding_side: str = "right", add_eos: bool = False,
-                       prompt_key: str = "prompt", answer_key: str = "answer") -> list[dict[str, torch.Tensor]]:
-    "Per example: 1-D CPU tensors `logprob`, `correct`, `rank`, `zscore` over its answer tokens (one forward per batch)."
-    if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+def answer_token_stats(
+    model,
+    tokenizer,
+    examples,
+    batch_size: int = 16,
+    padding_side: str = "right",
+    add_eos: bool = False,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+) -> list[dict[str, torch.Tensor]]:
+    """Per example: 1-D CPU tensors `logprob`, `correct`, `rank`,
+    `zscore` over its answer tokens (one forward per batch)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     examples, dev, out = list(examples), model_device(model), []
     for s in progress(range(0, len(examples), batch_size), desc="answer stats"):
-        b = to_device(collate_qa(tokenizer, examples[s:s + batch_size], add_eos=add_eos, side=padding_side,
-                                 prompt_key=prompt_key, answer_key=answer_key), dev)
-        with eval_mode(model): logits = model(**lm_inputs(b)).logits
+        b = to_device(
+            collate_qa(
+                tokenizer, examples[s : s + batch_size], add_eos=add_eos, side=padding_side, prompt_key=prompt_key,
+                answer_key=answer_key,
+            ),
+            dev,
+        )
+        with eval_mode(model):
+            logits = model(**lm_inputs(b)).logits
         rows, targets, mask = answer_logits(logits, b["labels"])
         st = {k: v.cpu() for k, v in token_stats(rows, targets).items()}
-        for v in zip(*(x.split(mask.sum(-1).tolist()) for x in st.values())): out.append(dict(zip(st, v)))
+        for v in zip(*(x.split(mask.sum(-1).tolist()) for x in st.values())):
+            out.append(dict(zip(st, v)))
     return out
 
 # %% ../../nbs/metrics/00_memorization.ipynb #65343c40
@@ -74,12 +92,31 @@ def example_columns(ex: dict, exclude=()) -> dict:
     "The scalar (str/int/float/bool) fields of example `ex` other than `exclude`: the extra columns of a result row."
     return {k: v for k, v in ex.items() if k not in exclude and isinstance(v, (str, int, float, bool))}
 
-def memorization_scores(model, tokenizer, examples, batch_size: int = 16, add_eos: bool = False, prompt_key: str = "prompt",
-                        answer_key: str = "answer", stats: list[dict] | None = None) -> pd.DataFrame:
+def memorization_scores(
+    model,
+    tokenizer,
+    examples,
+    batch_size: int = 16,
+    add_eos: bool = False,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    stats: list[dict] | None = None,
+) -> pd.DataFrame:
     "One row per example: `em`, `es`, `prob`, `n_tokens` plus the example's other columns."
-    stats = stats if stats is not None else answer_token_stats(model, tokenizer, examples, batch_size, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key)
+    stats = (
+        stats
+        if stats is not None
+        else answer_token_stats(
+            model, tokenizer, examples, batch_size, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key
+        )
+    )
     rows = []
     for ex, st in zip(examples, stats):
-        rows.append({**example_columns(ex, (prompt_key, answer_key)), "em": exact_memorization(st["correct"]), "es": extraction_strength(st["correct"]),
-                     "prob": answer_probability(st["logprob"]), "n_tokens": len(st["correct"])})
+        rows.append(
+            {
+                **example_columns(ex, (prompt_key, answer_key)), "em": exact_memorization(st["correct"]),
+                "es": extraction_strength(st["correct"]), "prob": answer_probability(st["logprob"]),
+                "n_tokens": len(st["correct"]),
+            }
+        )
     return pd.DataFrame(rows)

@@ -17,7 +17,8 @@ __all__ = ['ATTACKS', 'loss_score', 'zlib_score', 'min_k_score', 'min_k_pp_score
 # %% ../../nbs/metrics/04_mia.ipynb #d399786a
 def _vec(x, name):
     x = torch.as_tensor(x, dtype=torch.float64)
-    if x.ndim != 1 or x.numel() == 0: raise ValueError(f"{name} must be a non-empty 1-D tensor, got shape {tuple(x.shape)}")
+    if x.ndim != 1 or x.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D tensor, got shape {tuple(x.shape)}")
     return x
 
 def loss_score(logprob) -> float:
@@ -26,7 +27,8 @@ def loss_score(logprob) -> float:
 
 def zlib_score(logprob, text: str) -> float:
     "zlib attack score: mean log-prob / zlib-compressed byte length of `text`; higher = member."
-    if not isinstance(text, str) or not text: raise ValueError("text must be a non-empty string (its zlib length normalises the loss)")
+    if not isinstance(text, str) or not text:
+        raise ValueError("text must be a non-empty string (its zlib length normalises the loss)")
     return loss_score(logprob) / len(zlib.compress(text.encode("utf-8")))
 
 def _min_k(x, k):
@@ -45,18 +47,25 @@ def min_k_pp_score(zscore, k: float = 0.2) -> float:
 def mia_auc(member_scores, nonmember_scores) -> float:
     "ROC AUC of separating members (positives) from non-members by score (ties count half)."
     pos, neg = np.asarray(member_scores, dtype=np.float64), np.sort(np.asarray(nonmember_scores, dtype=np.float64))
-    if pos.ndim != 1 or neg.ndim != 1 or not len(pos) or not len(neg): raise ValueError("member_scores and nonmember_scores must be non-empty 1-D")
+    if pos.ndim != 1 or neg.ndim != 1 or not len(pos) or not len(neg):
+        raise ValueError("member_scores and nonmember_scores must be non-empty 1-D")
     if np.isnan(pos).any() or np.isnan(neg).any(): raise ValueError("scores contain NaN")
     lo, hi = np.searchsorted(neg, pos, "left"), np.searchsorted(neg, pos, "right")
     return float((lo.sum() + 0.5 * (hi - lo).sum()) / (len(pos) * len(neg)))
 
 # %% ../../nbs/metrics/04_mia.ipynb #d2e6f0b8
 def privleak(auc_unlearn: float, auc_retrain: float) -> float:
-    "MUSE's PrivLeak in %: (A_u − A_r)/A_r·100 with A = 1 − AUC (our AUCs: members positive). <0 leaks, 0 = retrained, >0 over-unlearned."
+    """MUSE's PrivLeak in %: (A_u − A_r)/A_r·100 with A = 1 − AUC (our AUCs: members positive).
+    <0 leaks, 0 = retrained, >0 over-unlearned."""
     for name, v in (("auc_unlearn", auc_unlearn), ("auc_retrain", auc_retrain)):
-        if not 0 <= v <= 1: raise ValueError(f"{name} must be an AUC in [0, 1] (members positive, higher = member), got {v!r}")
+        if not 0 <= v <= 1:
+            raise ValueError(f"{name} must be an AUC in [0, 1] (members positive, higher = member), got {v!r}")
     a_u, a_r = 1 - auc_unlearn, 1 - auc_retrain          # MUSE's orientation: holdout texts positive
-    if a_r == 0: raise ValueError("auc_retrain must be < 1: MUSE divides by 1 − auc_retrain (the retrained model's AUC with non-members as positives)")
+    if a_r == 0:
+        raise ValueError(
+            "auc_retrain must be < 1: MUSE divides by 1 − auc_retrain "
+            "(the retrained model's AUC with non-members as positives)"
+        )
     return (a_u - a_r) / a_r * 100
 
 def mia_chance_score(auc: float) -> float:
@@ -67,16 +76,39 @@ def mia_chance_score(auc: float) -> float:
 # %% ../../nbs/metrics/04_mia.ipynb #adb63d83
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 
-def mia_scores(model, tokenizer, examples, k: float = 0.2, batch_size: int = 16, *, add_eos: bool, prompt_key: str = "prompt",
-               answer_key: str = "answer", stats: list[dict] | None = None) -> pd.DataFrame:
-    "One row per example: `loss`, `zlib`, `min_k`, `min_k_pp` scores (higher = member) over the answer (+ EOS iff `add_eos`), extra columns."
+def mia_scores(
+    model,
+    tokenizer,
+    examples,
+    k: float = 0.2,
+    batch_size: int = 16,
+    *,
+    add_eos: bool,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    stats: list[dict] | None = None,
+) -> pd.DataFrame:
+    """One row per example: `loss`, `zlib`, `min_k`, `min_k_pp` scores (higher = member) over the answer
+    (+ EOS iff `add_eos`), extra columns."""
     if stats is None:
-        stats = answer_token_stats(model, tokenizer, examples, batch_size=batch_size, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key)
-    return pd.DataFrame([{**example_columns(e, (prompt_key, answer_key)),
-                          "loss": loss_score(s["logprob"]), "zlib": zlib_score(s["logprob"], e[answer_key]),
-                          "min_k": min_k_score(s["logprob"], k), "min_k_pp": min_k_pp_score(s["zscore"], k)} for e, s in zip(examples, stats)])
+        stats = answer_token_stats(
+            model, tokenizer, examples, batch_size=batch_size, add_eos=add_eos, prompt_key=prompt_key,
+            answer_key=answer_key,
+        )
+    return pd.DataFrame(
+        [
+            {
+                **example_columns(e, (prompt_key, answer_key)), "loss": loss_score(s["logprob"]),
+                "zlib": zlib_score(s["logprob"], e[answer_key]), "min_k": min_k_score(s["logprob"], k),
+                "min_k_pp": min_k_pp_score(s["zscore"], k),
+            }
+            for e, s in zip(examples, stats)
+        ]
+    )
 
-def mia_aucs(model, tokenizer, members, nonmembers, k: float = 0.2, batch_size: int = 16, *, add_eos: bool, **kw) -> dict[str, float]:
+def mia_aucs(
+    model, tokenizer, members, nonmembers, k: float = 0.2, batch_size: int = 16, *, add_eos: bool, **kw
+) -> dict[str, float]:
     "ROC AUC of each attack in `ATTACKS` for `members` vs `nonmembers` (lists of example dicts), one EOS rule for both."
     sm = mia_scores(model, tokenizer, members, k, batch_size, add_eos=add_eos, **kw)
     sn = mia_scores(model, tokenizer, nonmembers, k, batch_size, add_eos=add_eos, **kw)

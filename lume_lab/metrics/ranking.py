@@ -15,19 +15,23 @@ __all__ = ['mean_reciprocal_rank', 'top_hit_ratio', 'ranking_scores']
 # %% ../../nbs/metrics/02_ranking.ipynb #4f3a4c0d
 def mean_reciprocal_rank(ranks: torch.Tensor) -> float:
     "MRR: mean of 1/rank over the answer tokens (rank = inf counts 0)."
-    if ranks.ndim != 1 or ranks.numel() == 0: raise ValueError(f"ranks must be a non-empty 1-D tensor, got shape {tuple(ranks.shape)}")
+    if ranks.ndim != 1 or ranks.numel() == 0:
+        raise ValueError(f"ranks must be a non-empty 1-D tensor, got shape {tuple(ranks.shape)}")
     return (1.0 / ranks.double()).mean().item()
 
 def top_hit_ratio(ranks: torch.Tensor, m: int = 100) -> float:
     "THR: fraction of answer tokens whose rank is at most `m`."
-    if ranks.ndim != 1 or ranks.numel() == 0: raise ValueError(f"ranks must be a non-empty 1-D tensor, got shape {tuple(ranks.shape)}")
+    if ranks.ndim != 1 or ranks.numel() == 0:
+        raise ValueError(f"ranks must be a non-empty 1-D tensor, got shape {tuple(ranks.shape)}")
     if not isinstance(m, int) or m < 1: raise ValueError(f"m must be a positive int, got {m!r}")
     return (ranks.double() <= m).double().mean().item()
 
 # %% ../../nbs/metrics/02_ranking.ipynb #089294a1
 def _generated_ranks(model, tokenizer, examples, batch_size, prompt_key, answer_key, add_eos) -> list[torch.Tensor]:
     enc = encode_many(tokenizer, examples, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key)
-    gens = greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max(len(a) for _, a in enc), batch_size, return_logits=True)
+    gens = greedy_generate(
+        model, tokenizer, [e[prompt_key] for e in examples], max(len(a) for _, a in enc), batch_size, return_logits=True
+    )
     out = []
     for (_, a), g in zip(enc, gens):
         n = min(len(a), len(g["logits"]))
@@ -35,14 +39,34 @@ def _generated_ranks(model, tokenizer, examples, batch_size, prompt_key, answer_
         out.append(torch.cat([r, torch.full((len(a) - n,), float("inf"), dtype=torch.double)]))
     return out
 
-def ranking_scores(model, tokenizer, examples, m: int = 100, prefix: str = "teacher", batch_size: int = 16, add_eos: bool = False,
-                   prompt_key: str = "prompt", answer_key: str = "answer", stats: list[dict] | None = None) -> pd.DataFrame:
+def ranking_scores(
+    model,
+    tokenizer,
+    examples,
+    m: int = 100,
+    prefix: str = "teacher",
+    batch_size: int = 16,
+    add_eos: bool = False,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    stats: list[dict] | None = None,
+) -> pd.DataFrame:
     "One row per example: `mrr` and `thr` (top-`m` hit ratio) of the gold answer tokens, plus extra columns."
-    if prefix not in ("teacher", "generated"): raise ValueError(f"prefix must be 'teacher' or 'generated', got {prefix!r}")
+    if prefix not in ("teacher", "generated"):
+        raise ValueError(f"prefix must be 'teacher' or 'generated', got {prefix!r}")
     if prefix == "teacher":
-        stats = stats if stats is not None else answer_token_stats(model, tokenizer, examples, batch_size, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key)
+        stats = (
+            stats
+            if stats is not None
+            else answer_token_stats(
+                model, tokenizer, examples, batch_size, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key
+            )
+        )
         ranks = [s["rank"] for s in stats]
-    else: ranks = _generated_ranks(model, tokenizer, examples, batch_size, prompt_key, answer_key, add_eos)
-    rows = [{**example_columns(e, (prompt_key, answer_key)),
-             "mrr": mean_reciprocal_rank(r), "thr": top_hit_ratio(r, m)} for e, r in zip(examples, ranks)]
+    else:
+        ranks = _generated_ranks(model, tokenizer, examples, batch_size, prompt_key, answer_key, add_eos)
+    rows = [
+        {**example_columns(e, (prompt_key, answer_key)), "mrr": mean_reciprocal_rank(r), "thr": top_hit_ratio(r, m)}
+        for e, r in zip(examples, ranks)
+    ]
     return pd.DataFrame(rows)

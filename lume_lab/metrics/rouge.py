@@ -20,7 +20,10 @@ MEASURES = ("recall", "precision", "fmeasure")
 def rouge_table(predictions: list[str], references: list[str], rouge_types=ROUGE_TYPES, measure: str = "recall",
                 use_stemmer: bool = True) -> pd.DataFrame:
     "Per pair, the ROUGE `measure` of `predictions[i]` against `references[i]` (rouge-score), one column per type."
-    if len(predictions) != len(references): raise ValueError(f"predictions ({len(predictions)}) and references ({len(references)}) must have the same length")
+    if len(predictions) != len(references):
+        raise ValueError(
+            f"predictions ({len(predictions)}) and references ({len(references)}) must have the same length"
+        )
     bad = [t for t in rouge_types if t not in ("rouge1", "rouge2", "rougeL", "rougeLsum")]
     if bad: raise ValueError(f"rouge_types has unknown value(s) {bad}; allowed: rouge1, rouge2, rougeL, rougeLsum")
     if measure not in MEASURES: raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
@@ -30,10 +33,13 @@ def rouge_table(predictions: list[str], references: list[str], rouge_types=ROUGE
 
 # %% ../../nbs/metrics/01_rouge.ipynb #2bdcc501
 def rouge_recall(predictions: list[str], references: list[str], rouge_types=ROUGE_TYPES) -> pd.DataFrame:
-    "Per pair, the ROUGE recall of `predictions[i]` against `references[i]` (rouge-score, Porter stemming: PISTOL, TOFU)."
+    """Per pair, the ROUGE recall of `predictions[i]` against `references[i]`
+    (rouge-score, Porter stemming: PISTOL, TOFU)."""
     return rouge_table(predictions, references, rouge_types, "recall", use_stemmer=True)
 
-def rouge_f1(predictions: list[str], references: list[str], rouge_types=("rougeL",), use_stemmer: bool = False) -> pd.DataFrame:
+def rouge_f1(
+    predictions: list[str], references: list[str], rouge_types=("rougeL",), use_stemmer: bool = False
+) -> pd.DataFrame:
     "Per pair, the ROUGE F1 (`fmeasure`) of `predictions[i]` against `references[i]`; no stemming by default (MUSE)."
     return rouge_table(predictions, references, rouge_types, "fmeasure", use_stemmer=use_stemmer)
 
@@ -47,8 +53,13 @@ def deviation_score(rouge1_forget: float, rouge1_retain: float) -> float:
 # %% ../../nbs/metrics/01_rouge.ipynb #8bf6705a
 def rouge_scores(model, tokenizer, examples, max_new_tokens: int = 32, batch_size: int = 16, prompt_key: str = "prompt",
                  answer_key: str = "answer", generations: list[dict] | None = None, f1: bool = False) -> pd.DataFrame:
-    "One row per example: extra columns, the greedy `generation`, its `rouge1`/`rougeL` recall (and MUSE's `rougeL_f1`)."
-    gens = generations if generations is not None else greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max_new_tokens, batch_size)
+    """One row per example: extra columns, the greedy `generation`,
+    its `rouge1`/`rougeL` recall (and MUSE's `rougeL_f1`)."""
+    gens = (
+        generations
+        if generations is not None
+        else greedy_generate(model, tokenizer, [e[prompt_key] for e in examples], max_new_tokens, batch_size)
+    )
     texts, refs = [g["text"] for g in gens], [e[answer_key] for e in examples]
     r = rouge_recall(texts, refs)
     if f1: r["rougeL_f1"] = rouge_f1(texts, refs)["rougeL"]

@@ -16,9 +16,11 @@ __all__ = ['truth_ratio', 'truth_ratio_stat', 'truth_ratios']
 
 # %% ../../nbs/metrics/07_truth_ratio.ipynb #79d1ec89
 def truth_ratio(para_logprob: float, pert_logprobs, perturbed_mean: str = "geometric") -> float:
-    "R_truth from per-token mean log-probs: mean over perturbed of P^(1/|a|) (geometric, TOFU's code; or arithmetic) / P(para)^(1/|a|)."
+    """R_truth from per-token mean log-probs: mean over perturbed of P^(1/|a|) (geometric, TOFU's code; or arithmetic) /
+    P(para)^(1/|a|)."""
     lp = np.asarray(pert_logprobs, dtype=np.float64)
-    if lp.ndim != 1 or not len(lp): raise ValueError(f"pert_logprobs must be a non-empty 1-D list of mean log-probs, got shape {lp.shape}")
+    if lp.ndim != 1 or not len(lp):
+        raise ValueError(f"pert_logprobs must be a non-empty 1-D list of mean log-probs, got shape {lp.shape}")
     if perturbed_mean == "geometric": m = lp.mean()
     elif perturbed_mean == "arithmetic": m = np.logaddexp.reduce(lp) - math.log(len(lp))
     else: raise ValueError(f"perturbed_mean must be 'geometric' or 'arithmetic', got {perturbed_mean!r}")
@@ -28,24 +30,44 @@ def truth_ratio(para_logprob: float, pert_logprobs, perturbed_mean: str = "geome
 def truth_ratio_stat(ratios, split: str) -> float:
     "TOFU's reported truth-ratio statistic: mean of max(0, 1 − R) for 'retain', of min(R, 1/R) for 'forget'."
     r = np.asarray(ratios, dtype=np.float64)
-    if r.ndim != 1 or not len(r) or not (r > 0).all(): raise ValueError("ratios must be a non-empty 1-D list of positive truth ratios")
+    if r.ndim != 1 or not len(r) or not (r > 0).all():
+        raise ValueError("ratios must be a non-empty 1-D list of positive truth ratios")
     if split == "retain": return float(np.maximum(0, 1 - r).mean())
     if split == "forget": return float(np.minimum(r, 1 / r).mean())
     raise ValueError(f"split must be 'forget' or 'retain', got {split!r}")
 
 # %% ../../nbs/metrics/07_truth_ratio.ipynb #a244ee20
 @torch.no_grad()
-def truth_ratios(model, tokenizer, examples, *, add_eos: bool, batch_size: int = 16, perturbed_mean: str = "geometric",
-                 prompt_key: str = "prompt", para_key: str = "paraphrased_answer", pert_key: str = "perturbed_answers") -> pd.DataFrame:
-    "One row per example: extra columns, `p_para` and `p_pert` (per-token probabilities, perturbed ones averaged) and `truth_ratio`."
+def truth_ratios(
+    model,
+    tokenizer,
+    examples,
+    *,
+    add_eos: bool,
+    batch_size: int = 16,
+    perturbed_mean: str = "geometric",
+    prompt_key: str = "prompt",
+    para_key: str = "paraphrased_answer",
+    pert_key: str = "perturbed_answers",
+) -> pd.DataFrame:
+    """One row per example: extra columns, `p_para` and `p_pert` (per-token probabilities, perturbed ones averaged) and
+    `truth_ratio`."""
     ex = [dict(e) for e in examples]
     for i, e in enumerate(ex):
-        if not isinstance(e.get(pert_key), (list, tuple)) or not e[pert_key]: raise ValueError(f"examples[{i}] needs a non-empty list {pert_key!r}")
+        if not isinstance(e.get(pert_key), (list, tuple)) or not e[pert_key]:
+            raise ValueError(f"examples[{i}] needs a non-empty list {pert_key!r}")
     pairs = [{"prompt": e[prompt_key], "answer": a} for e in ex for a in [e[para_key], *e[pert_key]]]
-    lp, rows, j = qa_logprobs(model, tokenizer, pairs, add_eos=add_eos, reduction="mean", batch_size=batch_size).tolist(), [], 0
+    lp, rows, j = (
+        qa_logprobs(model, tokenizer, pairs, add_eos=add_eos, reduction="mean", batch_size=batch_size).tolist(), [], 0,
+    )
     for e in ex:
-        para, pert = lp[j], lp[j + 1:j + 1 + len(e[pert_key])]; j += 1 + len(e[pert_key])
+        para, pert = lp[j], lp[j + 1 : j + 1 + len(e[pert_key])]
+        j += 1 + len(e[pert_key])
         r = truth_ratio(para, pert, perturbed_mean)
-        rows.append({**example_columns(e, (prompt_key, para_key, pert_key)),
-                     "p_para": math.exp(para), "p_pert": r * math.exp(para), "truth_ratio": r})
+        rows.append(
+            {
+                **example_columns(e, (prompt_key, para_key, pert_key)), "p_para": math.exp(para),
+                "p_pert": r * math.exp(para), "truth_ratio": r,
+            }
+        )
     return pd.DataFrame(rows)

@@ -8,7 +8,8 @@ import importlib.util, itertools, math, numbers
 import numpy as np
 import pandas as pd
 import torch
-from ..models.ops import eval_mode, model_device, n_answer_tokens, pad_batch, pad_id, start_id, to_device, token_logprobs
+from ..models.ops import eval_mode, model_device, n_answer_tokens, pad_batch, pad_id, start_id, to_device
+from ..models.ops import token_logprobs
 
 # %% auto #0
 __all__ = ['continuation_logprobs', 'mc_scores', 'mc_accuracy', 'perplexity', 'heldout_texts', 'heldout_kinds', 'utility_scores',
@@ -31,13 +32,16 @@ def _max_length(model, max_length):
 @torch.no_grad()
 def continuation_logprobs(model, pairs: list[tuple[list, list]], batch_size: int = 16, pad_id: int = 0,
                           max_length: int | None = None) -> list[tuple[float, int]]:
-    "(sum log-prob, n tokens) of each continuation given its context; pairs of token-id lists; length-sorted batches, right padding."
-    if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    """(sum log-prob, n tokens) of each continuation given its context; pairs of token-id lists;
+    length-sorted batches, right padding."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     L, seqs, labels = _max_length(model, max_length), [], []
     for ctx, cont in pairs:
         if not cont: raise ValueError("a continuation encodes to zero tokens")
         if not ctx: raise ValueError("a context encodes to zero tokens; add a start token")
-        full = (list(ctx) + list(cont))[-(L + 1):]      # lm-eval's left-truncated window (its last token is never context)
+        # lm-eval's left-truncated window (its last token is never context)
+        full = (list(ctx) + list(cont))[-(L + 1):]
         k = min(len(cont), len(full) - 1)               # continuation tokens still predicted inside the window
         inp, nxt = full[:-1], full[1:]                  # the model sees <= L tokens; position t predicts nxt[t]
         seqs.append(inp); labels.append([-100] * (len(nxt) - k) + nxt[-k:])
@@ -49,7 +53,8 @@ def continuation_logprobs(model, pairs: list[tuple[list, list]], batch_size: int
             x = to_device(pad_batch([seqs[i] for i in idx], pad_id, "right", labels=[labels[i] for i in idx]), dev)
             logits = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).logits
             lp, _ = token_logprobs(logits, x["labels"], shift=False)
-            for i, s, n in zip(idx, lp.sum(-1).tolist(), n_answer_tokens(x["labels"], shift=False).tolist()): out[i] = (s, n)
+            for i, s, n in zip(idx, lp.sum(-1).tolist(), n_answer_tokens(x["labels"], shift=False).tolist()):
+                out[i] = (s, n)
     return out
 
 # %% ../../nbs/metrics/05_utility.ipynb #b51142b2
@@ -76,8 +81,10 @@ def mc_accuracy(model, tokenizer, items: list[dict], batch_size: int = 16, add_b
                      for s, it in zip(scores, items)]) == gold
     n = len(items)
     se = lambda x: float(np.std(x, ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    return dict(acc=float(acc.mean()), acc_norm=float(norm.mean()), acc_stderr=se(acc.astype(float)),
-                acc_norm_stderr=se(norm.astype(float)), n=n, chance=float(np.mean([1 / len(it["options"]) for it in items])))
+    return dict(
+        acc=float(acc.mean()), acc_norm=float(norm.mean()), acc_stderr=se(acc.astype(float)),
+        acc_norm_stderr=se(norm.astype(float)), n=n, chance=float(np.mean([1 / len(it["options"]) for it in items])),
+    )
 
 # %% ../../nbs/metrics/05_utility.ipynb #4f481e42
 def perplexity(model, tokenizer, texts: list[str], batch_size: int = 16, max_length: int | None = None,
@@ -117,37 +124,68 @@ def heldout_kinds(world) -> list[str]:
     "The `kind` values of `world`'s held-out rows, in order of first appearance (none when rows carry no kind)."
     return list(dict.fromkeys(r["kind"] for r in (_split_rows(world, "heldout") or []) if r.get("kind") is not None))
 
+# %% ../../nbs/metrics/05_utility.ipynb #150ca078
 def utility_scores(model, tokenizer, world, max_heldout: int = 300, max_mc: int | None = None, batch_size: int = 16,
                    control: bool = True) -> dict:
-    "`mc_acc`, `mc_acc_norm`, (`mc_control_acc`,) `perplexity`, `nll` of `model` on `world`, plus the counts behind them."
-    if not hasattr(world, "__contains__") or not hasattr(world, "__getitem__"): raise ValueError(f"world must be a DatasetDict or a dict of splits, got {type(world).__name__}")
+    """`mc_acc`, `mc_acc_norm`, (`mc_control_acc`,) `perplexity`, `nll` of `model` on `world`,
+    plus the counts behind them."""
+    if not hasattr(world, "__contains__") or not hasattr(world, "__getitem__"):
+        raise ValueError(f"world must be a DatasetDict or a dict of splits, got {type(world).__name__}")
     miss = [k for k in ("mc", "heldout") if k not in world]
-    if miss: raise ValueError(f"world lacks split(s) {miss}; utility needs 'mc' (MC items) and 'heldout' (texts), as build_world writes")
+    if miss:
+        raise ValueError(
+            f"world lacks split(s) {miss}; utility needs 'mc' (MC items) and 'heldout' (texts), as build_world writes"
+        )
     for n, v in (("max_heldout", max_heldout), ("max_mc", max_mc)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1): raise ValueError(f"{n} must be a positive int, got {v!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{n} must be a positive int, got {v!r}")
     mc, texts = _split_rows(world, "mc")[:max_mc], heldout_texts(world, max_heldout)
     acc, ppl = mc_accuracy(model, tokenizer, mc, batch_size), perplexity(model, tokenizer, texts, batch_size)
     out = {"mc_acc": acc["acc"], "mc_acc_norm": acc["acc_norm"], "perplexity": ppl["perplexity"], "nll": ppl["nll"],
            "n_mc": acc["n"], "n_heldout": ppl["n_texts"], "n_tokens": ppl["n_tokens"]}
     ctrl = _split_rows(world, "mc_control") if control else None
-    if ctrl: out.update(mc_control_acc=mc_accuracy(model, tokenizer, ctrl[:max_mc], batch_size)["acc"], n_mc_control=len(ctrl[:max_mc]))
+    if ctrl:
+        out.update(
+            mc_control_acc=mc_accuracy(model, tokenizer, ctrl[:max_mc], batch_size)["acc"],
+            n_mc_control=len(ctrl[:max_mc]),
+        )
     return out
 
+# %% ../../nbs/metrics/05_utility.ipynb #fc59deec
 def utility_table(model, tokenizer, world, name: str, max_heldout: int = 300, batch_size: int = 16) -> pd.DataFrame:
     "One row per utility metric of `model` on `world`: mc acc/acc_norm (seen and control facts), held-out perplexity."
     rows = []
     for split in ("mc", "mc_control"):
         items = list(world[split])
         r = mc_accuracy(model, tokenizer, items, batch_size=batch_size)
-        rows += [{"model": name, "metric": f"{split}_acc", "value": r["acc"], "stderr": r["acc_stderr"], "chance": r["chance"], "n": r["n"]},
-                 {"model": name, "metric": f"{split}_acc_norm", "value": r["acc_norm"], "stderr": r["acc_norm_stderr"], "chance": r["chance"], "n": r["n"]}]
+        rows += [
+            {
+                "model": name, "metric": f"{split}_acc", "value": r["acc"], "stderr": r["acc_stderr"],
+                "chance": r["chance"], "n": r["n"],
+            },
+            {
+                "model": name, "metric": f"{split}_acc_norm", "value": r["acc_norm"], "stderr": r["acc_norm_stderr"],
+                "chance": r["chance"], "n": r["n"],
+            },
+        ]
         if items and items[0].get("heldout_prompt"):   # the same items in a phrasing no training text uses
-            h = mc_accuracy(model, tokenizer, [dict(it, prompt=it["heldout_prompt"]) for it in items], batch_size=batch_size)
-            rows.append({"model": name, "metric": f"{split}_heldout_form_acc", "value": h["acc"], "stderr": h["acc_stderr"], "chance": h["chance"], "n": h["n"]})
+            h = mc_accuracy(
+                model, tokenizer, [dict(it, prompt=it["heldout_prompt"]) for it in items], batch_size=batch_size
+            )
+            rows.append(
+                {
+                    "model": name, "metric": f"{split}_heldout_form_acc", "value": h["acc"], "stderr": h["acc_stderr"],
+                    "chance": h["chance"], "n": h["n"],
+                }
+            )
     for kind in [None, *heldout_kinds(world)]:      # the mix first (the headline), then each kind alone
         p = perplexity(model, tokenizer, heldout_texts(world, max_heldout, kind), batch_size=batch_size)
-        rows.append({"model": name, "metric": "heldout_perplexity" + (f"_{kind}" if kind else ""), "value": p["perplexity"],
-                     "stderr": float("nan"), "chance": float("nan"), "n": p["n_texts"]})
+        rows.append(
+            {
+                "model": name, "metric": "heldout_perplexity" + (f"_{kind}" if kind else ""), "value": p["perplexity"],
+                "stderr": float("nan"), "chance": float("nan"), "n": p["n_texts"],
+            }
+        )
     return pd.DataFrame(rows)
 
 # %% ../../nbs/metrics/05_utility.ipynb #a5e2b7c6
@@ -161,7 +199,11 @@ def utility_delta(scores: dict, reference_scores: dict) -> dict:
     miss = [k for k in keys if k not in reference_scores]
     if miss: raise ValueError(f"reference_scores lacks {miss}: compute both with the same utility settings")
     bad = [k for k in scores if k.startswith("n_") and reference_scores.get(k) != scores[k]]
-    if bad: raise ValueError(f"counts differ ({', '.join(f'{k}: {scores[k]} vs {reference_scores.get(k)}' for k in bad)}): deltas need the same items")
+    if bad:
+        raise ValueError(
+            f"counts differ ({', '.join(f'{k}: {scores[k]} vs {reference_scores.get(k)}' for k in bad)}): "
+            "deltas need the same items"
+        )
     return {k: scores[k] - reference_scores[k] for k in keys}
 
 # %% ../../nbs/metrics/05_utility.ipynb #6d062165
@@ -176,16 +218,28 @@ def _flatten_lm_eval(results: dict) -> dict:
             if _is_num(v) and "stderr" not in k: out[f"{task}/{k.split(',')[0]}"] = float(v)
     return out
 
-def lm_eval_scores(model, tokenizer, tasks, batch_size: int = 8, num_fewshot: int | None = None, limit: int | float | None = None) -> dict:
-    "Run lm-evaluation-harness `tasks` on an in-memory HF `model`; `{task/metric: value}`. Needs `lm_eval` and the task data."
-    if isinstance(tasks, str): tasks = [tasks]
-    if not tasks or not all(isinstance(t, str) and t for t in tasks): raise ValueError(f"tasks must be a non-empty list of lm-eval task names, got {tasks!r}")
+def lm_eval_scores(
+    model, tokenizer, tasks, batch_size: int = 8, num_fewshot: int | None = None, limit: int | float | None = None
+) -> dict:
+    """Run lm-evaluation-harness `tasks` on an in-memory HF `model`; `{task/metric: value}`.
+    Needs `lm_eval` and the task data."""
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    if not tasks or not all(isinstance(t, str) and t for t in tasks):
+        raise ValueError(f"tasks must be a non-empty list of lm-eval task names, got {tasks!r}")
     if not lm_eval_available():
-        raise ImportError("lm_eval_scores needs lm-evaluation-harness, which is not installed (`pip install lm-eval`), and its task "
-                          "data (downloaded or in the HF datasets cache). Offline, use utility_scores on the mini world instead.")
+        raise ImportError(
+            "lm_eval_scores needs lm-evaluation-harness, which is not installed (`pip install lm-eval`), and its task "
+            "data (downloaded or in the HF datasets cache). Offline, use utility_scores on the mini world instead."
+        )
     import lm_eval
     from lm_eval.models.huggingface import HFLM
+
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-    try: res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit)
-    except Exception as e: raise RuntimeError(f"lm_eval could not run tasks {list(tasks)}: {e!r}; the task data must be downloadable or cached") from e
+    try:
+        res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit)
+    except Exception as e:
+        raise RuntimeError(
+            f"lm_eval could not run tasks {list(tasks)}: {e!r}; the task data must be downloadable or cached"
+        ) from e
     return _flatten_lm_eval(res["results"])

@@ -8,7 +8,8 @@ import os
 from typing import Iterable
 
 # torch (and tqdm) are imported inside the functions that use them: `lume-lab --help`, `presets` and `status` reach this
-# module (the launch settings, `ENV_FSDP2`) and must not wait seconds for torch. Annotations are not evaluated (`annotations` above).
+# module (the launch settings, `ENV_FSDP2`) and must not wait seconds for torch. Annotations are not evaluated
+# (`annotations` above).
 
 # %% auto #0
 __all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'end_process_group', 'fsdp2_requested', 'is_fsdp2',
@@ -18,37 +19,45 @@ __all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'end_
 def default_device() -> torch.device:
     """Where a model goes when no device is named: `$LUME_LAB_DEVICE` if set, else accelerate's device for this process
     (a distributed rank's own GPU, the GPU of a one-GPU machine, else the CPU). Every stage that builds or loads a model
-    asks here, so nothing falls back to the CPU on a GPU machine and a multi-process job puts each rank on its own GPU."""
+    asks here, so nothing falls back to the CPU on a GPU machine and a multi-process job puts each rank on its own
+    GPU."""
     import torch
     if os.environ.get("LUME_LAB_DEVICE"): return torch.device(os.environ["LUME_LAB_DEVICE"])
     from accelerate import PartialState
     return PartialState(cpu=_cpu_job()).device
 
 def _cpu_job() -> bool:
-    """Whether accelerate must be told `cpu=True`: `ACCELERATE_USE_CPU` is set, or this is a multi-process job with no GPU.
-    The first `PartialState()` of a process fixes its state for every later `Accelerator()`, and one made without
+    """Whether accelerate must be told `cpu=True`: `ACCELERATE_USE_CPU` is set, or this is a multi-process job with no
+    GPU. The first `PartialState()` of a process fixes its state for every later `Accelerator()`, and one made without
     `cpu=True` in a CPU `torchrun` job sees a single process: every rank would then train alone on all the data."""
     import torch
     from accelerate.utils import parse_flag_from_env
-    return parse_flag_from_env("ACCELERATE_USE_CPU") or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available())
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or (
+        int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+    )
 
 def check_job(accelerator) -> None:
-    "Refuse an `Accelerator` that sees fewer processes than the job (`$WORLD_SIZE`) has: its ranks would not be data-parallel."
+    """Refuse an `Accelerator` that sees fewer processes than the job
+    (`$WORLD_SIZE`) has: its ranks would not be data-parallel."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and accelerator.num_processes != world:
-        raise RuntimeError(f"this process is one of {world} ranks ($WORLD_SIZE) but accelerate sees {accelerator.num_processes} "
-                           f"({accelerator.distributed_type}): a PartialState/Accelerator was made without cpu=True on a CPU job; "
-                           "set ACCELERATE_USE_CPU=true (lume-lab's launcher does) or create the state with models.accel.default_device()")
+        raise RuntimeError(
+            f"this process is one of {world} ranks ($WORLD_SIZE) but accelerate sees {accelerator.num_processes} "
+            f"({accelerator.distributed_type}): a PartialState/Accelerator was made without cpu=True on a CPU job; "
+            "set ACCELERATE_USE_CPU=true (lume-lab's launcher does) or create the state with "
+            "models.accel.default_device()"
+        )
 
 def make_accelerator(**kwargs):
-    "`accelerate.Accelerator(**kwargs)` for this process (`cpu=True` in a CPU job), checked to see every rank of the job."
+    """`accelerate.Accelerator(**kwargs)` for this process (`cpu=True` in a CPU job),
+    checked to see every rank of the job."""
     from accelerate import Accelerator
     acc = Accelerator(cpu=_cpu_job(), **kwargs); check_job(acc)
     return acc
 
 def end_process_group() -> bool:
-    """At the end of a rank's work: wait for every rank, then tear the default process group down; False when none is up.
-    A rank that exits with gloo's threads still alive can abort at interpreter exit ("terminate called without an
+    """At the end of a rank's work: wait for every rank, then tear the default process group down; False when none is
+    up. A rank that exits with gloo's threads still alive can abort at interpreter exit ("terminate called without an
     active exception"), which fails the whole job after its work is done."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()): return False
@@ -76,7 +85,10 @@ def fsdp2_shard(model: nn.Module, device=None) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     if not dist.is_initialized():
-        raise RuntimeError("fsdp2=True needs a process group: start the job with `torchrun` or `accelerate launch` and create the Accelerator first")
+        raise RuntimeError(
+            "fsdp2=True needs a process group: "
+            "start the job with `torchrun` or `accelerate launch` and create the Accelerator first"
+        )
     blocks = set(getattr(model, "_no_split_modules", None) or ())
     if not any(type(m).__name__ in blocks for m in model.modules()):
         raise ValueError(f"fsdp2_shard: {type(model).__name__} names no block class in _no_split_modules to shard by")

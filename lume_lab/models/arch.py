@@ -35,7 +35,8 @@ class Architecture:
 
     @property
     def projections(self) -> tuple[str, ...]:
-        "The weight matrices masks may own, localization scores and MemFlex ranks: attention, then MLP, in the model's order."
+        """The weight matrices masks may own, localization scores and MemFlex ranks:
+        attention, then MLP, in the model's order."""
         return self.attention + self.mlp_in + (self.mlp_out,)
 
     @property
@@ -50,7 +51,9 @@ class Architecture:
 OLMO2 = Architecture("OLMo-2", ("olmo2", "olmo3"), post_mlp_norm="post_feedforward_layernorm",
                      block_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
                      qk_norms=("self_attn.q_norm", "self_attn.k_norm"))
-LLAMA = Architecture("Llama", ("llama",), post_mlp_norm=None, block_norms=("input_layernorm", "post_attention_layernorm"))
+LLAMA = Architecture(
+    "Llama", ("llama",), post_mlp_norm=None, block_norms=("input_layernorm", "post_attention_layernorm")
+)
 ARCHITECTURES: dict[str, Architecture] = {t: a for a in (OLMO2, LLAMA) for t in a.model_types}
 
 # %% ../../nbs/models/05_arch.ipynb #81aa0f68
@@ -59,15 +62,22 @@ def architecture(model_or_config) -> Architecture:
     cfg = model_or_config if isinstance(model_or_config, str) else getattr(model_or_config, "config", model_or_config)
     t = cfg if isinstance(cfg, str) else getattr(cfg, "model_type", None)
     if t not in ARCHITECTURES:
-        raise ValueError(f"model_type {t!r} is not in lume_lab's architecture table (models.arch.ARCHITECTURES); known: "
-                         f"{', '.join(sorted(ARCHITECTURES))}. Add a row with its module names (most decoders reuse the Llama one)")
+        raise ValueError(
+            f"model_type {t!r} is not in lume_lab's architecture table (models.arch.ARCHITECTURES); known: "
+            f"{', '.join(sorted(ARCHITECTURES))}. Add a row with its module names (most decoders reuse the Llama one)"
+        )
     return ARCHITECTURES[t]
 
 def architecture_table() -> pd.DataFrame:
     "The table as a frame: one row per family, one column per field (names joined with ', ')."
     rows = []
     for a in dict.fromkeys(ARCHITECTURES.values()):
-        rows.append({f.name: ", ".join(v) if isinstance(v := getattr(a, f.name), tuple) else ("—" if v is None else v) for f in fields(a)})
+        rows.append(
+            {
+                f.name: ", ".join(v) if isinstance(v := getattr(a, f.name), tuple) else ("—" if v is None else v)
+                for f in fields(a)
+            }
+        )
     return pd.DataFrame(rows).set_index("family")
 
 # %% ../../nbs/models/05_arch.ipynb #9966f9f4
@@ -75,14 +85,19 @@ _ROWS = tuple(dict.fromkeys(ARCHITECTURES.values()))
 ATTENTION_LEAVES = tuple(dict.fromkeys(p.rsplit(".", 1)[-1] for a in _ROWS for p in a.attention))
 MLP_LEAVES = tuple(dict.fromkeys(p.rsplit(".", 1)[-1] for a in _ROWS for p in a.mlp_in + (a.mlp_out,)))
 PROJECTION_LEAVES = ATTENTION_LEAVES + MLP_LEAVES   # in a layer's order: q, k, v, o, gate, up, down
-SCORED_PATTERN = re.compile(r"(?:^|\.)(" + "|".join(map(re.escape, PROJECTION_LEAVES)) + r")\.weight$")   # localization's scored weights
-CANDIDATE_PATTERN = r"\.(" + "|".join(dict.fromkeys(re.escape(p) for a in _ROWS for p in a.projections)) + r")\.weight$"   # MemFlex's candidates
+# localization's scored weights
+SCORED_PATTERN = re.compile(r"(?:^|\.)(" + "|".join(map(re.escape, PROJECTION_LEAVES)) + r")\.weight$")
+# MemFlex's candidates
+CANDIDATE_PATTERN = r"\.(" + "|".join(dict.fromkeys(re.escape(p) for a in _ROWS for p in a.projections)) + r")\.weight$"
 
 def component(name: str, model_or_config) -> str:
-    "The part of the model a parameter name belongs to: embedding, lm_head, attention, qk_norm, mlp, block_norms, final_norm or other."
+    """The part of the model a parameter name belongs to: embedding, lm_head, attention, qk_norm, mlp, block_norms,
+    final_norm or other."""
     a = architecture(model_or_config)
-    parts = [("embedding", (a.embeddings,)), ("lm_head", (a.lm_head,)), ("qk_norm", a.qk_norms), ("attention", a.attention),
-             ("mlp", a.mlp_in + (a.mlp_out,)), ("block_norms", a.block_norms), ("final_norm", (a.final_norm,))]
+    parts = [
+        ("embedding", (a.embeddings,)), ("lm_head", (a.lm_head,)), ("qk_norm", a.qk_norms), ("attention", a.attention),
+        ("mlp", a.mlp_in + (a.mlp_out,)), ("block_norms", a.block_norms), ("final_norm", (a.final_norm,)),
+    ]
     base = name.removesuffix(".weight").removesuffix(".bias")
     for comp, names in parts:
         for n in names:
@@ -91,7 +106,8 @@ def component(name: str, model_or_config) -> str:
 
 # %% ../../nbs/models/05_arch.ipynb #9d53e364
 def missing_names(model: nn.Module) -> list[str]:
-    "Names of `model`'s architecture row that `model` lacks (layer parts checked in every decoder layer); [] when the row fits."
+    """Names of `model`'s architecture row that `model` lacks (layer parts checked in every decoder layer);
+    [] when the row fits."""
     a, mods = architecture(model), dict(model.named_modules())
     L = model.config.num_hidden_layers
     want = [a.embeddings, a.final_norm, a.lm_head, a.layers]
@@ -107,11 +123,14 @@ def tied_embeddings(model: nn.Module) -> bool:
 # %% ../../nbs/models/05_arch.ipynb #0a9e872e
 def tiny_config(model_type: str, vocab_size: int = 256, hidden_size: int = 32, num_layers: int = 4, num_heads: int = 4,
                 tie_word_embeddings: bool | None = None):
-    "A tiny HF config of `model_type` ('olmo2' or 'llama'; Llama ties its embeddings by default, as SmolLM2) for tests and examples."
+    """A tiny HF config of `model_type` ('olmo2' or 'llama'; Llama ties its embeddings by default, as SmolLM2) for tests
+    and examples."""
     from transformers import LlamaConfig, Olmo2Config
     kind = {"olmo2": Olmo2Config, "llama": LlamaConfig}
     if model_type not in kind: raise ValueError(f"model_type must be one of {', '.join(kind)}, got {model_type!r}")
     tie = (model_type == "llama") if tie_word_embeddings is None else tie_word_embeddings
-    return kind[model_type](vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                            num_key_value_heads=max(1, num_heads // 2), intermediate_size=2 * hidden_size, max_position_embeddings=128,
-                            tie_word_embeddings=tie)
+    return kind[model_type](
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2), intermediate_size=2 * hidden_size, max_position_embeddings=128,
+        tie_word_embeddings=tie,
+    )

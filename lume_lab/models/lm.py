@@ -10,7 +10,8 @@ from typing import Callable, Iterable
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model as _st_load_model, save_model as _st_save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, Olmo2Config, Olmo2ForCausalLM, PreTrainedModel
-from ..core.config import DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, gguf_source, validate_section
+from ..core.config import DTYPES, SCHEDULES, ConfigError, ModelConfig, PretrainConfig, gguf_source
+from ..core.config import validate_section
 from .accel import default_device, in_test, progress as progress_bar
 from .arch import component
 from .ops import encode_texts, model_device, special_ids
@@ -21,16 +22,32 @@ __all__ = ['olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_tabl
            'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #d3cfd41c
-def olmo2_config(vocab_size: int | None = None, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
-                 intermediate_size: int | None = None, max_positions: int = 2048, *, tokenizer=None, pad_token_id: int | None = 0,
-                 eos_token_id: int | None = 1, bos_token_id: int | None = None, **overrides) -> Olmo2Config:
-    "An `Olmo2Config` of these sizes, 🤗's defaults elsewhere (`overrides` go to `Olmo2Config`); `tokenizer` sets `vocab_size` and the pad and EOS ids."
-    if (vocab_size is None) == (tokenizer is None): raise ValueError("olmo2_config needs vocab_size or tokenizer (one of them)")
-    if tokenizer is not None: vocab_size, pad_token_id, eos_token_id = len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
-    return Olmo2Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
-                       num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-                       max_position_embeddings=max_positions, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
-                       bos_token_id=bos_token_id, **overrides)
+def olmo2_config(
+    vocab_size: int | None = None,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_positions: int = 2048,
+    *,
+    tokenizer=None,
+    pad_token_id: int | None = 0,
+    eos_token_id: int | None = 1,
+    bos_token_id: int | None = None,
+    **overrides,
+) -> Olmo2Config:
+    """An `Olmo2Config` of these sizes, 🤗's defaults elsewhere (`overrides` go to `Olmo2Config`);
+    `tokenizer` sets `vocab_size` and the pad and EOS ids."""
+    if (vocab_size is None) == (tokenizer is None):
+        raise ValueError("olmo2_config needs vocab_size or tokenizer (one of them)")
+    if tokenizer is not None:
+        vocab_size, pad_token_id, eos_token_id = len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
+    return Olmo2Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+        bos_token_id=bos_token_id, **overrides,
+    )
 
 # %% ../../nbs/models/01_lm.ipynb #97c2b033
 def tiny_olmo2_config(model_cfg: ModelConfig, tokenizer) -> Olmo2Config:
@@ -38,11 +55,15 @@ def tiny_olmo2_config(model_cfg: ModelConfig, tokenizer) -> Olmo2Config:
     m = model_cfg
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_seq_len"):
         v = getattr(m, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ConfigError(f"model.{name} must be a positive int, got {v!r}")
-    if m.hidden_size % m.num_heads: raise ConfigError(f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_heads ({m.num_heads})")
-    return olmo2_config(len(tokenizer), m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_seq_len,
-                        **special_ids(tokenizer), rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
-                        rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model.{name} must be a positive int, got {v!r}")
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.hidden_size ({m.hidden_size}) must be divisible by model.num_heads ({m.num_heads})")
+    return olmo2_config(
+        len(tokenizer), m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size, m.max_seq_len,
+        **special_ids(tokenizer), rope_parameters={"rope_type": "default", "rope_theta": 500_000.0}, rms_norm_eps=1e-6,
+        initializer_range=0.02, tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
+    )
 
 # %% ../../nbs/models/01_lm.ipynb #9fa76285
 def _torch_dtype(dtype) -> torch.dtype:
@@ -61,8 +82,8 @@ def build_model(model_cfg: ModelConfig, tokenizer, seed: int) -> Olmo2ForCausalL
 
 # %% ../../nbs/models/01_lm.ipynb #6832ce90
 def param_count_table(model: torch.nn.Module) -> pd.DataFrame:
-    """Parameter counts per component (embedding, attention, qk_norm, mlp, norms, lm_head; `models.arch.component`), with
-    shares. A tied `lm_head` is the embedding's tensor and is counted once, as the embedding."""
+    """Parameter counts per component (embedding, attention, qk_norm, mlp, norms, lm_head; `models.arch.component`),
+    with shares. A tied `lm_head` is the embedding's tensor and is counted once, as the embedding."""
     rows = {}
     for name, p in model.named_parameters():
         comp = component(name, model)
@@ -82,33 +103,41 @@ def full_state_dict(model: torch.nn.Module) -> dict | None:
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sd.items()}
 
 def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
-    "Save `model` (safetensors) and `tokenizer` with `save_pretrained` into `out_dir`; an FSDP2-sharded model is gathered first (every rank calls this)."
+    """Save `model` (safetensors) and `tokenizer` with `save_pretrained` into `out_dir`;
+    an FSDP2-sharded model is gathered first (every rank calls this)."""
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), state_dict=full_state_dict(model))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
 
+# %% ../../nbs/models/01_lm.ipynb #18d18a2a
 def _looks_local(p: str) -> bool:
     return p.startswith((".", "/", "~")) or p.count("/") != 1 or "\\" in p
 
 def gguf_kwargs(path_or_id: str | Path) -> tuple[str, dict] | None:
-    """(directory, `from_pretrained` keywords) for a GGUF checkpoint (`core.config.gguf_source`), else None. transformers'
-    GGUF reader dequantizes the file to float32 and needs the `gguf` package."""
+    """(directory, `from_pretrained` keywords) for a GGUF checkpoint (`core.config.gguf_source`), else None.
+    transformers' GGUF reader dequantizes the file to float32 and needs the `gguf` package."""
     if (g := gguf_source(str(path_or_id))) is None: return None
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"{path_or_id!s} is a GGUF file: transformers reads it with the `gguf` package; install it with `make gguf` (or pip install gguf)")
+        raise ImportError(
+            f"{path_or_id!s} is a GGUF file: transformers reads it with the `gguf` package; "
+            "install it with `make gguf` (or pip install gguf)"
+        )
     return str(g[0]), {"gguf_file": g[1]}
 
 def _unmark_gguf(model):
     """A GGUF checkpoint loads as dense float weights, but transformers keeps its quantizer attached and then refuses
-    `save_pretrained`. The weights are no longer quantized: drop the marker so the model saves and trains like any other."""
+    `save_pretrained`. The weights are no longer quantized: drop the marker so the model saves and trains like any
+    other."""
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"): delattr(model.config, "quantization_config")
     if hasattr(model, "is_quantized"): model.is_quantized = False
 
+# %% ../../nbs/models/01_lm.ipynb #09419bba
 def load_model(path_or_id: str | Path, revision: str | None = None, dtype="float32", device=None):
-    """(model, tokenizer) from a local HF causal-LM directory, a GGUF file (a `.gguf` path or `package:<module>/<file>.gguf`,
-    dequantized; the tokenizer is the file's own) or a hub id; pad token set, model in eval mode."""
+    """(model, tokenizer) from a local HF causal-LM directory, a GGUF file (a `.gguf` path or
+    `package:<module>/<file>.gguf`, dequantized; the tokenizer is the file's own) or a hub id; pad token set, model in
+    eval mode."""
     p = str(path_or_id)
     torch_dtype = _torch_dtype(dtype)
     if (g := gguf_kwargs(p)) is not None: p, kw = g
@@ -116,10 +145,21 @@ def load_model(path_or_id: str | Path, revision: str | None = None, dtype="float
         kw = {"revision": revision}
         local = Path(p).expanduser()
         if local.exists():
-            if not local.is_dir(): raise FileNotFoundError(f"load_model: {p!r} is a file; expected a checkpoint directory (config.json + weights) or a .gguf file")
-            if not (local / "config.json").exists(): raise FileNotFoundError(f"load_model: {p!r} has no config.json; not a Hugging Face checkpoint directory")
+            if not local.is_dir():
+                raise FileNotFoundError(
+                    f"load_model: {p!r} is a file; "
+                    "expected a checkpoint directory (config.json + weights) or a .gguf file"
+                )
+            if not (local / "config.json").exists():
+                raise FileNotFoundError(
+                    f"load_model: {p!r} has no config.json; not a Hugging Face checkpoint directory"
+                )
             p = str(local)
-        elif _looks_local(p): raise FileNotFoundError(f"load_model: {p!r} does not exist (expected a local checkpoint directory, a .gguf file or a hub id 'org/name')")
+        elif _looks_local(p):
+            raise FileNotFoundError(
+                f"load_model: {p!r} does not exist "
+                "(expected a local checkpoint directory, a .gguf file or a hub id 'org/name')"
+            )
     tokenizer = AutoTokenizer.from_pretrained(p, **kw)
     if tokenizer.eos_token is None: raise ValueError(f"load_model: the tokenizer of {p!r} has no eos_token")
     if tokenizer.pad_token is None: tokenizer.pad_token = tokenizer.eos_token
@@ -133,11 +173,13 @@ def _texts(texts) -> list[str]:
     if hasattr(texts, "column_names"): texts = texts["text"]
     if isinstance(texts, str): raise ValueError("texts must be an iterable of strings, got a single str")
     texts = list(texts)
-    if not texts or not all(isinstance(t, str) for t in texts): raise ValueError("texts must be a non-empty list of str")
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a non-empty list of str")
     return texts
 
 def pack_texts(texts: Iterable[str], tokenizer, seq_len: int) -> torch.Tensor:
-    "Tokenize `texts` with EOS after each (`models.ops.encode_texts`), join them, cut into `(n_blocks, seq_len)` int64 blocks."
+    """Tokenize `texts` with EOS after each (`models.ops.encode_texts`), join them,
+    cut into `(n_blocks, seq_len)` int64 blocks."""
     ids = encode_texts(tokenizer, _texts(texts), add_eos=True)   # long texts are fine: we cut blocks
     flat = np.fromiter((t for doc in ids for t in doc), dtype=np.int64)
     n = len(flat) // seq_len
@@ -156,13 +198,20 @@ def batch_for_step(step: int, batch_size: int, n_blocks: int, seed: int) -> np.n
     return np.concatenate(out)
 
 # %% ../../nbs/models/01_lm.ipynb #5bbabe6e
-def lr_multiplier(step: int, steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1, schedule: str = "cosine") -> float:
-    """Factor on the peak lr at 0-based `step` of `steps`: linear warm-up, `(step + 1) / warmup_steps` (the peak at the last
-    warm-up step), then `schedule` from the peak down to `min_lr_ratio` at `steps`. 'constant' is 1 throughout, with no warm-up."""
-    if schedule not in SCHEDULES: raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    if schedule == "constant": return 1.0
-    if step < warmup_steps: return (step + 1) / warmup_steps
-    if schedule == "warmup_constant": return 1.0
+def lr_multiplier(
+    step: int, steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1, schedule: str = "cosine"
+) -> float:
+    """Factor on the peak lr at 0-based `step` of `steps`: linear warm-up, `(step + 1) / warmup_steps` (the peak at the
+    last warm-up step), then `schedule` from the peak down to `min_lr_ratio` at `steps`. 'constant' is 1 throughout,
+    with no warm-up."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule == "constant":
+        return 1.0
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "warmup_constant":
+        return 1.0
     progress = min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))
     decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
     return min_lr_ratio + (1 - min_lr_ratio) * decay
@@ -218,16 +267,19 @@ def pretrain(model: PreTrainedModel, tokenizer, texts: Iterable[str], pretrain_c
     "Train `model` in place on packed `texts`; checkpoint to / resume from `work_dir`; return the loss log."
     c = pretrain_cfg; _check_pretrain_cfg(c)
     max_pos = getattr(model.config, "max_position_embeddings", None)
-    if max_pos is not None and c.seq_len > max_pos: raise ConfigError(f"pretrain.seq_len ({c.seq_len}) exceeds the model's max_position_embeddings ({max_pos})")
+    if max_pos is not None and c.seq_len > max_pos:
+        raise ConfigError(f"pretrain.seq_len ({c.seq_len}) exceeds the model's max_position_embeddings ({max_pos})")
     if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
         raise ValueError(f"keep_checkpoints must be an int >= 1, got {keep_checkpoints!r}")
     blocks = pack_texts(texts, tokenizer, c.seq_len)
     device = model_device(model)
     opt = _optimizer(model, c, tuple(betas))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, c.steps, c.warmup_steps, min_lr_ratio))
-    fp = dict(steps=c.steps, batch_size=c.batch_size, seq_len=c.seq_len, lr=c.lr, warmup_steps=c.warmup_steps,
-              weight_decay=c.weight_decay, seed=seed, max_grad_norm=max_grad_norm, min_lr_ratio=min_lr_ratio, betas=list(betas),
-              n_blocks=len(blocks), data_sha256=hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16])
+    fp = dict(
+        steps=c.steps, batch_size=c.batch_size, seq_len=c.seq_len, lr=c.lr, warmup_steps=c.warmup_steps,
+        weight_decay=c.weight_decay, seed=seed, max_grad_norm=max_grad_norm, min_lr_ratio=min_lr_ratio,
+        betas=list(betas), n_blocks=len(blocks), data_sha256=hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16],
+    )
     start, log, rng, work_dir = 0, [], None, (Path(work_dir) if work_dir is not None else None)
     if work_dir is not None and work_dir.is_dir():
         for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)  # debris of a crash mid-write
@@ -261,6 +313,8 @@ def pretrain(model: PreTrainedModel, tokenizer, texts: Iterable[str], pretrain_c
             if callback is not None: callback(row)
             if work_dir is not None and ((step + 1) % c.checkpoint_every == 0 or step + 1 == c.steps):
                 rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state(device)} if devices else {})}
-                _save_checkpoint(work_dir, step + 1, model, opt, sched, rng, {"fingerprint": fp, "log": log}, keep_checkpoints)
+                _save_checkpoint(
+                    work_dir, step + 1, model, opt, sched, rng, {"fingerprint": fp, "log": log}, keep_checkpoints
+                )
     model.eval()
     return pd.DataFrame(log, columns=["step", "loss", "lr"])

@@ -19,7 +19,8 @@ __all__ = ['eos_id', 'pad_id', 'start_id', 'special_ids', 'model_device', 'eval_
 # %% ../../nbs/models/02_ops.ipynb #aec02837
 def eos_id(tokenizer) -> int:
     "The EOS id; a clear error when the tokenizer has none (documents and answers must end with EOS)."
-    if tokenizer.eos_token_id is None: raise ValueError("tokenizer has no eos_token: documents and answers must end with EOS; set tokenizer.eos_token")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer has no eos_token: documents and answers must end with EOS; set tokenizer.eos_token")
     return tokenizer.eos_token_id
 
 def pad_id(tokenizer) -> int:
@@ -51,22 +52,31 @@ def eval_mode(model):
 # %% ../../nbs/models/02_ops.ipynb #2d3a3f75
 def check_qa(examples, name: str = "examples", prompt_key: str = "prompt", answer_key: str = "answer") -> list[dict]:
     "`examples` (list of dicts or a `datasets.Dataset`) as a list of dicts with string `prompt_key` and `answer_key`."
-    if examples is None: raise ValueError(f"{name} is None; expected a list of QA dicts with keys {prompt_key!r} and {answer_key!r}")
+    if examples is None:
+        raise ValueError(f"{name} is None; expected a list of QA dicts with keys {prompt_key!r} and {answer_key!r}")
     out = [dict(e) for e in examples]
     for i, e in enumerate(out):
         for k in (prompt_key, answer_key):
             if not isinstance(e.get(k), str):
-                raise ValueError(f"{name}[{i}] needs a string {k!r} (QA dict with keys {prompt_key!r} and {answer_key!r}); got keys {sorted(e)}")
+                raise ValueError(
+                    f"{name}[{i}] needs a string {k!r} (QA dict with keys {prompt_key!r} and {answer_key!r}); "
+                    f"got keys {sorted(e)}"
+                )
     return out
 
-def encode_qa(tokenizer, prompt: str, answer: str, *, add_eos: bool, max_length: int | None = None) -> tuple[list[int], list[int]]:
-    "(prompt ids, answer ids): tokenized separately, EOS after the answer iff `add_eos`, prompt cut from the left to fit."
+def encode_qa(
+    tokenizer, prompt: str, answer: str, *, add_eos: bool, max_length: int | None = None
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids): tokenized separately, EOS after the answer iff `add_eos`,
+    prompt cut from the left to fit."""
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"] or [start_id(tokenizer)]
     a = tokenizer(answer, add_special_tokens=False)["input_ids"] + ([eos_id(tokenizer)] if add_eos else [])
-    if not a: raise ValueError(f"answer {answer!r} has no tokens; scoring and training need at least one answer token")
+    if not a:
+        raise ValueError(f"answer {answer!r} has no tokens; scoring and training need at least one answer token")
     if max_length is not None:
-        if len(a) >= max_length: raise ValueError(f"answer {answer!r} has {len(a)} tokens, max_length is {max_length}")
-        p = p[max(0, len(p) + len(a) - max_length):]
+        if len(a) >= max_length:
+            raise ValueError(f"answer {answer!r} has {len(a)} tokens, max_length is {max_length}")
+        p = p[max(0, len(p) + len(a) - max_length) :]
     return p, a
 
 def encode_many(tokenizer, examples, *, add_eos: bool, prompt_key: str = "prompt", answer_key: str = "answer",
@@ -82,7 +92,8 @@ def encode_texts(tokenizer, texts: list[str], *, add_eos: bool) -> list[list[int
     texts = list(texts)
     if not texts: return []
     eos = [eos_id(tokenizer)] if add_eos else []
-    return [ids + eos for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]   # long texts are cut by the caller
+    # long texts are cut by the caller
+    return [ids + eos for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
 
 # %% ../../nbs/models/02_ops.ipynb #5d2d3ede
 def pad_batch(seqs: list[list[int]], pad_id: int, side: str = "right", labels: list[list[int]] | None = None,
@@ -100,16 +111,27 @@ def pad_batch(seqs: list[list[int]], pad_id: int, side: str = "right", labels: l
         sl = slice(T - len(s), T) if side == "left" else slice(0, len(s))
         ids[i, sl] = torch.as_tensor(s, dtype=torch.long); am[i, sl] = 1
         if lab is not None:
-            if len(labels[i]) != len(s): raise ValueError(f"labels[{i}] has {len(labels[i])} entries, the sequence {len(s)}")
+            if len(labels[i]) != len(s):
+                raise ValueError(f"labels[{i}] has {len(labels[i])} entries, the sequence {len(s)}")
             lab[i, sl] = torch.as_tensor(labels[i], dtype=torch.long)
     out = {"input_ids": ids, "attention_mask": am, "position_ids": (am.cumsum(-1) - 1).clamp(min=0)}
     if lab is not None: out["labels"] = lab
     return out
 
-def collate_qa(tokenizer, examples, *, add_eos: bool, side: str = "right", prompt_key: str = "prompt", answer_key: str = "answer",
-               max_length: int | None = None) -> dict[str, torch.Tensor]:
+def collate_qa(
+    tokenizer,
+    examples,
+    *,
+    add_eos: bool,
+    side: str = "right",
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    max_length: int | None = None,
+) -> dict[str, torch.Tensor]:
     "A padded batch of prompt + answer with `labels` on the answer tokens only (-100 elsewhere)."
-    enc = encode_many(tokenizer, examples, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key, max_length=max_length)
+    enc = encode_many(
+        tokenizer, examples, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key, max_length=max_length
+    )
     return pad_batch([p + a for p, a in enc], pad_id(tokenizer), side, labels=[[-100] * len(p) + a for p, a in enc])
 
 def to_device(batch: dict | None, device) -> dict | None:
@@ -121,15 +143,20 @@ def lm_inputs(batch: dict) -> dict:
     return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
 
 # %% ../../nbs/models/02_ops.ipynb #bc5066a7
-def answer_logits(logits: torch.Tensor, labels: torch.Tensor, shift: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    "`(rows (N, V), targets (N,), mask)`: the logits that predict each labelled token (labels of the input tokens, or with `shift=False` already the next tokens)."
-    if logits.shape[:2] != labels.shape: raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on (batch, time)")
+def answer_logits(
+    logits: torch.Tensor, labels: torch.Tensor, shift: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(rows (N, V), targets (N,), mask)`: the logits that predict each labelled token
+    (labels of the input tokens, or with `shift=False` already the next tokens)."""
+    if logits.shape[:2] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on (batch, time)")
     lb, lg = (labels[:, 1:], logits[:, :-1]) if shift else (labels, logits)
     mask = lb != -100
     return lg[mask], lb[mask], mask
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, shift: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    "Per-token log-probs `(B, T-1)` of the shifted labels (`(B, T)` with `shift=False`; 0 elsewhere) and the float mask of counted tokens."
+    """Per-token log-probs `(B, T-1)` of the shifted labels (`(B, T)` with `shift=False`; 0 elsewhere) and the float
+    mask of counted tokens."""
     rows, tg, mask = answer_logits(logits, labels, shift)
     rows = rows.float()
     sel = rows.gather(-1, tg.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(rows, -1)
@@ -178,10 +205,12 @@ def qa_logprobs(model, tokenizer, examples, *, add_eos: bool, reduction: str = "
 
 def qa_nll(model, tokenizer, examples, *, add_eos: bool = True, batch_size: int = 32, average: str = "example",
            max_length: int | None = None) -> float:
-    "Answer NLL of `examples` (EOS counted by default, as in training): mean of per-example token means or over all answer tokens ('token')."
+    """Answer NLL of `examples` (EOS counted by default, as in training):
+    mean of per-example token means or over all answer tokens ('token')."""
     if average not in ("example", "token"): raise ValueError(f"average must be 'example' or 'token', got {average!r}")
     kw = dict(add_eos=add_eos, batch_size=batch_size, max_length=max_length)
-    if average == "example": return -qa_logprobs(model, tokenizer, examples, reduction="mean", **kw).double().mean().item()
+    if average == "example":
+        return -qa_logprobs(model, tokenizer, examples, reduction="mean", **kw).double().mean().item()
     n = sum(len(a) for _, a in encode_many(tokenizer, examples, add_eos=add_eos, max_length=max_length))
     return -qa_logprobs(model, tokenizer, examples, reduction="sum", **kw).double().sum().item() / max(n, 1)
 
@@ -190,9 +219,12 @@ def qa_nll(model, tokenizer, examples, *, add_eos: bool = True, batch_size: int 
 def greedy_generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 32, batch_size: int = 16,
                     return_logits: bool = False) -> list[dict]:
     "Greedy continuations of `prompts`: dicts with `ids` (before EOS), `text`, and optionally per-step `logits`."
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1: raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts): raise ValueError("prompts must be a list of strings")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+        raise ValueError("prompts must be a list of strings")
     pad, eos, dev, out = pad_id(tokenizer), eos_id(tokenizer), model_device(model), [None] * len(prompts)
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] or [start_id(tokenizer)] for p in prompts]
     order = sorted(range(len(enc)), key=lambda i: len(enc[i]))   # batches of similar length: little padding
@@ -200,9 +232,11 @@ def greedy_generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 
         idx = order[s:s + batch_size]
         b = pad_batch([enc[i] for i in idx], pad, side="left")
         with eval_mode(model):
-            g = model.generate(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev), do_sample=False, num_beams=1,
-                               max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-                               return_dict_in_generate=True, output_logits=return_logits)
+            g = model.generate(
+                input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev), do_sample=False,
+                num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                return_dict_in_generate=True, output_logits=return_logits,
+            )
         new = g.sequences[:, b["input_ids"].shape[1]:].cpu()
         for i, row in enumerate(new.tolist()):
             n = row.index(eos) if eos in row else len(row)

@@ -39,17 +39,23 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path |
     "Train a byte-level BPE tokenizer on `texts`; save it to `out_dir` (if given) for `AutoTokenizer`."
     min_vocab = _N_BYTES + len(SPECIAL_TOKENS) + 1
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < min_vocab:
-        raise ValueError(f"vocab_size must be an int >= {min_vocab} (256 bytes + 2 special tokens + 1 merge), got {vocab_size!r}")
+        raise ValueError(
+            f"vocab_size must be an int >= {min_vocab} (256 bytes + 2 special tokens + 1 merge), got {vocab_size!r}"
+        )
     texts = _check_texts(texts)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-                                  special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer, length=len(texts))
     kw = {} if model_max_length is None else {"model_max_length": model_max_length}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=PAD_TOKEN, **kw)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=PAD_TOKEN, **kw
+    )
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         fast.save_pretrained(str(out_dir))

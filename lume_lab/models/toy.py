@@ -15,7 +15,8 @@ from .ops import batch_nll, collate_qa
 __all__ = ['toy_qa', 'toy_tokenizer', 'toy_problem']
 
 # %% ../../nbs/models/03_toy.ipynb #4c6cd8b4
-_FIRST = ["Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Milo", "Nia", "Otto", "Pia"]
+_FIRST = ["Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Milo", "Nia",
+          "Otto", "Pia"]
 _LAST = ["Moss", "Quill", "Roan", "Sato", "Tull", "Vey", "Wren", "Yost"]
 _CITIES = ["Lyon", "Oslo", "Cusco", "Perth", "Turin", "Quito", "Hanoi", "Tartu", "Fez", "Bergen", "Dakar", "Lima"]
 
@@ -37,7 +38,10 @@ def toy_tokenizer(texts: Iterable[str], vocab_size: int = 200):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
     tok.decoder = decoders.Metaspace(prepend_scheme="never")
-    tok.train_from_iterator(list(texts), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<unk>"], show_progress=False))
+    tok.train_from_iterator(
+        list(texts),
+        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<unk>"], show_progress=False),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 # %% ../../nbs/models/03_toy.ipynb #ce3c73c9

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from ..models.ops import answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device, encode_texts, pad_batch, pad_id, to_device
+from ..models.ops import answer_nll, token_logprobs, check_qa, collate_qa, eval_mode, lm_inputs, model_device
+from ..models.ops import encode_texts, pad_batch, pad_id, to_device
 from .dpo import with_idk_answers
 from ..core.config import finite_number
 from ..models.arch import architecture
@@ -22,30 +23,38 @@ __all__ = ['DEFAULT_HPARAMS', 'MOM2_SOURCES', 'EDIT_SITES', 'OBJECTIVES', 'SPEC'
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #c018df4b
 def _module(model, name: str, layer: int, required: bool = True):
-    hit = [m for n, m in model.named_modules() if n.endswith(f"layers.{layer}.{name}") or (not name and n.endswith(f"layers.{layer}"))]
+    hit = [
+        m
+        for n, m in model.named_modules()
+        if n.endswith(f"layers.{layer}.{name}") or (not name and n.endswith(f"layers.{layer}"))
+    ]
     if len(hit) != 1:
         if not required and not hit: return None
         raise ValueError(f"model has no unique module '*layers.{layer}{'.' + name if name else ''}' (layer {layer})")
     return hit[0]
 
 def down_proj(model, layer: int):
-    "The MLP output projection $W_\\text{out}$ (`layers.{layer}.mlp.down_proj`: the architecture row's `mlp_out`, `models.arch`) of `model`."
+    """The MLP output projection $W_\\text{out}$
+    (`layers.{layer}.mlp.down_proj`: the architecture row's `mlp_out`, `models.arch`) of `model`."""
     return _module(model, architecture(model).mlp_out, layer)
 
 def post_mlp_norm(model, layer: int):
-    "The norm between `down_proj` and the residual add (OLMo-2's `post_feedforward_layernorm`), or None for a pre-norm model (Llama)."
+    """The norm between `down_proj` and the residual add (OLMo-2's `post_feedforward_layernorm`),
+    or None for a pre-norm model (Llama)."""
     name = architecture(model).post_mlp_norm
     return None if name is None else _module(model, name, layer)
 
 def block(model, layer: int):
-    "Decoder layer `layers.{layer}`: its output is the residual stream after the layer (the reference's `layer_module_tmp`)."
+    """Decoder layer `layers.{layer}`: its output is the residual stream after the layer
+    (the reference's `layer_module_tmp`)."""
     return _module(model, "", layer)
 
 def _out(out): return out[0] if isinstance(out, tuple) else out
 
 @contextmanager
 def _capture(module, store: dict, what: str = "input", stop: bool = False):
-    "Record `module`'s input (or output) of the next forward passes in `store['x']`; with `stop`, end each pass there (`_Enough`)."
+    """Record `module`'s input (or output) of the next forward passes in `store['x']`;
+    with `stop`, end each pass there (`_Enough`)."""
     def hook(m, args, out):
         store["x"] = args[0].detach() if what == "input" else _out(out).detach()
         if stop: raise _Enough
@@ -63,9 +72,9 @@ class _Enough(Exception):
 
 @torch.no_grad()
 def preserved_keys(model, tokenizer, texts: list[str], layers: list[int], batch_size: int = 16, max_length: int = 128):
-    """Yield, batch by batch, `{layer: keys}` (`n × d_k`, float32) of every non-pad token of `texts` at each of `layers`,
-    all from one forward pass per batch that stops at the deepest layer's `down_proj` (a pass over 2,000 texts for
-    layers 4–8 of a 32-layer model costs 9/32 of one full pass, not five)."""
+    """Yield, batch by batch, `{layer: keys}` (`n × d_k`, float32) of every non-pad token of `texts` at each of
+    `layers`, all from one forward pass per batch that stops at the deepest layer's `down_proj` (a pass over 2,000 texts
+    for layers 4–8 of a 32-layer model costs 9/32 of one full pass, not five)."""
     if not texts: raise ValueError("no preserved-knowledge texts given (mom2_data)")
     if isinstance(layers, int) or not all(isinstance(l, int) and not isinstance(l, bool) for l in layers) or not layers:
         raise ValueError(f"layers must be a non-empty list of layer indices, e.g. [1, 2]; got {layers!r}")
@@ -88,9 +97,11 @@ def preserved_keys(model, tokenizer, texts: list[str], layers: list[int], batch_
     finally:
         for h in handles: h.remove()
 
+# %% ../../nbs/unlearn/10_alphaedit.ipynb #db9b61b3
 def key_second_moments(model, tokenizer, texts: list[str], layers: list[int], batch_size: int = 16,
                        max_length: int = 128) -> tuple[dict[int, torch.Tensor], int]:
-    "`{layer: C_0}` with $C_0 = \\frac1N K_0K_0^\\top$ (`d_k × d_k`, float64) of the preserved keys at each of `layers`, and their number $N$, accumulated in one pass without storing $K_0$."
+    """`{layer: C_0}` with $C_0 = \\frac1N K_0K_0^\\top$ (`d_k × d_k`, float64) of the preserved keys at each of
+    `layers`, and their number $N$, accumulated in one pass without storing $K_0$."""
     C, N = {}, 0
     for ks in preserved_keys(model, tokenizer, texts, layers, batch_size, max_length):
         for l, k in ks.items():
@@ -98,20 +109,26 @@ def key_second_moments(model, tokenizer, texts: list[str], layers: list[int], ba
         N += next(iter(ks.values())).shape[0]
     return {l: c / N for l, c in C.items()}, N
 
-def key_second_moment(model, tokenizer, texts: list[str], layer: int, batch_size: int = 16, max_length: int = 128) -> tuple[torch.Tensor, int]:
+def key_second_moment(
+    model, tokenizer, texts: list[str], layer: int, batch_size: int = 16, max_length: int = 128
+) -> tuple[torch.Tensor, int]:
     "$C_0$ of one layer and $N$ (`key_second_moments` of `[layer]`)."
     C, N = key_second_moments(model, tokenizer, texts, [layer], batch_size, max_length)
     return C[layer], N
 
 def null_space(cov: torch.Tensor, threshold: float = 1e-3, relative: bool = False) -> tuple[torch.Tensor, dict]:
-    "Projector onto the eigenvectors of `cov` ($C_0$) with eigenvalue below the cut (`threshold`, times $\\lambda_\\max$ if `relative`), and its spectrum facts."
+    """Projector onto the eigenvectors of `cov` ($C_0$) with eigenvalue below the cut
+    (`threshold`, times $\\lambda_\\max$ if `relative`), and its spectrum facts."""
     vals, vecs = torch.linalg.eigh(cov.double())
     lmax = vals[-1].item(); cut = threshold * lmax if relative else threshold
     U = vecs[:, vals < cut]
-    return (U @ U.T).float(), {"lambda_max": lmax, "lambda_min": vals[0].item(), "cut": cut, "null_dim": U.shape[1], "key_dim": len(vals)}
+    return (U @ U.T).float(), {
+        "lambda_max": lmax, "lambda_min": vals[0].item(), "cut": cut, "null_dim": U.shape[1], "key_dim": len(vals),
+    }
 
 def null_space_projector(cov: torch.Tensor, threshold: float = 1e-3, relative: bool = False) -> torch.Tensor:
-    "Projector onto the span of the eigenvectors of `cov` ($C_0$) with eigenvalue below `threshold` (a fraction of $\\lambda_\\max$ if `relative`)."
+    """Projector onto the span of the eigenvectors of `cov` ($C_0$) with eigenvalue below `threshold`
+    (a fraction of $\\lambda_\\max$ if `relative`)."""
     return null_space(cov, threshold, relative)[0]
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #883c2b46
@@ -144,36 +161,59 @@ def unlikelihood(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (ul * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #98f63e8e
-def optimize_values(model, tokenizer, targets: list[dict], kl_prompts: list[dict], layer: int, hp: dict, batch_idx: int = 0):
+def optimize_values(
+    model, tokenizer, targets: list[dict], kl_prompts: list[dict], layer: int, hp: dict, batch_idx: int = 0
+):
     "Targets $z^*_i = h_i+\\delta_i$ (`n × d`) at `layer`'s edit site (`hp['edit_site']`), and the per-step log."
-    dev = model_device(model); mod = site_module(model, layer, hp["edit_site"])
-    enc = to_device(collate_qa(tokenizer, targets, add_eos=True, answer_key="idk_answer" if hp["objective"] == "idk" else "answer",
-                               max_length=hp["max_length"]), dev)
-    kenc = to_device(collate_qa(tokenizer, kl_prompts, add_eos=True, max_length=hp["max_length"]), dev) if kl_prompts else None
+    dev = model_device(model)
+    mod = site_module(model, layer, hp["edit_site"])
+    enc = to_device(
+        collate_qa(
+            tokenizer, targets, add_eos=True, answer_key="idk_answer" if hp["objective"] == "idk" else "answer",
+            max_length=hp["max_length"],
+        ),
+        dev,
+    )
+    kenc = (
+        to_device(collate_qa(tokenizer, kl_prompts, add_eos=True, max_length=hp["max_length"]), dev)
+        if kl_prompts
+        else None
+    )
     pos, rows = key_positions(enc["labels"]), torch.arange(len(targets), device=dev)
     store = {}
     with torch.no_grad(), _capture(mod, store, "output"):
-        model(**lm_inputs(enc)); h = store["x"][rows, pos].float()
+        model(**lm_inputs(enc))
+        h = store["x"][rows, pos].float()
         if kenc is not None:
             kpos = key_positions(kenc["labels"])
             ref_lp = model(**lm_inputs(kenc)).logits[rows, kpos].float().log_softmax(-1)
     delta = torch.zeros_like(h, requires_grad=True)
-    opt = torch.optim.Adam([delta], lr=hp["v_lr"]); hn = h.norm(dim=-1); log = []
+    opt = torch.optim.Adam([delta], lr=hp["v_lr"])
+    hn = h.norm(dim=-1)
+    log = []
     for step in range(hp["v_steps"]):
-        with _add_at(mod, delta, pos): logits = _loss_logits(model, enc, hp["v_loss_layer"])
+        with _add_at(mod, delta, pos):
+            logits = _loss_logits(model, enc, hp["v_loss_layer"])
         nll = answer_nll(logits, enc["labels"]).mean()
         obj = nll if hp["objective"] == "idk" else unlikelihood(logits, enc["labels"]).mean()
         kl = torch.zeros((), device=dev)
         if kenc is not None and hp["kl_factor"] > 0:
             with _add_at(mod, delta, kpos):
                 lp = model(**lm_inputs(kenc)).logits[rows, kpos].float().log_softmax(-1)
-            kl = F.kl_div(ref_lp, lp, log_target=True, reduction="batchmean")      # KL(new ‖ init), as the reference
-        wd = (delta.norm(dim=-1) / hn ** 2).mean()                                # reference: ‖δ‖ / ‖h‖²
+            kl = F.kl_div(ref_lp, lp, log_target=True, reduction="batchmean")  # KL(new ‖ init), as the reference
+        wd = (delta.norm(dim=-1) / hn**2).mean()  # reference: ‖δ‖ / ‖h‖²
         loss = obj + hp["kl_factor"] * kl + hp["v_weight_decay"] * wd
-        log.append({"phase": "v", "batch": batch_idx, "layer": layer, "step": step, "loss": loss.item(), "objective": obj.item(),
-                    "target_nll": nll.item(), "kl": kl.item(), "delta_ratio": (delta.norm(dim=-1) / hn).mean().item()})
-        if loss.item() < 5e-2 or step == hp["v_steps"] - 1: break               # the reference's stop rule (no step after the last loss)
-        delta.grad, = torch.autograd.grad(loss, [delta])      # no gradient reaches the model's weights
+        log.append(
+            {
+                "phase": "v", "batch": batch_idx, "layer": layer, "step": step, "loss": loss.item(),
+                "objective": obj.item(), "target_nll": nll.item(), "kl": kl.item(),
+                "delta_ratio": (delta.norm(dim=-1) / hn).mean().item(),
+            }
+        )
+        # the reference's stop rule (no step after the last loss)
+        if loss.item() < 5e-2 or step == hp["v_steps"] - 1:
+            break
+        (delta.grad,) = torch.autograd.grad(loss, [delta])  # no gradient reaches the model's weights
         opt.step()
         with torch.no_grad():
             scale = (hp["clamp_norm_factor"] * hn / delta.norm(dim=-1).clamp(min=1e-12)).clamp(max=1.0)
@@ -181,16 +221,21 @@ def optimize_values(model, tokenizer, targets: list[dict], kl_prompts: list[dict
     return (h + delta).detach(), log
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #85e0accf
-def alphaedit_update(K1: torch.Tensor, R: torch.Tensor, P: torch.Tensor, l2: float = 1.0, Kp_cov: torch.Tensor | None = None) -> torch.Tensor:
+def alphaedit_update(
+    K1: torch.Tensor, R: torch.Tensor, P: torch.Tensor, l2: float = 1.0, Kp_cov: torch.Tensor | None = None
+) -> torch.Tensor:
     "$\\Delta$ (`d_v × d_k`) solving $(P(K_1K_1^\\top + C_p) + \\lambda I)X = PK_1R^\\top$, $\\Delta = X^\\top$."
-    d = K1.shape[0]; C = K1 @ K1.T + (0 if Kp_cov is None else Kp_cov)
+    d = K1.shape[0]
+    C = K1 @ K1.T + (0 if Kp_cov is None else Kp_cov)
     A = P @ C + l2 * torch.eye(d, device=K1.device, dtype=K1.dtype)
     return torch.linalg.solve(A, P @ K1 @ R.T).T
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #194d2c7f
 DEFAULT_HPARAMS = {"layers": None, "v_loss_layer": None, "v_steps": 30, "v_lr": 0.5, "v_weight_decay": 0.0,
-                   "clamp_norm_factor": 0.75, "kl_factor": 0.0625, "l2": 1.0, "nullspace_threshold": 1e-3, "nullspace_relative": True,
-                   "edit_site": "residual", "objective": "idk", "retain_weight": 0.0, "mom2_data": ["retain"], "batch_size": 8, "max_length": None, "mom2_max_length": 128}
+                   "clamp_norm_factor": 0.75, "kl_factor": 0.0625, "l2": 1.0, "nullspace_threshold": 1e-3,
+                   "nullspace_relative": True,
+                   "edit_site": "residual", "objective": "idk", "retain_weight": 0.0, "mom2_data": ["retain"],
+                   "batch_size": 8, "max_length": None, "mom2_max_length": 128}
 MOM2_SOURCES = ("neutral", "retain")
 EDIT_SITES = ("residual", "mlp_out")
 OBJECTIVES = ("idk", "suppress")
@@ -199,39 +244,64 @@ def _default_layers(L: int) -> list[int]: return list(range(L // 6, max(1, L // 
 
 def _is_int(v, lo=0): return isinstance(v, int) and not isinstance(v, bool) and v >= lo
 
+# %% ../../nbs/unlearn/10_alphaedit.ipynb #36bb9e21
 def _check_alphaedit(hp: dict) -> list[str]:
     "AlphaEdit's own rules that need no model (`batch_size`, `max_length` are checked by the registry first)."
     probs, layers, vl = [], hp["layers"], hp["v_loss_layer"]
-    if layers is not None and (not isinstance(layers, (list, tuple)) or not layers or not all(_is_int(l) for l in layers) or len(set(layers)) != len(layers)):
+    if layers is not None and (
+        not isinstance(layers, (list, tuple))
+        or not layers
+        or not all(_is_int(l) for l in layers)
+        or len(set(layers)) != len(layers)
+    ):
         probs.append(f"alphaedit.layers must be None or distinct layer indices >= 0, got {layers!r}")
     elif vl is not None and not _is_int(vl, max(layers) if layers else 0):
-        probs.append(f"alphaedit.v_loss_layer must be None or an int >= {max(layers) if layers else 0} (the last edited layer), got {vl!r}")
+        probs.append(
+            f"alphaedit.v_loss_layer must be None or an int >= {max(layers) if layers else 0} (the last edited layer), "
+            f"got {vl!r}"
+        )
     pos = lambda v, integer=False: finite_number(v, strict=True, integer=integer)
-    for k_, integer in (("v_steps", True), ("mom2_max_length", True), ("v_lr", False), ("clamp_norm_factor", False), ("l2", False), ("nullspace_threshold", False)):
-        if not pos(hp[k_], integer): probs.append(f"alphaedit.{k_} must be a positive {'int' if integer else 'number'}, got {hp[k_]!r}")
+    for k_, integer in (
+        ("v_steps", True), ("mom2_max_length", True), ("v_lr", False), ("clamp_norm_factor", False), ("l2", False),
+        ("nullspace_threshold", False),
+    ):
+        if not pos(hp[k_], integer):
+            probs.append(f"alphaedit.{k_} must be a positive {'int' if integer else 'number'}, got {hp[k_]!r}")
     for k_ in ("v_weight_decay", "kl_factor", "retain_weight"):
         if not finite_number(hp[k_]): probs.append(f"alphaedit.{k_} must be a number >= 0, got {hp[k_]!r}")
-    if not isinstance(hp["mom2_data"], (list, tuple)) or not hp["mom2_data"] or set(hp["mom2_data"]) - set(MOM2_SOURCES):
+    if (
+        not isinstance(hp["mom2_data"], (list, tuple))
+        or not hp["mom2_data"]
+        or set(hp["mom2_data"]) - set(MOM2_SOURCES)
+    ):
         probs.append(f"alphaedit.mom2_data must be a non-empty subset of {MOM2_SOURCES}, got {hp['mom2_data']!r}")
     if not isinstance(hp["nullspace_relative"], bool):
         probs.append(f"alphaedit.nullspace_relative must be true or false, got {hp['nullspace_relative']!r}")
     elif hp["nullspace_relative"] and pos(hp["nullspace_threshold"]) and hp["nullspace_threshold"] > 1:
-        probs.append(f"alphaedit.nullspace_threshold is a fraction of lambda_max when nullspace_relative is true: must be in (0, 1], got {hp['nullspace_threshold']!r}")
+        probs.append(
+            "alphaedit.nullspace_threshold is a fraction of lambda_max when nullspace_relative is true: "
+            f"must be in (0, 1], got {hp['nullspace_threshold']!r}"
+        )
     for k_, allowed in (("edit_site", EDIT_SITES), ("objective", OBJECTIVES)):
         if hp[k_] not in allowed: probs.append(f"alphaedit.{k_} must be one of {allowed}, got {hp[k_]!r}")
     return probs
 
+# %% ../../nbs/unlearn/10_alphaedit.ipynb #4b7bcf57
 def _model_layers(hp: dict, L: int) -> dict:
-    "`hp` with `layers` filled in for a model of `L` layers; `ValueError` when `layers` or `v_loss_layer` do not fit it."
+    """`hp` with `layers` filled in for a model of `L` layers;
+    `ValueError` when `layers` or `v_loss_layer` do not fit it."""
     hp = {**hp, "layers": _default_layers(L) if hp["layers"] is None else list(hp["layers"])}
     if not all(l < L for l in hp["layers"]):
         raise ValueError(f"alphaedit.layers must be distinct layer indices in 0..{L - 1}, got {hp['layers']!r}")
     if hp["v_loss_layer"] is not None and not max(hp["layers"]) <= hp["v_loss_layer"] < L:
-        raise ValueError(f"alphaedit.v_loss_layer must be None or an int in {max(hp['layers'])}..{L - 1}, got {hp['v_loss_layer']!r}")
+        raise ValueError(
+            f"alphaedit.v_loss_layer must be None or an int in {max(hp['layers'])}..{L - 1}, got {hp['v_loss_layer']!r}"
+        )
     return hp
 
 def _check_alphaedit_model(hp: dict, n_layers: int) -> list[str]:
-    "`layers` and `v_loss_layer` must exist in a model of `n_layers` layers (checked by the run config, before any compute)."
+    """`layers` and `v_loss_layer` must exist in a model of `n_layers` layers
+    (checked by the run config, before any compute)."""
     try: _model_layers(hp, n_layers); return []
     except ValueError as e: return [str(e)]
 
@@ -239,23 +309,29 @@ def _check_alphaedit_model(hp: dict, n_layers: int) -> list[str]:
 def _preserved_texts(hp, retain, neutral_texts):
     texts = []
     if "neutral" in hp["mom2_data"]:
-        if not neutral_texts: raise ValueError("alphaedit.mom2_data contains 'neutral' but no neutral_texts were given (pass neutral_texts=[...] or use mom2_data=['retain'])")
+        if not neutral_texts:
+            raise ValueError(
+                "alphaedit.mom2_data contains 'neutral' but no neutral_texts were given (pass neutral_texts=[...] or "
+                "use mom2_data=['retain'])"
+            )
         texts += list(neutral_texts)
-    if hp.get("retain_weight", 0) > 0 and not retain: raise ValueError("alphaedit.retain_weight > 0 but the retain set is empty")
+    if hp.get("retain_weight", 0) > 0 and not retain:
+        raise ValueError("alphaedit.retain_weight > 0 but the retain set is empty")
     if "retain" in hp["mom2_data"]:
         if not retain: raise ValueError("alphaedit.mom2_data contains 'retain' but the retain set is empty")
         texts += [e["prompt"] + e["answer"] for e in retain]
     return texts
 
 def _relative_change(D, W, C):
-    "$\\|\\Delta K_0\\|_F / \\|W K_0\\|_F = \\sqrt{\\mathrm{tr}(\\Delta C_0\\Delta^\\top)/\\mathrm{tr}(W C_0 W^\\top)}$ (the $N$ cancels)."
+    r"""$\|\Delta K_0\|_F / \|W K_0\|_F = \sqrt{\mathrm{tr}(\Delta C_0\Delta^\top)/\mathrm{tr}(W C_0 W^\top)}$
+    (the $N$ cancels)."""
     D, W, C = D.double(), W.detach().double(), C.to(D.device)
     return math.sqrt(((D @ C) * D).sum().item() / ((W @ C) * W).sum().item())
 
 @torch.no_grad()
 def _at(model, enc, module, pos, what: str = "output"):
-    """`module`'s output (or input) at token `pos[i]` of each row `i` of `enc` (`n × d`, float32), from one forward pass that
-    stops there (`_Enough`): an edit at layer 4 of 30 never computes the 25 layers above it."""
+    """`module`'s output (or input) at token `pos[i]` of each row `i` of `enc` (`n × d`, float32), from one forward pass
+    that stops there (`_Enough`): an edit at layer 4 of 30 never computes the 25 layers above it."""
     with _capture(module, {}, what, stop=True) as store:
         try: model(**lm_inputs(enc))
         except _Enough: pass
@@ -265,7 +341,8 @@ def _keys_at(model, enc, layer, pos): return _at(model, enc, down_proj(model, la
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #10d82d8d
 def _through_norm(model, enc, layer, pos, R):
-    "Map a residual-stream change `R` (`d × n`) of layer `layer`'s block output to a `down_proj` output change (see above)."
+    """Map a residual-stream change `R` (`d × n`) of layer `layer`'s block output to a `down_proj` output change
+    (see above)."""
     norm = post_mlp_norm(model, layer)
     if norm is None: return R
     m = _at(model, enc, down_proj(model, layer), pos)                          # n × d: down_proj's output
@@ -274,6 +351,7 @@ def _through_norm(model, enc, layer, pos, R):
 
 def _site_at(model, enc, layer, pos, edit_site): return _at(model, enc, site_module(model, layer, edit_site), pos)
 
+# %% ../../nbs/unlearn/10_alphaedit.ipynb #8fa8d443
 def _edit(model, tokenizer, forget, retain, texts, hp, layers, top, dev) -> list[dict]:
     log, site = [], hp["edit_site"]
     C0 = key_second_moments(model, tokenizer, texts, layers, max_length=hp["mom2_max_length"])[0]
@@ -282,9 +360,12 @@ def _edit(model, tokenizer, forget, retain, texts, hp, layers, top, dev) -> list
         P[l], info[l] = null_space(C0[l], hp["nullspace_threshold"], hp["nullspace_relative"]); P[l] = P[l].to(dev)
     log += [{"phase": "null_space", "layer": l, **info[l]} for l in layers]
     if not any(info[l]["null_dim"] for l in layers):
-        warnings.warn(f"AlphaEdit: the preserved keys span the whole key space of layers {layers} at nullspace_threshold="
-                      f"{hp['nullspace_threshold']:g}{' x lambda_max' if hp['nullspace_relative'] else ''} (no eigenvalue of C0 below it), "
-                      f"so every update is projected to zero and the model will not change; raise nullspace_threshold or change mom2_data")
+        warnings.warn(
+            f"AlphaEdit: the preserved keys span the whole key space of layers {layers} at nullspace_threshold="
+            f"{hp['nullspace_threshold']:g}{' x lambda_max' if hp['nullspace_relative'] else ''} "
+            "(no eigenvalue of C0 below it), so every update is projected to zero and the model will not change; "
+            "raise nullspace_threshold or change mom2_data"
+        )
     Cp = {l: torch.zeros_like(P[l]) for l in layers}
     if hp["retain_weight"] > 0:                           # retain keys join K_p from the start (see "Hyperparameters")
         rtexts = [e["prompt"] + e["answer"] for e in retain]
@@ -315,6 +396,7 @@ def _edit(model, tokenizer, forget, retain, texts, hp, layers, top, dev) -> list
         for l in layers: Cp[l] += Ks[l] @ Ks[l].T
     return log
 
+# %% ../../nbs/unlearn/10_alphaedit.ipynb #c103780f
 def _alphaedit(model, tokenizer, forget, retain, hp, *, seed=0, neutral_texts=None):
     if model is None: raise ValueError("model is None")
     hp = _model_layers(hp, model.config.num_hidden_layers)
@@ -327,12 +409,26 @@ def _alphaedit(model, tokenizer, forget, retain, hp, *, seed=0, neutral_texts=No
     return model.eval(), pd.DataFrame(log)
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #a48e62d4
-SPEC = register_method(MethodSpec(
-    "alphaedit", _alphaedit, DEFAULT_HPARAMS, check=_check_alphaedit, check_model=_check_alphaedit_model, inputs=("neutral_texts",),
-    needs_retain=lambda hp: "retain" in hp["mom2_data"] or hp["retain_weight"] > 0, summary="closed-form MLP edit toward 'I don't know' (or away from the answer), null-space projected",
-    grid={"nullspace_threshold": [1e-3, 3e-3], "nullspace_relative": [True], "edit_site": ["residual"], "clamp_norm_factor": [1.5], "retain_weight": [0.0, 0.1],
-          "objective": ["suppress"], "mom2_data": [["neutral"]]}))
+SPEC = register_method(
+    MethodSpec(
+        "alphaedit",
+        _alphaedit,
+        DEFAULT_HPARAMS,
+        check=_check_alphaedit,
+        check_model=_check_alphaedit_model,
+        inputs=("neutral_texts",),
+        needs_retain=lambda hp: "retain" in hp["mom2_data"] or hp["retain_weight"] > 0,
+        summary="closed-form MLP edit toward 'I don't know' (or away from the answer), null-space projected",
+        grid={
+            "nullspace_threshold": [1e-3, 3e-3], "nullspace_relative": [True], "edit_site": ["residual"],
+            "clamp_norm_factor": [1.5], "retain_weight": [0.0, 0.1], "objective": ["suppress"],
+            "mom2_data": [["neutral"]],
+        },
+    )
+)
 
-def alphaedit(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0, neutral_texts: list[str] | None = None):
+def alphaedit(
+    model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0, neutral_texts: list[str] | None = None
+):
     "Edit `model` in place so the forget prompts answer 'I don't know' (AlphaEdit); return it and the log."
     return SPEC.run(model, tokenizer, forget, retain, hparams, seed=seed, neutral_texts=neutral_texts)

@@ -39,12 +39,17 @@ class PairedQA(Dataset):
         return {"forget": self.forget[i], "retain": None if j is None else self.retain[j]}
 
 # %% ../../nbs/unlearn/01_base.ipynb #c2f6b247
-def collate_pairs(tokenizer, items: list[dict], alternate_key: str | None = None, max_length: int | None = None) -> dict:
+def collate_pairs(
+    tokenizer, items: list[dict], alternate_key: str | None = None, max_length: int | None = None
+) -> dict:
     "Batch of `PairedQA` items: `forget`, `retain` (or None) and `alternate` (or None) encodings."
     f = [it["forget"] for it in items]
     r = [it["retain"] for it in items if it["retain"] is not None]
     qa = partial(collate_qa, tokenizer, add_eos=True, max_length=max_length)
-    return {"forget": qa(f), "retain": qa(r) if r else None, "alternate": qa(f, answer_key=alternate_key) if alternate_key else None}
+    return {
+        "forget": qa(f), "retain": qa(r) if r else None,
+        "alternate": qa(f, answer_key=alternate_key) if alternate_key else None,
+    }
 
 # %% ../../nbs/unlearn/01_base.ipynb #2ff88e48
 def frozen_copy(model):
@@ -56,15 +61,18 @@ def frozen_copy(model):
 # %% ../../nbs/unlearn/01_base.ipynb #8e27f0f9
 BASE_HPARAMS = {"lr": 1e-3, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant",
                 "warmup_steps": 0, "warmup_ratio": 0.0, "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None}
-LR_GRID = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]   # the learning rates every gradient method's t00 grid searches (`pipeline.stages.tune`)
+# the learning rates every gradient method's t00 grid searches (`pipeline.stages.tune`)
+LR_GRID = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]
 
 # %% ../../nbs/unlearn/01_base.ipynb #bdd3fa22
 def warmup_length(total: int, warmup_steps: int = 0, warmup_ratio: float = 0.0) -> int:
-    "Warm-up steps of a run of `total` optimizer steps: `warmup_steps`, or `ceil(warmup_ratio * total)` (🤗's rounding)."
+    """Warm-up steps of a run of `total` optimizer steps:
+    `warmup_steps`, or `ceil(warmup_ratio * total)` (🤗's rounding)."""
     return warmup_steps or math.ceil(warmup_ratio * total)
 
 def lr_factor(step: int, total: int, scheduler: str = "constant", warmup_steps: int = 0) -> float:
-    "Multiplier of the base learning rate at `step`: the project's one schedule (`models.lm.lr_multiplier`), decaying to 0."
+    """Multiplier of the base learning rate at `step`: the project's one schedule (`models.lm.lr_multiplier`),
+    decaying to 0."""
     return lr_multiplier(step, total, warmup_steps, 0.0, scheduler)
 
 # %% ../../nbs/unlearn/01_base.ipynb #b6edc168
@@ -89,12 +97,17 @@ def _call_epoch_hooks(model, epoch: int, view: Callable | None = None):
 # %% ../../nbs/unlearn/01_base.ipynb #62ca95d1
 def _prepare_masks(model, grad_masks: dict) -> dict:
     named = dict(model.named_parameters())
-    if bad := sorted(set(grad_masks) - set(named)): raise ValueError(f"ground-truth mask names {bad[:3]} are not parameters of the model")
+    if bad := sorted(set(grad_masks) - set(named)):
+        raise ValueError(f"ground-truth mask names {bad[:3]} are not parameters of the model")
     out = {}
     for n, m in grad_masks.items():
         if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
-            raise ValueError(f"mask for {n!r} must be a bool tensor (the forget mask m^F, e.g. torch.isin(owner, forget_ids)); got {getattr(m, 'dtype', type(m))}")
-        if m.shape != named[n].shape: raise ValueError(f"mask for {n!r} has shape {tuple(m.shape)}, parameter has {tuple(named[n].shape)}")
+            raise ValueError(
+                f"mask for {n!r} must be a bool tensor (the forget mask m^F, e.g. torch.isin(owner, forget_ids)); "
+                f"got {getattr(m, 'dtype', type(m))}"
+            )
+        if m.shape != named[n].shape:
+            raise ValueError(f"mask for {n!r} has shape {tuple(m.shape)}, parameter has {tuple(named[n].shape)}")
         if m.any(): out[n] = m.to(named[n].device)
     if not out: raise ValueError("ground-truth mask selects no weight (all False)")
     return out
@@ -105,26 +118,38 @@ def _checked_sets(forget, retain, hp: dict, grad_masks: dict | None) -> tuple[li
     forget = check_qa(forget, "forget"); retain = check_qa(retain, "retain") if retain else None
     if not forget: raise ValueError("forget set is empty")
     if grad_masks is not None and hp["weight_decay"] != 0:
-        raise ValueError(f"weight_decay must be 0 with a ground-truth mask (decay would move weights outside it), got {hp['weight_decay']}")
+        raise ValueError(
+            "weight_decay must be 0 with a ground-truth mask (decay would move weights outside it), "
+            f"got {hp['weight_decay']}"
+        )
     return forget, retain
 
 def _accelerator(hp: dict, fsdp2: bool | None):
-    "An `Accelerator` that splits each global batch over the processes, and whether this run shards the model with FSDP2."
+    """An `Accelerator` that splits each global batch over the processes,
+    and whether this run shards the model with FSDP2."""
     from accelerate.utils import DataLoaderConfiguration
     acc = make_accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))   # batch_size is global
     if hp["batch_size"] % acc.num_processes:
-        raise ValueError(f"batch_size ({hp['batch_size']}) is the global batch and must be a multiple of the {acc.num_processes} processes")
+        raise ValueError(
+            f"batch_size ({hp['batch_size']}) is the global batch "
+            f"and must be a multiple of the {acc.num_processes} processes"
+        )
     return acc, (fsdp2_requested() if fsdp2 is None else fsdp2) and acc.num_processes > 1
 
-def _pair_loader(tokenizer, forget, retain, hp: dict, seed: int, alternate_key: str | None) -> tuple[PairedQA, DataLoader]:
+def _pair_loader(
+    tokenizer, forget, retain, hp: dict, seed: int, alternate_key: str | None
+) -> tuple[PairedQA, DataLoader]:
     "The forget/retain pairs and their seeded, shuffled loader of `batch_size` pairs."
     ds = PairedQA(forget, retain, seed)
-    return ds, DataLoader(ds, batch_size=hp["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed),
-                          collate_fn=partial(collate_pairs, tokenizer, alternate_key=alternate_key, max_length=hp["max_length"]))
+    return ds, DataLoader(
+        ds, batch_size=hp["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed),
+        collate_fn=partial(collate_pairs, tokenizer, alternate_key=alternate_key, max_length=hp["max_length"]),
+    )
 
 # %% ../../nbs/unlearn/01_base.ipynb #626ffa1f
 def _mask_gradients(model, grad_masks: dict, sharded: bool) -> tuple[dict, list, list[str]]:
-    "Freeze unmasked parameters, hook the others' gradients to `where(mask, grad, 0)` unless sharded; returns masks, hooks, frozen names."
+    """Freeze unmasked parameters, hook the others' gradients to `where(mask, grad, 0)` unless sharded;
+    returns masks, hooks, frozen names."""
     masks, hooks, frozen_names = _prepare_masks(model, grad_masks), [], []
     for n, p in model.named_parameters():
         if n in masks:
@@ -137,8 +162,13 @@ def _shard(model, ref, masks: dict | None, device) -> dict:
     fsdp2_shard(model, device)
     if ref is not None: fsdp2_shard(ref, device)
     if masks is None: return {}
-    from torch.distributed.tensor import distribute_tensor   # hooks never fire on sharded parameters: the loop masks each shard
-    return {p: distribute_tensor(masks[n], p.device_mesh, p.placements, src_data_rank=None) for n, p in model.named_parameters() if n in masks}
+    # hooks never fire on sharded parameters: the loop masks each shard
+    from torch.distributed.tensor import distribute_tensor
+    return {
+        p: distribute_tensor(masks[n], p.device_mesh, p.placements, src_data_rank=None)
+        for n, p in model.named_parameters()
+        if n in masks
+    }
 
 # %% ../../nbs/unlearn/01_base.ipynb #806ebd0e
 def _prepare(acc, model, opt, dl, sharded: bool):
@@ -152,7 +182,8 @@ def _schedule(opt, total: int, hp: dict):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, hp["scheduler"], warmup))
 
 def _clip(acc, params: list, shard_masks: dict, max_norm: float | None) -> torch.Tensor:
-    "Mask each gradient shard (FSDP2), then clip the global norm to `max_norm` (None: no clipping); returns the norm before clipping."
+    """Mask each gradient shard (FSDP2), then clip the global norm to `max_norm` (None: no clipping);
+    returns the norm before clipping."""
     for p, m in shard_masks.items():
         if p.grad is not None: p.grad = torch.where(m, p.grad, torch.zeros_like(p.grad))
     gnorm = acc.clip_grad_norm_(params, max_norm or math.inf)
@@ -163,31 +194,48 @@ LOG_COLUMNS = ["step", "epoch", "lr", "loss", "forget_loss", "retain_loss", "for
 def _scalar(v) -> float: return float(v.detach()) if torch.is_tensor(v) else float(v)
 
 def _log_row(acc, out: dict, step: int, epoch: int, lr: float, gnorm) -> dict:
-    "One step's log row: the objective's terms (NaN when absent) averaged over the processes, the lr and the norm before clipping."
+    """One step's log row: the objective's terms (NaN when absent) averaged over the processes,
+    the lr and the norm before clipping."""
     keys = LOG_COLUMNS[3:-1]
     vals = torch.tensor([_scalar(out.get(k, float("nan"))) for k in keys], device=acc.device)
     vals = acc.reduce(vals, "mean") if acc.num_processes > 1 else vals
     return {"step": step, "epoch": epoch, "lr": lr, **dict(zip(keys, vals.tolist())), "grad_norm": _scalar(gnorm)}
 
 # %% ../../nbs/unlearn/01_base.ipynb #35b75aca
-def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, *, needs_ref: bool = False,
-                 grad_masks: dict | None = None, alternate_key: str | None = None, seed: int = 0,
-                 desc: str = "unlearn", epoch_view: Callable | None = None, fsdp2: bool | None = None) -> tuple[object, pd.DataFrame]:
-    """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the `on_epoch_end` hooks.
-    `fsdp2` (default: `models.accel.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job, shard the model (and the
-    reference copy) with FSDP2 instead of replicating them; the returned model is then sharded (`save_model` gathers it)."""
+def unlearn_loop(
+    model,
+    tokenizer,
+    forget,
+    retain,
+    loss_fn: Callable,
+    hp: dict,
+    *,
+    needs_ref: bool = False,
+    grad_masks: dict | None = None,
+    alternate_key: str | None = None,
+    seed: int = 0,
+    desc: str = "unlearn",
+    epoch_view: Callable | None = None,
+    fsdp2: bool | None = None,
+) -> tuple[object, pd.DataFrame]:
+    """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the
+    `on_epoch_end` hooks. `fsdp2` (default: `models.accel.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job,
+    shard the model (and the reference copy) with FSDP2 instead of replicating them; the returned model is then sharded
+    (`save_model` gathers it)."""
     forget, retain = _checked_sets(forget, retain, hp, grad_masks)
     acc, sharded = _accelerator(hp, fsdp2)
-    model = model.to(acc.device)                 # before masks and the reference copy are placed
+    model = model.to(acc.device)  # before masks and the reference copy are placed
     ref = frozen_copy(model) if needs_ref else None
     ds, dl = _pair_loader(tokenizer, forget, retain, hp, seed, alternate_key)
-    masks, hooks, frozen_names = _mask_gradients(model, grad_masks, sharded) if grad_masks is not None else (None, [], [])
+    masks, hooks, frozen_names = (
+        _mask_gradients(model, grad_masks, sharded) if grad_masks is not None else (None, [], [])
+    )
     shard_masks = _shard(model, ref, masks, acc.device) if sharded else {}
-    frozen = [p for n, p in model.named_parameters() if n in frozen_names]   # by name: FSDP2 replaced the parameters
+    frozen = [p for n, p in model.named_parameters() if n in frozen_names]  # by name: FSDP2 replaced the parameters
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"])
     model, popt, dl = _prepare(acc, model, opt, dl, sharded)
-    total = hp["max_steps"] or hp["epochs"] * len(dl)     # len(dl): global batches per epoch
+    total = hp["max_steps"] or hp["epochs"] * len(dl)  # len(dl): global batches per epoch
     sched = _schedule(opt, total, hp)
     rows, step, epoch = [], 0, 0
     bar = progress(total=total, desc=desc, disable=not acc.is_local_main_process)
@@ -195,32 +243,43 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
         model.train()
         while step < total:
             ds.set_epoch(epoch)
-            if hasattr(dl, "set_epoch"): dl.set_epoch(epoch)
+            if hasattr(dl, "set_epoch"):
+                dl.set_epoch(epoch)
             for batch in dl:
                 out = loss_fn(model, {k: to_device(v, acc.device) for k, v in batch.items()}, ref, hp)
                 acc.backward(out["loss"])
                 gnorm = _clip(acc, params, shard_masks, hp["max_grad_norm"])
                 lr = sched.get_last_lr()[0]
-                popt.step(); sched.step(); popt.zero_grad(set_to_none=True)
+                popt.step()
+                sched.step()
+                popt.zero_grad(set_to_none=True)
                 rows.append(_log_row(acc, out, step, epoch, lr, gnorm))
-                step += 1; bar.update(1)
-                if step >= total: break
+                step += 1
+                bar.update(1)
+                if step >= total:
+                    break
             epoch += 1
             _call_epoch_hooks(acc.unwrap_model(model), epoch, epoch_view)
     finally:
         bar.close()
-        for h in hooks: h.remove()
-        for p in frozen: p.requires_grad_(True)
+        for h in hooks:
+            h.remove()
+        for p in frozen:
+            p.requires_grad_(True)
     return acc.unwrap_model(model).eval(), pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 # %% ../../nbs/unlearn/01_base.ipynb #01fbb4af
 def add_retain_nll(model, batch: dict, hp: dict, loss: torch.Tensor, out: dict) -> torch.Tensor:
-    "`loss + α·NLL_r` when `hp['alpha'] > 0` (logging `retain_loss`); always logs `retain_nll` when there is a retain batch."
+    """`loss + α·NLL_r` when `hp['alpha'] > 0` (logging `retain_loss`);
+    always logs `retain_nll` when there is a retain batch."""
     if batch["retain"] is None: return loss
     if hp["alpha"] > 0:
-        r = batch_nll(model, batch["retain"]); loss = loss + hp["alpha"] * r; out["retain_loss"] = hp["alpha"] * r.detach()
+        r = batch_nll(model, batch["retain"])
+        loss = loss + hp["alpha"] * r
+        out["retain_loss"] = hp["alpha"] * r.detach()
     else:
-        with torch.no_grad(): r = batch_nll(model, batch["retain"])
+        with torch.no_grad():
+            r = batch_nll(model, batch["retain"])
     out["retain_nll"] = r.detach()
     return loss
 
@@ -242,7 +301,9 @@ def toy_demo(name: str, hparams: dict | None = None, problem=None, seed: int = 0
 def plot_log(log: pd.DataFrame, title: str = ""):
     "Line plot of the per-step forget and retain NLL of a training log; returns the Figure."
     import matplotlib.pyplot as plt, seaborn as sns
-    d = log.melt(id_vars="step", value_vars=["forget_nll", "retain_nll"], var_name="set", value_name="answer NLL (per token)")
+    d = log.melt(
+        id_vars="step", value_vars=["forget_nll", "retain_nll"], var_name="set", value_name="answer NLL (per token)"
+    )
     fig, ax = plt.subplots(figsize=(5, 3))
     sns.lineplot(data=d, x="step", y="answer NLL (per token)", hue="set", ax=ax); ax.set_title(title)
     fig.tight_layout()

@@ -31,8 +31,11 @@ def with_idk_answers(forget, seed: int = 0, key: str = "idk_answer") -> list[dic
 # %% ../../nbs/unlearn/05_dpo.ipynb #78dc6194
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "beta": 0.1, "gamma": 1.0, "alpha": 1.0}
 
-def dpo_loss(logp_w: torch.Tensor, ref_logp_w: torch.Tensor, logp_l: torch.Tensor, ref_logp_l: torch.Tensor, beta: float) -> torch.Tensor:
-    "Mean over examples of $-\\frac{2}{\\beta}\\log\\sigma(\\beta[(\\log\\pi_w-\\log\\pi^{ref}_w)-(\\log\\pi_l-\\log\\pi^{ref}_l)])$."
+def dpo_loss(
+    logp_w: torch.Tensor, ref_logp_w: torch.Tensor, logp_l: torch.Tensor, ref_logp_l: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """Mean over examples of
+    $-\\frac{2}{\\beta}\\log\\sigma(\\beta[(\\log\\pi_w-\\log\\pi^{ref}_w)-(\\log\\pi_l-\\log\\pi^{ref}_l)])$."""
     margin = (logp_w - ref_logp_w) - (logp_l - ref_logp_l)
     return (-2.0 / beta * F.logsigmoid(beta * margin)).mean()
 
@@ -47,8 +50,10 @@ def _dpo_step(model, batch, ref, hp):
     return {"loss": add_retain_nll(model, batch, hp, hp["gamma"] * fo, out), **out}
 
 def _dpo(model, tokenizer, forget, retain, hp, *, seed=0):
-    return unlearn_loop(model, tokenizer, with_idk_answers(forget, seed), retain, _dpo_step, hp, needs_ref=SPEC.needs_reference,
-                        alternate_key="idk_answer", seed=seed, desc="dpo")
+    return unlearn_loop(
+        model, tokenizer, with_idk_answers(forget, seed), retain, _dpo_step, hp, needs_ref=SPEC.needs_reference,
+        alternate_key="idk_answer", seed=seed, desc="dpo",
+    )
 
 # %% ../../nbs/unlearn/05_dpo.ipynb #be25d7f2
 SPEC = register_method(MethodSpec(

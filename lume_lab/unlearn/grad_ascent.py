@@ -22,7 +22,10 @@ def grad_ascent_loss(forget_nll: torch.Tensor) -> torch.Tensor:
 # %% ../../nbs/unlearn/02_grad_ascent.ipynb #3a7b2e0e
 def _ga_step(model, batch, ref, hp):
     f = batch_nll(model, batch["forget"]); loss = grad_ascent_loss(f)
-    return {"loss": loss, "forget_loss": loss, "forget_nll": f, "retain_nll": retain_nll_or_nan(model, batch, with_grad=False)}
+    return {
+        "loss": loss, "forget_loss": loss, "forget_nll": f,
+        "retain_nll": retain_nll_or_nan(model, batch, with_grad=False),
+    }
 
 def _grad_ascent(model, tokenizer, forget, retain, hp, *, seed=0):
     return unlearn_loop(model, tokenizer, forget, retain, _ga_step, hp, seed=seed, desc="grad_ascent")

@@ -15,7 +15,9 @@ __all__ = ['DEFAULT_HPARAMS', 'SPEC', 'grad_diff_loss', 'grad_diff_step', 'grad_
 # %% ../../nbs/unlearn/03_grad_diff.ipynb #02a29d1a
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0}
 
-def grad_diff_loss(forget_nll: torch.Tensor, retain_nll: torch.Tensor, gamma: float = 1.0, alpha: float = 1.0) -> torch.Tensor:
+def grad_diff_loss(
+    forget_nll: torch.Tensor, retain_nll: torch.Tensor, gamma: float = 1.0, alpha: float = 1.0
+) -> torch.Tensor:
     "GradDiff objective: $-\\gamma\\,\\mathrm{NLL}_f + \\alpha\\,\\mathrm{NLL}_r$."
     return -gamma * forget_nll + alpha * retain_nll
 

@@ -19,7 +19,8 @@ __all__ = ['FORGET_SCORES', 'DEFAULT_HPARAMS', 'SPEC', 'forget_statistics', 'for
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #71a83187
 def _neuron_source(name: str) -> tuple[str, str, int]:
-    "(module whose activation is the neuron, 'in' | 'out', weight axis the neuron indexes) of a q/k/v/o/gate/up/down weight."
+    """(module whose activation is the neuron, 'in' | 'out', weight axis the neuron indexes) of a q/k/v/o/gate/up/down
+    weight."""
     mod, kind = name.removesuffix(".weight"), name.removesuffix(".weight").rsplit(".", 1)[-1]
     if kind in ("q_proj", "k_proj", "v_proj"): return mod, "out", 0
     if kind == "o_proj": return mod, "in", 1
@@ -30,24 +31,44 @@ def _neuron_source(name: str) -> tuple[str, str, int]:
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #5292e913
 def _check_names(model, names) -> dict:
     named = dict(model.named_parameters())
-    if not names: raise ValueError("names is empty: pass the weight names to score (e.g. the keys of the ground-truth mask)")
+    if not names:
+        raise ValueError("names is empty: pass the weight names to score (e.g. the keys of the ground-truth mask)")
     if bad := [n for n in names if n not in named]: raise ValueError(f"names {bad[:3]} are not parameters of the model")
     return named
 
-def forget_statistics(model, tokenizer, examples, names, *, activations: bool = True, checkpoints=(), on_checkpoint=None,
-                      max_length: int | None = None, desc: str = "gradient statistics") -> dict:
-    "Running sums over `examples` of ∇ℓ, (∇ℓ)² per weight of `names` and |Σ a·∂ℓ/∂a| per neuron: {'n', 'g', 'g2', 'act'}."
+# %% ../../nbs/unlearn/12_localized_graddiff.ipynb #2671c48f
+def forget_statistics(
+    model,
+    tokenizer,
+    examples,
+    names,
+    *,
+    activations: bool = True,
+    checkpoints=(),
+    on_checkpoint=None,
+    max_length: int | None = None,
+    desc: str = "gradient statistics",
+) -> dict:
+    """Running sums over `examples` of ∇ℓ, (∇ℓ)² per weight of `names` and |Σ a·∂ℓ/∂a| per neuron:
+    {'n', 'g', 'g2', 'act'}."""
     ex = check_qa(examples, "examples")
-    if not ex: raise ValueError("examples is empty: statistics need at least one QA example")
-    named = _check_names(model, names); params = [named[n] for n in names]
+    if not ex:
+        raise ValueError("examples is empty: statistics need at least one QA example")
+    named = _check_names(model, names)
+    params = [named[n] for n in names]
     dev = params[0].device
-    st = {"n": 0, "g": {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(names, params)},
-          "g2": {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(names, params)}, "act": {}}
+    st = {
+        "n": 0, "g": {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(names, params)},
+        "g2": {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(names, params)}, "act": {},
+    }
     srcs = {n: _neuron_source(n) for n in names} if activations else {}
     mods, captured, hooks = dict(model.named_modules()), {}, []
     for key in sorted({(m, side) for m, side, _ in srcs.values()}):
-        hook = (lambda mod, args, out, k=key: captured.__setitem__(k, out)) if key[1] == "out" else \
-               (lambda mod, args, out, k=key: captured.__setitem__(k, args[0]))
+        hook = (
+            (lambda mod, args, out, k=key: captured.__setitem__(k, out))
+            if key[1] == "out"
+            else (lambda mod, args, out, k=key: captured.__setitem__(k, args[0]))
+        )
         hooks.append(mods[key[0]].register_forward_hook(hook))
     todo = sorted(set(checkpoints))
     try:
@@ -58,80 +79,109 @@ def forget_statistics(model, tokenizer, examples, names, *, activations: bool = 
                 ell = sequence_logprob(model, b, "sum").sum()
                 keys = list(captured)
                 grads = torch.autograd.grad(ell, params + [captured[k] for k in keys], allow_unused=True)
-                for n, g in zip(names, grads[:len(params)]):
-                    if g is not None: st["g"][n] += g.float(); st["g2"][n] += g.float().square()
-                attr = {k: (captured[k].detach() * g).flatten(0, -2).sum(0).abs().float() if g is not None else torch.zeros(captured[k].shape[-1], device=dev)
-                        for k, g in zip(keys, grads[len(params):])}
+                for n, g in zip(names, grads[: len(params)]):
+                    if g is not None:
+                        st["g"][n] += g.float()
+                        st["g2"][n] += g.float().square()
+                attr = {
+                    k: (captured[k].detach() * g).flatten(0, -2).sum(0).abs().float()
+                    if g is not None
+                    else torch.zeros(captured[k].shape[-1], device=dev)
+                    for k, g in zip(keys, grads[len(params) :])
+                }
                 for n, (m, side, _) in srcs.items():
-                    a = attr[(m, side)]; st["act"][n] = st["act"].get(n, 0) + a
+                    a = attr[(m, side)]
+                    st["act"][n] = st["act"].get(n, 0) + a
                 st["n"] = i + 1
-                if on_checkpoint is not None and st["n"] in todo: on_checkpoint(st["n"], st)
+                if on_checkpoint is not None and st["n"] in todo:
+                    on_checkpoint(st["n"], st)
     finally:
-        for h in hooks: h.remove()
+        for h in hooks:
+            h.remove()
     return st
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #5a502f3f
 FORGET_SCORES = ("grad", "fisher", "snip", "act_grad")
 
 def forget_score(score: str, name: str, stats: dict, weight: torch.Tensor) -> torch.Tensor:
-    "One forget-only score (`FORGET_SCORES`) of tensor `name` from `forget_statistics` sums (float32, the weight's shape)."
+    """One forget-only score (`FORGET_SCORES`) of tensor `name` from `forget_statistics` sums
+    (float32, the weight's shape)."""
     n = stats["n"]
     if n < 1: raise ValueError("stats hold no example (n = 0)")
     if score == "grad": return stats["g"][name].abs() / n
     if score == "fisher": return stats["g2"][name] / n
     if score == "snip": return (weight.detach().float() * stats["g"][name] / n).abs()
     if score == "act_grad":
-        if name not in stats["act"]: raise ValueError(f"stats have no activation attribution for {name!r}: compute them with activations=True")
+        if name not in stats["act"]:
+            raise ValueError(f"stats have no activation attribution for {name!r}: compute them with activations=True")
         _, _, axis = _neuron_source(name); a = stats["act"][name] / n
         return (a[:, None] if axis == 0 else a[None, :]).expand(weight.shape).float()
     raise ValueError(f"score must be one of {', '.join(FORGET_SCORES)}; got {score!r}")
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #d801b872
 def top_k_mask(scores: dict, k: int) -> dict:
-    "Bool masks (name → tensor) of the `k` highest scores over all tensors together; ties broken by tensor order, then index."
+    """Bool masks (name → tensor) of the `k` highest scores over all tensors together;
+    ties broken by tensor order, then index."""
     if not scores: raise ValueError("scores is empty")
     sizes = [s.numel() for s in scores.values()]; total = sum(sizes)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= total:
         raise ValueError(f"k must be an int in [1, {total}] (the number of scored weights), got {k!r}")
     flat = torch.cat([s.detach().reshape(-1).to("cpu", torch.float32) for s in scores.values()])
     if torch.isnan(flat).any(): raise ValueError("scores contain NaN")
-    t = float(np.partition(flat.numpy(), total - k)[total - k])   # the k-th largest value (introselect: ~10x torch.kthvalue on CPU)
+    # the k-th largest value (introselect: ~10x torch.kthvalue on CPU)
+    t = float(np.partition(flat.numpy(), total - k)[total - k])
     sel = flat > t
     need = k - int(sel.sum())
     sel[torch.nonzero(flat == t).reshape(-1)[:need]] = True  # the first `need` ties, in position order
     return {n: m.reshape(s.shape) for (n, s), m in zip(scores.items(), sel.split(sizes))}
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #399a4730
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None, "n_examples": None}
+DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None,
+                   "n_examples": None}
 
 def _check_localized(hp: dict) -> list[str]:
     "Localized GradDiff's own rules (the generic ones are checked by the registry first)."
     probs = []
-    if hp["score"] not in FORGET_SCORES: probs.append(f"localized_graddiff.score must be one of {', '.join(FORGET_SCORES)}, got {hp['score']!r}")
+    if hp["score"] not in FORGET_SCORES:
+        probs.append(f"localized_graddiff.score must be one of {', '.join(FORGET_SCORES)}, got {hp['score']!r}")
     for key in ("k", "n_examples"):
         v = hp[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             probs.append(f"localized_graddiff.{key} must be None or a positive int, got {v!r}")
-    if hp["weight_decay"] != 0: probs.append(f"localized_graddiff.weight_decay must be 0 (unselected weights stay unchanged), got {hp['weight_decay']!r}")
+    if hp["weight_decay"] != 0:
+        probs.append(
+            f"localized_graddiff.weight_decay must be 0 (unselected weights stay unchanged), got {hp['weight_decay']!r}"
+        )
     return probs
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #3373e6e5
 def localized_grad_diff(model, tokenizer, forget, retain, hp: dict, scores: dict, k: int, *, seed: int = 0):
-    "GradDiff (`hp`: resolved hyperparameters) confined to the top-`k` weights of `scores` (name → tensor); returns (model, log)."
+    """GradDiff (`hp`: resolved hyperparameters) confined to the top-`k` weights of `scores` (name → tensor);
+    returns (model, log)."""
     sel = top_k_mask(scores, k)
-    model, log = unlearn_loop(model, tokenizer, forget, retain, grad_diff_step, hp, grad_masks=sel, seed=seed, desc="localized_graddiff")
+    model, log = unlearn_loop(
+        model, tokenizer, forget, retain, grad_diff_step, hp, grad_masks=sel, seed=seed, desc="localized_graddiff"
+    )
     log.attrs["k"] = k
     return model, log
 
-def estimate_scores(model, tokenizer, forget, names, score: str, n_examples: int | None = None, max_length: int | None = None) -> dict:
+def estimate_scores(
+    model, tokenizer, forget, names, score: str, n_examples: int | None = None, max_length: int | None = None
+) -> dict:
     "The forget-only `score` of each tensor of `names`, from the first `n_examples` forget examples (all: None)."
     ex = check_qa(forget, "forget")[:n_examples]
-    st = forget_statistics(model, tokenizer, ex, names, activations=score == "act_grad", max_length=max_length, desc=f"{score} scores")
+    st = forget_statistics(
+        model, tokenizer, ex, names, activations=score == "act_grad", max_length=max_length, desc=f"{score} scores"
+    )
     named = dict(model.named_parameters())
     return {n: forget_score(score, n, st, named[n]) for n in names}
 
 def _localized_graddiff(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_mask=None):
-    if ground_truth_mask is None: raise ValueError("localized_graddiff needs ground_truth_mask (its keys: the maskable tensors; its size: k when hparam k is None)")
+    if ground_truth_mask is None:
+        raise ValueError(
+            "localized_graddiff needs ground_truth_mask (its keys: the maskable tensors; its size: "
+            "k when hparam k is None)"
+        )
     forget = check_qa(forget, "forget")
     if not forget: raise ValueError("forget set is empty")
     names = list(ground_truth_mask)                       # the maskable tensors: every one is a candidate
@@ -140,11 +190,18 @@ def _localized_graddiff(model, tokenizer, forget, retain, hp, *, seed=0, ground_
     return localized_grad_diff(model, tokenizer, forget, retain, hp, scores, k, seed=seed)
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #86b718fe
-SPEC = register_method(MethodSpec(
-    "localized_graddiff", _localized_graddiff, DEFAULT_HPARAMS, check=_check_localized, inputs=("ground_truth_mask",),
-    needs_retain=True, has_control=False, summary="GradDiff confined to the top-k weights of a forget-set attribution score",
-    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "score": list(FORGET_SCORES), "max_grad_norm": [None]}))
+SPEC = register_method(
+    MethodSpec(
+        "localized_graddiff", _localized_graddiff, DEFAULT_HPARAMS, check=_check_localized,
+        inputs=("ground_truth_mask",), needs_retain=True, has_control=False,
+        summary="GradDiff confined to the top-k weights of a forget-set attribution score",
+        grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "score": list(FORGET_SCORES), "max_grad_norm": [None]},
+    )
+)
 
-def localized_graddiff(model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0):
-    "GradDiff confined to the top-k weights of a forget-only attribution score (k = |ground_truth_mask| by default). Trains `model` in place."
+def localized_graddiff(
+    model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0
+):
+    """GradDiff confined to the top-k weights of a forget-only attribution score (k = |ground_truth_mask| by default).
+    Trains `model` in place."""
     return SPEC.run(model, tokenizer, forget, retain, hparams, seed=seed, ground_truth_mask=ground_truth_mask)

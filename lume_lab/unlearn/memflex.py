@@ -18,28 +18,35 @@ from .registry import MethodSpec, register_method
 __all__ = ['DEFAULT_HPARAMS', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss', 'memflex']
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #7809cba2
-def set_gradients(model, tokenizer, examples, names: list[str], batch_size: int = 8, max_length: int | None = None) -> dict[str, torch.Tensor]:
+def set_gradients(
+    model, tokenizer, examples, names: list[str], batch_size: int = 8, max_length: int | None = None
+) -> dict[str, torch.Tensor]:
     "Gradient w.r.t. the parameters `names` of the set-average per-token answer NLL of `examples` (float32)."
-    ex = check_qa(examples); named = dict(model.named_parameters()); params = [named[n] for n in names]
-    dev = params[0].device; acc = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+    ex = check_qa(examples)
+    named = dict(model.named_parameters())
+    params = [named[n] for n in names]
+    dev = params[0].device
+    acc = [torch.zeros_like(p, dtype=torch.float32) for p in params]
     with eval_mode(model):
         for i in range(0, len(ex), batch_size):
-            b = to_device(collate_qa(tokenizer, ex[i:i + batch_size], add_eos=True, max_length=max_length), dev)
+            b = to_device(collate_qa(tokenizer, ex[i : i + batch_size], add_eos=True, max_length=max_length), dev)
             loss = -sequence_logprob(model, b, "mean").sum() / len(ex)
             for a, g in zip(acc, torch.autograd.grad(loss, params, allow_unused=True)):
-                if g is not None: a += g.float()
+                if g is not None:
+                    a += g.float()
     return dict(zip(names, acc))
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #bf39d20a
 def memflex_select(model, tokenizer, forget, retain, sim_threshold: float = 0.92, grad_threshold: float = 6e-4,
                    pattern: str = CANDIDATE_PATTERN, batch_size: int = 8, max_length: int | None = None,
                    grad_quantile: float | None = None) -> tuple[list[str], pd.DataFrame]:
-    """Names of the tensors MemFlex edits, and a per-tensor table of `cos` (forget vs retain gradient) and `mean_grad` ($\\overline{|g^F|}$).
-    With `grad_quantile` q the gradient threshold is the q-quantile of the candidates' `mean_grad` (`grad_threshold` is then
-    not used); the threshold applied is in `table.attrs["grad_threshold"]`."""
+    """Names of the tensors MemFlex edits, and a per-tensor table of `cos` (forget vs retain gradient) and `mean_grad`
+    ($\\overline{|g^F|}$). With `grad_quantile` q the gradient threshold is the q-quantile of the candidates'
+    `mean_grad` (`grad_threshold` is then not used); the threshold applied is in `table.attrs["grad_threshold"]`."""
     if not -1 <= sim_threshold <= 1: raise ValueError(f"sim_threshold must be in [-1, 1], got {sim_threshold!r}")
     if not grad_threshold >= 0: raise ValueError(f"grad_threshold must be >= 0, got {grad_threshold!r}")
-    if grad_quantile is not None and not 0 <= grad_quantile < 1: raise ValueError(f"grad_quantile must be None or in [0, 1), got {grad_quantile!r}")
+    if grad_quantile is not None and not 0 <= grad_quantile < 1:
+        raise ValueError(f"grad_quantile must be None or in [0, 1), got {grad_quantile!r}")
     names = [n for n, p in model.named_parameters() if re.search(pattern, n)]
     if not names: raise ValueError(f"no parameter name matches pattern {pattern!r}")
     gf = set_gradients(model, tokenizer, forget, names, batch_size, max_length)
@@ -56,8 +63,11 @@ def memflex_select(model, tokenizer, forget, retain, sim_threshold: float = 0.92
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "forget_factor": -0.6, "retain_factor": 2.0,
                    "sim_threshold": 0.92, "grad_threshold": 6e-4, "grad_quantile": None, "pattern": CANDIDATE_PATTERN}
 
-def memflex_loss(forget_nll: torch.Tensor, retain_nll: torch.Tensor, forget_factor: float = -0.6, retain_factor: float = 2.0) -> torch.Tensor:
-    "MemFlex objective: $c_f\\,\\mathrm{NLL}_f + c_r\\,\\mathrm{NLL}_r$ (negative $c_f$ = gradient ascent on the forget set)."
+def memflex_loss(
+    forget_nll: torch.Tensor, retain_nll: torch.Tensor, forget_factor: float = -0.6, retain_factor: float = 2.0
+) -> torch.Tensor:
+    """MemFlex objective: $c_f\\,\\mathrm{NLL}_f + c_r\\,\\mathrm{NLL}_r$
+    (negative $c_f$ = gradient ascent on the forget set)."""
     return forget_factor * forget_nll + retain_factor * retain_nll
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #4878437d
@@ -65,7 +75,9 @@ def _check_memflex(hp: dict) -> list[str]:
     "MemFlex's own rules (the generic ones — lr, epochs, … — are checked by the registry first)."
     probs = []
     if not (finite_number(hp["forget_factor"], lo=-math.inf) and hp["forget_factor"] < 0):
-        probs.append(f"memflex.forget_factor must be a negative number (ascent on the forget set), got {hp['forget_factor']!r}")
+        probs.append(
+            f"memflex.forget_factor must be a negative number (ascent on the forget set), got {hp['forget_factor']!r}"
+        )
     if not finite_number(hp["retain_factor"]):
         probs.append(f"memflex.retain_factor must be a number >= 0, got {hp['retain_factor']!r}")
     if not (isinstance(hp["sim_threshold"], (int, float)) and -1 <= hp["sim_threshold"] <= 1):
@@ -75,31 +87,46 @@ def _check_memflex(hp: dict) -> list[str]:
     q = hp["grad_quantile"]
     if q is not None and not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q < 1):
         probs.append(f"memflex.grad_quantile must be null (use grad_threshold) or a number in [0, 1), got {q!r}")
-    if hp["weight_decay"] != 0: probs.append(f"memflex.weight_decay must be 0 (unselected tensors stay unchanged), got {hp['weight_decay']!r}")
-    if not isinstance(hp["pattern"], str): probs.append(f"memflex.pattern must be a regular expression (str), got {hp['pattern']!r}")
+    if hp["weight_decay"] != 0:
+        probs.append(f"memflex.weight_decay must be 0 (unselected tensors stay unchanged), got {hp['weight_decay']!r}")
+    if not isinstance(hp["pattern"], str):
+        probs.append(f"memflex.pattern must be a regular expression (str), got {hp['pattern']!r}")
     else:
-        try: re.compile(hp["pattern"])
-        except re.error as e: probs.append(f"memflex.pattern is not a valid regular expression ({e}), got {hp['pattern']!r}")
+        try:
+            re.compile(hp["pattern"])
+        except re.error as e:
+            probs.append(f"memflex.pattern is not a valid regular expression ({e}), got {hp['pattern']!r}")
     return probs
 
 def _memflex_step(model, batch, ref, hp):
     f, r = batch_nll(model, batch["forget"]), batch_nll(model, batch["retain"])
-    return {"loss": memflex_loss(f, r, hp["forget_factor"], hp["retain_factor"]), "forget_loss": hp["forget_factor"] * f.detach(),
-            "retain_loss": hp["retain_factor"] * r.detach(), "forget_nll": f, "retain_nll": r}
+    return {
+        "loss": memflex_loss(f, r, hp["forget_factor"], hp["retain_factor"]),
+        "forget_loss": hp["forget_factor"] * f.detach(), "retain_loss": hp["retain_factor"] * r.detach(),
+        "forget_nll": f, "retain_nll": r,
+    }
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #002d5028
 def _memflex(model, tokenizer, forget, retain, hp, *, seed=0):
     forget, retain = check_qa(forget, "forget"), check_qa(retain, "retain")
     if not forget: raise ValueError("forget set is empty")
-    names, table = memflex_select(model, tokenizer, forget, retain, hp["sim_threshold"], hp["grad_threshold"], hp["pattern"],
-                                  hp["batch_size"], hp["max_length"], hp["grad_quantile"])
+    names, table = memflex_select(
+        model, tokenizer, forget, retain, hp["sim_threshold"], hp["grad_threshold"], hp["pattern"], hp["batch_size"],
+        hp["max_length"], hp["grad_quantile"],
+    )
     if not names:
-        raise ValueError(f"MemFlex selected no tensor (cos in [{table.cos.min():.3g}, {table.cos.max():.3g}], mean |forget grad| in "
-                         f"[{table.mean_grad.min():.3g}, {table.mean_grad.max():.3g}], threshold {table.attrs['grad_threshold']:.3g}); "
-                         "raise sim_threshold, lower grad_threshold, or set grad_quantile (a threshold relative to the model's gradients)")
+        raise ValueError(
+            f"MemFlex selected no tensor (cos in [{table.cos.min():.3g}, {table.cos.max():.3g}], mean |forget grad| in "
+            f"[{table.mean_grad.min():.3g}, {table.mean_grad.max():.3g}], "
+            f"threshold {table.attrs['grad_threshold']:.3g}); "
+            "raise sim_threshold, lower grad_threshold, "
+            "or set grad_quantile (a threshold relative to the model's gradients)"
+        )
     named = dict(model.named_parameters())
     masks = {n: torch.ones_like(named[n], dtype=torch.bool) for n in names}
-    model, log = unlearn_loop(model, tokenizer, forget, retain, _memflex_step, hp, grad_masks=masks, seed=seed, desc="memflex")
+    model, log = unlearn_loop(
+        model, tokenizer, forget, retain, _memflex_step, hp, grad_masks=masks, seed=seed, desc="memflex"
+    )
     log.attrs["selected"] = list(names)     # names only: a DataFrame in attrs breaks pandas ops
     log.attrs["grad_threshold"] = table.attrs["grad_threshold"]
     return model, log
@@ -111,5 +138,6 @@ SPEC = register_method(MethodSpec(
     grid={"lr": LR_GRID, "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]}))
 
 def memflex(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
-    "Unlearn `forget` with MemFlex (gradient-disagreement localization + GradDiff in the selected tensors). Trains `model` in place."
+    """Unlearn `forget` with MemFlex (gradient-disagreement localization + GradDiff in the selected tensors).
+    Trains `model` in place."""
     return SPEC.run(model, tokenizer, forget, retain, hparams, seed=seed)

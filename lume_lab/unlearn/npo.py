@@ -17,7 +17,8 @@ __all__ = ['DEFAULT_HPARAMS', 'SPEC', 'npo_loss', 'npo']
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "beta": 0.1, "gamma": 1.0, "alpha": 0.0}
 
 def npo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, beta: float) -> torch.Tensor:
-    "Mean over examples of $-\\frac{2}{\\beta}\\log\\sigma(-\\beta(\\log\\pi_\\theta - \\log\\pi_{ref}))$ (sequence log-probs)."
+    """Mean over examples of $-\\frac{2}{\\beta}\\log\\sigma(-\\beta(\\log\\pi_\\theta - \\log\\pi_{ref}))$
+    (sequence log-probs)."""
     return (-2.0 / beta * F.logsigmoid(-beta * (logp - ref_logp))).mean()
 
 # %% ../../nbs/unlearn/06_npo.ipynb #ac6bf598
@@ -26,11 +27,16 @@ def _npo_step(model, batch, ref, hp):
     lp = sequence_logprob(model, fb, "sum")
     with torch.no_grad(): rlp = sequence_logprob(ref, fb, "sum")
     fo = npo_loss(lp, rlp, hp["beta"])
-    out = {"forget_loss": hp["gamma"] * fo.detach(), "forget_nll": (-lp.detach() / n_answer_tokens(fb["labels"])).mean()}
+    out = {
+        "forget_loss": hp["gamma"] * fo.detach(),
+        "forget_nll": (-lp.detach() / n_answer_tokens(fb["labels"])).mean(),
+    }
     return {"loss": add_retain_nll(model, batch, hp, hp["gamma"] * fo, out), **out}
 
 def _npo(model, tokenizer, forget, retain, hp, *, seed=0):
-    return unlearn_loop(model, tokenizer, forget, retain, _npo_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="npo")
+    return unlearn_loop(
+        model, tokenizer, forget, retain, _npo_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="npo"
+    )
 
 # %% ../../nbs/unlearn/06_npo.ipynb #4a8b64cd
 SPEC = register_method(MethodSpec(

@@ -15,8 +15,12 @@ __all__ = ['DEFAULT_HPARAMS', 'SPEC', 'oracle_grad']
 DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 5.0, "alpha": 1.0}
 
 def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_mask=None):
-    if ground_truth_mask is None: raise ValueError("oracle_grad needs ground_truth_mask: a dict parameter name -> bool forget mask")
-    return unlearn_loop(model, tokenizer, forget, retain, grad_diff_step, hp, grad_masks=ground_truth_mask, seed=seed, desc="oracle_grad")
+    if ground_truth_mask is None:
+        raise ValueError("oracle_grad needs ground_truth_mask: a dict parameter name -> bool forget mask")
+    return unlearn_loop(
+        model, tokenizer, forget, retain, grad_diff_step, hp, grad_masks=ground_truth_mask, seed=seed,
+        desc="oracle_grad",
+    )
 
 # %% ../../nbs/unlearn/08_oracle_grad.ipynb #d0ba6008
 SPEC = register_method(MethodSpec(
@@ -24,6 +28,8 @@ SPEC = register_method(MethodSpec(
     summary="GradDiff confined to the ground-truth forget mask",
     grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]}))
 
-def oracle_grad(model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0):
+def oracle_grad(
+    model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0
+):
     "GradDiff unlearning restricted to `ground_truth_mask` (name → bool forget mask). Trains `model` in place."
     return SPEC.run(model, tokenizer, forget, retain, hparams, seed=seed, ground_truth_mask=ground_truth_mask)

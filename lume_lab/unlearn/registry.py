@@ -32,17 +32,25 @@ _CHECKS = {  # key -> (predicate, what is allowed)
     "max_grad_norm": (lambda v: v is None or finite_number(v, strict=True), "None or a positive number"),
     "max_length": (lambda v: v is None or finite_number(v, strict=True, integer=True), "None or a positive int"),
     "gamma": (lambda v: finite_number(v), "a number >= 0"), "alpha": (lambda v: finite_number(v), "a number >= 0"),
-    "beta": (lambda v: finite_number(v, strict=True), "a positive number"), "delta": (lambda v: finite_number(v), "a number >= 0"),
+    "beta": (lambda v: finite_number(v, strict=True), "a positive number"), "delta": (lambda v: finite_number(v),
+                                                                                      "a number >= 0"),
 }
 
 def generic_problems(method: str, hp: dict) -> list[str]:
     "Problems of the keys of `hp` that have a generic rule, as `'{method}.{key} must be …, got …'`."
-    probs = [f"{method}.{k} must be {what}, got {hp[k]!r}" for k, (ok, what) in _CHECKS.items() if k in hp and not ok(hp[k])]
+    probs = [
+        f"{method}.{k} must be {what}, got {hp[k]!r}" for k, (ok, what) in _CHECKS.items() if k in hp and not ok(hp[k])
+    ]
     if probs or not {"warmup_steps", "warmup_ratio"} <= set(hp): return probs
     if hp["warmup_steps"] and hp["warmup_ratio"]:
-        probs.append(f"{method}: set warmup_steps or warmup_ratio, not both (got {hp['warmup_steps']!r} and {hp['warmup_ratio']!r})")
+        probs.append(
+            f"{method}: set warmup_steps or warmup_ratio, not both (got {hp['warmup_steps']!r} and "
+            f"{hp['warmup_ratio']!r})"
+        )
     if hp.get("scheduler") == "constant" and (hp["warmup_steps"] or hp["warmup_ratio"]):
-        probs.append(f"{method}: scheduler 'constant' has no warm-up; use 'warmup_constant' (or warmup_steps = warmup_ratio = 0)")
+        probs.append(
+            f"{method}: scheduler 'constant' has no warm-up; use 'warmup_constant' (or warmup_steps = warmup_ratio = 0)"
+        )
     return probs
 
 # %% ../../nbs/unlearn/00_registry.ipynb #be92c4c8
@@ -63,10 +71,12 @@ INPUTS = ("ground_truth_mask", "neutral_texts")   # run-level inputs the pipelin
 class MethodSpec:
     "What the pipeline needs to know about one unlearning method."
     name: str
-    fn: Callable                 # fn(model, tokenizer, forget, retain, hparams, *, seed=0, **inputs) -> (result, log DataFrame)
+    # fn(model, tokenizer, forget, retain, hparams, *, seed=0, **inputs) -> (result, log DataFrame)
+    fn: Callable
     defaults: dict               # every hyperparameter with its default: the allowed keys
     check: Callable[[dict], list[str]] | None = None   # method-specific problems of a resolved hparam dict
-    check_model: Callable[[dict, int], list[str]] | None = None   # problems of resolved hparams for a model of n_layers layers
+    # problems of resolved hparams for a model of n_layers layers
+    check_model: Callable[[dict, int], list[str]] | None = None
     grid: dict = field(default_factory=dict)      # mini tuning grid {hparam: [values]}
     inputs: tuple = ()                            # names from INPUTS that fn takes as keyword arguments
     needs_retain: bool | Callable[[dict], bool] = False
@@ -74,7 +84,8 @@ class MethodSpec:
     changes_weights: bool = True                  # False: the result wraps the unchanged model
     has_control: bool = True                      # also unlearned from the unmasked control model
     save: Callable = save_weights                 # save(result, tokenizer, out_dir)
-    load: Callable = load_weights                 # load(out_dir, load_base, tokenizer, dtype) -> model; load_base() loads the model it ran on
+    # load(out_dir, load_base, tokenizer, dtype) -> model; load_base() loads the model it ran on
+    load: Callable = load_weights
     summary: str = ""                             # one line for the methods table
 
     def resolve(self, hparams: dict | None = None) -> dict:
@@ -83,7 +94,10 @@ class MethodSpec:
             raise ValueError(f"hyperparameters of method {self.name!r} must be a dict, got {type(hparams).__name__}")
         hparams = dict(hparams or {})
         if bad := sorted(set(hparams) - set(self.defaults)):
-            raise ValueError(f"unknown hyperparameter(s) {', '.join(map(repr, bad))} for method {self.name!r}; allowed: {', '.join(self.defaults)}")
+            raise ValueError(
+                f"unknown hyperparameter(s) {', '.join(map(repr, bad))} for method {self.name!r}; allowed: "
+                f"{', '.join(self.defaults)}"
+            )
         hp = {**self.defaults, **hparams}
         probs = generic_problems(self.name, hp)
         if not probs and self.check: probs = list(self.check(hp))
@@ -91,7 +105,8 @@ class MethodSpec:
         return hp
 
     def model_problems(self, hp: dict, n_layers: int) -> list[str]:
-        "Problems of resolved hyperparameters `hp` for a model of `n_layers` decoder layers (e.g. a layer index beyond the last)."
+        """Problems of resolved hyperparameters `hp` for a model of `n_layers` decoder layers
+        (e.g. a layer index beyond the last)."""
         return list(self.check_model(hp, n_layers)) if self.check_model else []
 
     def retain_needed(self, hp: dict) -> bool:
@@ -101,26 +116,41 @@ class MethodSpec:
     def run(self, model, tokenizer, forget, retain, hparams: dict | None = None, *, seed: int = 0, **inputs):
         "Resolve `hparams`, check seed, retain set and inputs, and call `fn`; returns `(result, log)`."
         hp = self.resolve(hparams)
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0: raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         if self.retain_needed(hp) and not retain:
-            raise ValueError(f"method {self.name!r} needs a non-empty retain set" + (" with these hyperparameters" if callable(self.needs_retain) else ""))
+            raise ValueError(
+                f"method {self.name!r} needs a non-empty retain set"
+                + (" with these hyperparameters" if callable(self.needs_retain) else "")
+            )
         if bad := sorted(set(inputs) - set(self.inputs)):
-            raise ValueError(f"method {self.name!r} takes no input(s) {', '.join(map(repr, bad))}; it takes: {', '.join(self.inputs) or 'none'}")
+            raise ValueError(
+                f"method {self.name!r} takes no input(s) {', '.join(map(repr, bad))}; it takes: "
+                f"{', '.join(self.inputs) or 'none'}"
+            )
         return self.fn(model, tokenizer, forget, retain, hp, seed=seed, **inputs)
 
 # %% ../../nbs/unlearn/00_registry.ipynb #8262c3e2
-BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit", "uld")   # the ten, in the paper's order; each is the module lume_lab.unlearn.<name>
+BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit",
+                   "uld")   # the ten, in the paper's order; each is the module lume_lab.unlearn.<name>
 RESERVED_NAMES = ("none",)   # "none" names the model before unlearning in the pipeline's evaluation tables
 _REGISTRY: dict[str, MethodSpec] = {}
 
 def register_method(spec: MethodSpec) -> MethodSpec:
     "Validate `spec` and register it under `spec.name` (re-registering a name replaces it); returns it."
-    if not isinstance(spec, MethodSpec): raise ValueError(f"register_method takes a MethodSpec, got {type(spec).__name__}")
-    if not (isinstance(spec.name, str) and spec.name.isidentifier()): raise ValueError(f"method name must be an identifier, got {spec.name!r}")
-    if spec.name in RESERVED_NAMES: raise ValueError(f"method name {spec.name!r} is reserved (it labels the model before unlearning); choose another name")
-    if bad := [i for i in spec.inputs if i not in INPUTS]: raise ValueError(f"method {spec.name!r}: unknown input(s) {bad}; allowed: {', '.join(INPUTS)}")
+    if not isinstance(spec, MethodSpec):
+        raise ValueError(f"register_method takes a MethodSpec, got {type(spec).__name__}")
+    if not (isinstance(spec.name, str) and spec.name.isidentifier()):
+        raise ValueError(f"method name must be an identifier, got {spec.name!r}")
+    if spec.name in RESERVED_NAMES:
+        raise ValueError(
+            f"method name {spec.name!r} is reserved (it labels the model before unlearning); choose another name"
+        )
+    if bad := [i for i in spec.inputs if i not in INPUTS]:
+        raise ValueError(f"method {spec.name!r}: unknown input(s) {bad}; allowed: {', '.join(INPUTS)}")
     for k, vals in spec.grid.items():
-        if not isinstance(vals, (list, tuple)) or not vals: raise ValueError(f"method {spec.name!r}: grid[{k!r}] must be a non-empty list, got {vals!r}")
+        if not isinstance(vals, (list, tuple)) or not vals:
+            raise ValueError(f"method {spec.name!r}: grid[{k!r}] must be a non-empty list, got {vals!r}")
         for v in vals: spec.resolve({k: v})
     _REGISTRY[spec.name] = spec
     return spec
@@ -128,7 +158,8 @@ def register_method(spec: MethodSpec) -> MethodSpec:
 def get_spec(name: str) -> MethodSpec:
     "The registered spec `name`, importing `lume_lab.unlearn.<name>` for a built-in method."
     if name not in _REGISTRY and name in BUILTIN_METHODS: importlib.import_module(f"lume_lab.unlearn.{name}")
-    if name not in _REGISTRY: raise ValueError(f"unknown unlearning method {name!r}; allowed: {', '.join(method_names())}")
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown unlearning method {name!r}; allowed: {', '.join(method_names())}")
     return _REGISTRY[name]
 
 def method_names() -> list[str]:

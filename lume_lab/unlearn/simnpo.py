@@ -30,12 +30,18 @@ def _simnpo_step(model, batch, ref, hp):
     return {"loss": add_retain_nll(model, batch, hp, hp["gamma"] * fo, out), **out}
 
 def _simnpo(model, tokenizer, forget, retain, hp, *, seed=0):
-    return unlearn_loop(model, tokenizer, forget, retain, _simnpo_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="simnpo")
+    return unlearn_loop(
+        model, tokenizer, forget, retain, _simnpo_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="simnpo"
+    )
 
 # %% ../../nbs/unlearn/07_simnpo.ipynb #1f4de8dd
-SPEC = register_method(MethodSpec(
-    "simnpo", _simnpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, summary="reference-free, length-normalised NPO",
-    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]}))
+SPEC = register_method(
+    MethodSpec(
+        "simnpo", _simnpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0,
+        summary="reference-free, length-normalised NPO",
+        grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
+    )
+)
 
 def simnpo(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with SimNPO (plus α·retain NLL). Trains `model` in place."

@@ -39,12 +39,18 @@ def _ukl_step(model, batch, ref, hp):
             "retain_loss": hp["alpha"] * kl.detach(), "forget_nll": f, "retain_nll": rn}
 
 def _ukl(model, tokenizer, forget, retain, hp, *, seed=0):
-    return unlearn_loop(model, tokenizer, forget, retain, _ukl_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="ukl")
+    return unlearn_loop(
+        model, tokenizer, forget, retain, _ukl_step, hp, needs_ref=SPEC.needs_reference, seed=seed, desc="ukl"
+    )
 
 # %% ../../nbs/unlearn/04_ukl.ipynb #de5bc308
-SPEC = register_method(MethodSpec(
-    "ukl", _ukl, DEFAULT_HPARAMS, needs_retain=True, needs_reference=True, summary="ascent on forget, KL to the original on retain",
-    grid={"lr": LR_GRID, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]}))
+SPEC = register_method(
+    MethodSpec(
+        "ukl", _ukl, DEFAULT_HPARAMS, needs_retain=True, needs_reference=True,
+        summary="ascent on forget, KL to the original on retain",
+        grid={"lr": LR_GRID, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
+    )
+)
 
 def ukl(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by gradient ascent with KL(π_ref ‖ π_θ) on `retain` answers. Trains `model` in place."

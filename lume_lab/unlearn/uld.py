@@ -26,20 +26,36 @@ def relative_top_mask(base_logits: torch.Tensor, top: float) -> torch.Tensor:
     thresh = torch.minimum(logp.max(-1, keepdim=True).values + math.log(top), kth)
     return logp < thresh
 
-def uld_logits(base_logits: torch.Tensor, assistant_logits: torch.Tensor, alpha: float = 1.0, top_logit_filter: float = 0.1) -> torch.Tensor:
-    "$\\ell_\\text{target} - \\alpha\\,\\tilde\\ell_a$, with the assistant zeroed on filtered tokens when `top_logit_filter` > 0."
+def uld_logits(
+    base_logits: torch.Tensor, assistant_logits: torch.Tensor, alpha: float = 1.0, top_logit_filter: float = 0.1
+) -> torch.Tensor:
+    """$\\ell_\\text{target} - \\alpha\\,\\tilde\\ell_a$, with the assistant zeroed on filtered tokens when
+    `top_logit_filter` > 0."""
     a = assistant_logits.to(base_logits.dtype)
-    if top_logit_filter > 0: a = a.masked_fill(relative_top_mask(base_logits, top_logit_filter), 0.0)
+    if top_logit_filter > 0:
+        a = a.masked_fill(relative_top_mask(base_logits, top_logit_filter), 0.0)
     return base_logits - alpha * a
 
 # %% ../../nbs/unlearn/11_uld.ipynb #3493042b
-def build_assistant(model, n_layers: int | None = None, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.05, seed: int = 0):
+def build_assistant(
+    model,
+    n_layers: int | None = None,
+    lora_r: int = 16,
+    lora_alpha: int = 32,
+    lora_dropout: float = 0.05,
+    seed: int = 0,
+):
     "A peft LoRA model on a copy of the first `n_layers` decoder layers (+ embeddings, final norm, lm_head) of `model`."
     from peft import LoraConfig, get_peft_model
-    L = model.config.num_hidden_layers; n = n_layers or math.ceil(L / 4)
-    if not isinstance(n, int) or not 1 <= n <= L: raise ValueError(f"n_layers must be an int in 1..{L} (the target has {L} layers), got {n_layers!r}")
-    cfg = copy.deepcopy(model.config); cfg.num_hidden_layers = n
-    if getattr(cfg, "layer_types", None): cfg.layer_types = list(cfg.layer_types)[:n]
+
+    L = model.config.num_hidden_layers
+    n = n_layers or math.ceil(L / 4)
+    if not isinstance(n, int) or not 1 <= n <= L:
+        raise ValueError(f"n_layers must be an int in 1..{L} (the target has {L} layers), got {n_layers!r}")
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = n
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types)[:n]
     p0 = next(model.parameters())
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -47,12 +63,16 @@ def build_assistant(model, n_layers: int | None = None, lora_r: int = 16, lora_a
         sd = model.state_dict()
         small.load_state_dict({k: sd[k].detach().clone() for k in small.state_dict()}, strict=True)
         small = small.to(device=p0.device, dtype=p0.dtype).eval()
-        lcfg = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(architecture(model).lora_targets), bias="none")
+        lcfg = LoraConfig(
+            r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+            target_modules=list(architecture(model).lora_targets), bias="none",
+        )
         return get_peft_model(small, lcfg)
 
 # %% ../../nbs/unlearn/11_uld.ipynb #22690d07
 def uniform_kl(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    "Per-example mean over answer positions of $\\mathrm{KL}(\\mathcal U_V\\|p)$ (0 exactly when the prediction is uniform)."
+    """Per-example mean over answer positions of $\\mathrm{KL}(\\mathcal U_V\\|p)$
+    (0 exactly when the prediction is uniform)."""
     rows, _, mask = answer_logits(logits, labels)            # the logits that predict answer tokens (models.ops)
     logp = rows.float().log_softmax(-1)
     kl = torch.zeros(mask.shape, device=logp.device).masked_scatter(mask, -math.log(logp.shape[-1]) - logp.mean(-1))
@@ -69,12 +89,16 @@ DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "n_layers": None, "l
 def _check_uld(hp: dict) -> list[str]:
     "ULD's own rules (the generic ones are checked by the registry first)."
     probs = []
-    if hp["n_layers"] is not None and not (isinstance(hp["n_layers"], int) and hp["n_layers"] >= 1): probs.append(f"uld.n_layers must be None or a positive int, got {hp['n_layers']!r}")
+    if hp["n_layers"] is not None and not (isinstance(hp["n_layers"], int) and hp["n_layers"] >= 1):
+        probs.append(f"uld.n_layers must be None or a positive int, got {hp['n_layers']!r}")
     for k in ("lora_r", "lora_alpha"):
         if not (isinstance(hp[k], int) and hp[k] >= 1): probs.append(f"uld.{k} must be a positive int, got {hp[k]!r}")
-    if not (isinstance(hp["lora_dropout"], (int, float)) and 0 <= hp["lora_dropout"] < 1): probs.append(f"uld.lora_dropout must be in [0, 1), got {hp['lora_dropout']!r}")
-    if not finite_number(hp["retain_weight"]): probs.append(f"uld.retain_weight must be a number >= 0, got {hp['retain_weight']!r}")
-    if not (isinstance(hp["top_logit_filter"], (int, float)) and 0 <= hp["top_logit_filter"] < 1): probs.append(f"uld.top_logit_filter must be in [0, 1), got {hp['top_logit_filter']!r}")
+    if not (isinstance(hp["lora_dropout"], (int, float)) and 0 <= hp["lora_dropout"] < 1):
+        probs.append(f"uld.lora_dropout must be in [0, 1), got {hp['lora_dropout']!r}")
+    if not finite_number(hp["retain_weight"]):
+        probs.append(f"uld.retain_weight must be a number >= 0, got {hp['retain_weight']!r}")
+    if not (isinstance(hp["top_logit_filter"], (int, float)) and 0 <= hp["top_logit_filter"] < 1):
+        probs.append(f"uld.top_logit_filter must be in [0, 1), got {hp['top_logit_filter']!r}")
     return probs
 
 def _uld_step(model, batch, ref, hp):
@@ -82,8 +106,10 @@ def _uld_step(model, batch, ref, hp):
     out = model(**lm_inputs(r))
     kl = uniform_kl(out.logits, r["labels"]).mean()
     with torch.no_grad(): r_nll = batch_nll(model, r)
-    return {"loss": uld_loss(f, kl, hp["retain_weight"]), "forget_loss": f.detach(), "retain_loss": hp["retain_weight"] * kl.detach(),
-            "forget_nll": f.detach(), "retain_nll": r_nll}
+    return {
+        "loss": uld_loss(f, kl, hp["retain_weight"]), "forget_loss": f.detach(),
+        "retain_loss": hp["retain_weight"] * kl.detach(), "forget_nll": f.detach(), "retain_nll": r_nll,
+    }
 
 # %% ../../nbs/unlearn/11_uld.ipynb #ebd0706c
 class ULDModel(torch.nn.Module):
@@ -97,7 +123,8 @@ class ULDModel(torch.nn.Module):
     def device(self): return next(self.base.parameters()).device
 
     def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, **kwargs):
-        from transformers.modeling_outputs import CausalLMOutputWithPast   # lazy: transformers' output classes are slow to import
+        # lazy: transformers' output classes are slow to import
+        from transformers.modeling_outputs import CausalLMOutputWithPast
         kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         logits = uld_logits(self.base(**kw).logits, self.assistant(**kw).logits, self.alpha, self.top_logit_filter)
         loss = None
@@ -106,33 +133,58 @@ class ULDModel(torch.nn.Module):
 
 # %% ../../nbs/unlearn/11_uld.ipynb #4a648009
 @torch.no_grad()
-def _uld_generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, eos_token_id=None, pad_token_id=None,
-                  do_sample: bool = False, num_beams: int = 1, return_dict_in_generate: bool = False, output_logits: bool = False,
-                  use_cache: bool = True, **kwargs):
+def _uld_generate(
+    self,
+    input_ids,
+    attention_mask=None,
+    max_new_tokens: int = 32,
+    eos_token_id=None,
+    pad_token_id=None,
+    do_sample: bool = False,
+    num_beams: int = 1,
+    return_dict_in_generate: bool = False,
+    output_logits: bool = False,
+    use_cache: bool = True,
+    **kwargs,
+):
     "Greedy decoding of the combined model (no sampling, no beams); HF-style output."
-    if do_sample or num_beams != 1: raise NotImplementedError("ULDModel.generate supports greedy decoding only (do_sample=False, num_beams=1)")
+    if do_sample or num_beams != 1:
+        raise NotImplementedError("ULDModel.generate supports greedy decoding only (do_sample=False, num_beams=1)")
     eos = eos_token_id if eos_token_id is not None else getattr(self.generation_config, "eos_token_id", None)
-    if isinstance(eos, (list, tuple)): eos = eos[0]
-    pad = pad_token_id if pad_token_id is not None else eos          # ops.pad_id's rule: pad, else EOS
-    if pad is None: raise ValueError("ULDModel.generate needs pad_token_id or eos_token_id (models.ops.greedy_generate passes both)")
-    ids = input_ids; att = torch.ones_like(ids) if attention_mask is None else attention_mask
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device); steps = []
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0]
+    pad = pad_token_id if pad_token_id is not None else eos  # ops.pad_id's rule: pad, else EOS
+    if pad is None:
+        raise ValueError(
+            "ULDModel.generate needs pad_token_id or eos_token_id (models.ops.greedy_generate passes both)"
+        )
+    ids = input_ids
+    att = torch.ones_like(ids) if attention_mask is None else attention_mask
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    steps = []
     cur, past = ids, (None, None)
     for _ in range(max_new_tokens):
         pos = (att.cumsum(-1) - 1).clamp(min=0)
-        if use_cache:                        # feed only the new tokens; each model keeps its own cache
-            kw = dict(input_ids=cur, attention_mask=att, position_ids=pos[:, -cur.shape[1]:], use_cache=True)
+        if use_cache:  # feed only the new tokens; each model keeps its own cache
+            kw = dict(input_ids=cur, attention_mask=att, position_ids=pos[:, -cur.shape[1] :], use_cache=True)
             ob, oa = self.base(**kw, past_key_values=past[0]), self.assistant(**kw, past_key_values=past[1])
             past = (ob.past_key_values, oa.past_key_values)
             logits = uld_logits(ob.logits[:, -1], oa.logits[:, -1], self.alpha, self.top_logit_filter)
-        else: logits = self(input_ids=ids, attention_mask=att, position_ids=pos).logits[:, -1]
+        else:
+            logits = self(input_ids=ids, attention_mask=att, position_ids=pos).logits[:, -1]
         nxt = torch.where(done, torch.full_like(done, pad, dtype=ids.dtype), logits.argmax(-1))
         steps.append(logits)
-        ids = torch.cat([ids, nxt[:, None]], 1); att = torch.cat([att, torch.ones_like(nxt[:, None])], 1); cur = nxt[:, None]
-        if eos is not None: done |= nxt == eos
-        if done.all(): break
-    if not return_dict_in_generate: return ids
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        att = torch.cat([att, torch.ones_like(nxt[:, None])], 1)
+        cur = nxt[:, None]
+        if eos is not None:
+            done |= nxt == eos
+        if done.all():
+            break
+    if not return_dict_in_generate:
+        return ids
     from transformers.generation.utils import GenerateDecoderOnlyOutput
+
     return GenerateDecoderOnlyOutput(sequences=ids, logits=tuple(steps) if output_logits else None)
 
 ULDModel.generate = _uld_generate
@@ -142,7 +194,10 @@ def _save_assistant(self, out_dir):
     "Write the assistant's LoRA adapter (safetensors) and `uld_config.json` (alpha, filter, n_layers) to `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     self.assistant.save_pretrained(out)
-    cfg = {"alpha": self.alpha, "top_logit_filter": self.top_logit_filter, "n_layers": self.assistant.config.num_hidden_layers}
+    cfg = {
+        "alpha": self.alpha, "top_logit_filter": self.top_logit_filter,
+        "n_layers": self.assistant.config.num_hidden_layers,
+    }
     (out / "uld_config.json").write_text(json.dumps(cfg, indent=1))
 
 def _load_uld(cls, base, out_dir):
@@ -161,23 +216,34 @@ def _uld(model, tokenizer, forget, retain, hp, *, seed=0):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         assistant = build_assistant(model, hp["n_layers"], hp["lora_r"], hp["lora_alpha"], hp["lora_dropout"], seed)
-        view = lambda a: ULDModel(model, a, hp["alpha"], hp["top_logit_filter"])     # what an on_epoch_end hook evaluates
-        assistant, log = unlearn_loop(assistant, tokenizer, forget, retain, _uld_step, hp, seed=seed, desc="uld", epoch_view=view,
-                                      fsdp2=False)   # a small LoRA assistant: replicated (DDP) even under --fsdp2
+        # what an on_epoch_end hook evaluates
+        view = lambda a: ULDModel(model, a, hp["alpha"], hp["top_logit_filter"])
+        assistant, log = unlearn_loop(
+            assistant, tokenizer, forget, retain, _uld_step, hp, seed=seed, desc="uld", epoch_view=view, fsdp2=False
+        )  # a small LoRA assistant: replicated (DDP) even under --fsdp2
     return ULDModel(model, assistant.eval(), hp["alpha"], hp["top_logit_filter"]).eval(), log
 
 def _save_uld(result, tokenizer, out_dir): result.save_assistant(Path(out_dir) / "assistant")
-def _load_uld_result(out_dir, load_base, tokenizer, dtype="float32"): return ULDModel.load(load_base(), Path(out_dir) / "assistant").eval()
+def _load_uld_result(out_dir, load_base, tokenizer, dtype="float32"):
+    return ULDModel.load(load_base(), Path(out_dir) / "assistant").eval()
 
 def _check_uld_model(hp: dict, n_layers: int) -> list[str]:
     "`n_layers` of the assistant must fit in the target's `n_layers` decoder layers."
     n = hp["n_layers"]
-    return [] if n is None or n <= n_layers else [f"uld.n_layers must be None or an int in 1..{n_layers} (the model has {n_layers} layers), got {n!r}"]
+    return (
+        []
+        if n is None or n <= n_layers
+        else [f"uld.n_layers must be None or an int in 1..{n_layers} (the model has {n_layers} layers), got {n!r}"]
+    )
 
-SPEC = register_method(MethodSpec(
-    "uld", _uld, DEFAULT_HPARAMS, check=_check_uld, check_model=_check_uld_model, needs_retain=True, changes_weights=False, has_control=False,
-    save=_save_uld, load=_load_uld_result, summary="subtract a small assistant's logits; the model's weights never change",
-    grid={"lr": LR_GRID, "epochs": [5], "max_grad_norm": [None]}))
+SPEC = register_method(
+    MethodSpec(
+        "uld", _uld, DEFAULT_HPARAMS, check=_check_uld, check_model=_check_uld_model, needs_retain=True,
+        changes_weights=False, has_control=False, save=_save_uld, load=_load_uld_result,
+        summary="subtract a small assistant's logits; the model's weights never change",
+        grid={"lr": LR_GRID, "epochs": [5], "max_grad_norm": [None]},
+    )
+)
 
 def uld(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Train a ULD assistant on `forget`/`retain`; return `(ULDModel(model, assistant), log)`. `model` is not modified."
