@@ -326,19 +326,11 @@ _METHODS_SAY = (
     "'unlearn.methods=[\"npo\",\"simnpo\"]')"
 )
 # names and hyperparameter values are checked against the method registry by pipeline.orchestration.config
-_METHOD_NAMES = Check(
-    _METHODS_SAY,
-    lambda v: (
-        v is None
-        or (
-            isinstance(v, (list, tuple))
-            and bool(v)
-            and all(isinstance(m, str) and m for m in v)
-            and len(set(v)) == len(v)
-        )
-    ),
-    lambda n, v: f"{n} must be {_METHODS_SAY}, got {v!r} (a string, not a list)" if isinstance(v, str) else None,
-)
+_METHOD_NAMES = Check(_METHODS_SAY,
+                      lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v)
+                                              and all(isinstance(m, str) and m for m in v) and len(set(v)) == len(v)),
+                      lambda n, v: f"{n} must be {_METHODS_SAY}, got {v!r} (a string, not a list)" if isinstance(v, str)
+                      else None)
 _HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstance(v, dict) and all(
     isinstance(m, str) and isinstance(h, dict) and all(isinstance(k, str) for k in h) for m, h in v.items()))
 
@@ -422,18 +414,10 @@ class ResurfaceConfig:
 @dataclass
 class AttributionConfig:
     "Attribution scores benchmarked against the ground-truth masks and the mask-signature check (e09, issue #19)."
-    counts: list = checked(
-        [1, 8, "all"],
-        Check(
-            'a non-empty list of ints >= 1 or "all"',
-            lambda v: (
-                isinstance(v, (list, tuple))
-                and bool(v)
-                # forget examples behind each estimate
-                and all(c == "all" or (_is_int(c) and c >= 1) for c in v)
-            ),
-        ),
-    )
+    # forget examples behind each estimate
+    counts: list = checked([1, 8, "all"], Check('a non-empty list of ints >= 1 or "all"',
+                                                lambda v: isinstance(v, (list, tuple)) and bool(v)
+                                                and all(c == "all" or (_is_int(c) and c >= 1) for c in v)))
     contrast_lambda: float = checked(1.0, NON_NEGATIVE)              # λ of the contrast score |g_F| − λ|g_R|
     # uniform subsample of maskable weights for the mask-signature classifier
     signature_max_weights: int = checked(100_000, POSITIVE)
@@ -467,15 +451,8 @@ _OFFSETS = Check(
 _ATTACKED = Check(
     "None (every run method that changes weights) or a non-empty list of distinct method names (checked against the "
     "method registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
-    lambda v: (
-        v is None
-        or (
-            isinstance(v, (list, tuple))
-            and bool(v)
-            and len(set(v)) == len(v)
-            and all(isinstance(m, str) and m for m in v)
-        )
-    ),
+    lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
+                            and all(isinstance(m, str) and m for m in v)),
 )
 
 # %% ../../nbs/core/00_config.ipynb #cea0caec

@@ -473,18 +473,10 @@ def toy_run(root: Path, name: str, seed: int = 0, shift: float = 0.0) -> Path:
     d = Path(root) / name; (d / "report").mkdir(parents=True)
     cfg = resolve_config(make_config("smoke", {"unlearn.methods": ["simnpo", "oracle_grad"]}, seed)).to_dict()
     (d / "config.json").write_text(json.dumps(cfg))
-    (d / "manifest.json").write_text(
-        json.dumps(
-            {
-                "run_id": name,
-                "seed": seed,
-                "git_commit": "0123abc",
-                "config_hash": "toy",
-                "stages": {"base": {"status": "done", "seconds": 3.5},
-                           "unlearn_simnpo_email_address": {"status": "done", "seconds": 1.25}},
-            }
-        )
-    )
+    (d / "manifest.json").write_text(json.dumps({"run_id": name, "seed": seed, "git_commit": "0123abc",
+        "config_hash": "toy",
+        "stages": {"base": {"status": "done", "seconds": 3.5},
+                   "unlearn_simnpo_email_address": {"status": "done", "seconds": 1.25}}}))
     rows = [("forget", "em", 94 + shift, 9 + shift, 4 + shift), ("forget", "es", 80, 2, 1),
             ("forget", "prob", 80, 0.5, 0.1), ("forget_paraphrase", "em", 50, 9, 8), ("retain", "em", 86, 100, 99),
             ("retain", "es", 74, 100, 99), ("retain", "prob", 67, 97, 96), ("retain_paraphrase", "em", 32, 65, 36),
