@@ -580,8 +580,8 @@ _LUME_HPARAMS = Check(
 
 @dataclass
 class LumeExpConfig:
-    """LUME experiment e08: fine-tune target and retain-only models, unlearn with per-epoch evaluation (LUME §4, Figs.
-    2–4)."""
+    """LUME experiment e08 (LUME §4, Figs. 2–4).
+    Fine-tune target and retain-only models, then unlearn with per-epoch evaluation."""
     methods: list = checked(list(LUME_METHODS), subset_of(LUME_METHODS, noun="methods"))
     # passes over the task texts (documents + knowledge QA) with the pretraining loop
     finetune_epochs: int = checked(20, POSITIVE)
@@ -755,8 +755,8 @@ def _first_problem(checks, name: str, v) -> str | None:
     return next(filter(None, (c.problem(name, v) for c in checks)), None)
 
 def _check(parts: dict) -> list[str]:
-    """Field checks of every `prefix -> section` in `parts`, then each cross-field rule whose fields are all there and
-    valid."""
+    """Field checks of every `prefix -> section` in `parts`, then the cross-field rules.
+    A rule runs when its fields are all there and valid."""
     values, bad, out = {}, set(), []
     for prefix, obj in parts.items():
         for f in fields(obj):
@@ -829,8 +829,8 @@ def _dotted(d, prefix=""):
     return {k: v for key, val in d.items() for k, v in _dotted(val, f"{prefix}{key}.").items()}
 
 def dotted_leaves(obj) -> dict:
-    """Every value of a config (or config dict) by dotted name, in field order, reaching into dict fields
-    (`unlearn.hparams.npo.beta`)."""
+    """Every value of a config (or config dict) by dotted name, in field order.
+    Reaches into dict fields (`unlearn.hparams.npo.beta`)."""
     return _dotted(json.loads(json.dumps(obj, default=_jsonable)))
 
 def config_diff(a, b) -> list[str]:

@@ -294,8 +294,8 @@ def stage_compute(run_dir: str | Path, name: str, entry: dict | None = None) -> 
 
 # %% ../../nbs/core/01_store.ipynb #340146cc
 def _find_reusable(self: RunStore, name: str, h: str) -> tuple[Path, dict] | None:
-    """(source run directory, its manifest entry) of the first run in `reuse_from` that finished stage `name` with hash
-    `h`."""
+    """The first run in `reuse_from` that finished stage `name` with hash `h`.
+    Returns (source run directory, its manifest entry), or None."""
     me = self.dir.resolve()
     for src in (r for s in self.manifest.get("reuse_from", []) for r in _runs_in(Path(s))):
         if src.resolve() == me: continue
@@ -435,8 +435,8 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iter
 
 # %% ../../nbs/core/01_store.ipynb #6428fcec
 def _record_experiment(self: RunStore, name: str, seconds: float) -> None:
-    """Record that experiment notebook `name` ran to its end (after re-reading the manifest its stages wrote), e.g. for
-    sweeps."""
+    """Record that experiment notebook `name` ran to its end, e.g. for sweeps.
+    The manifest its stages wrote is re-read first."""
     if self.manifest_path.exists(): self.reload()
     self.manifest.setdefault("experiments", {})[name] = {"status": "done", "seconds": round(seconds, 1),
                                                          "finished": _now(), "machine": machine_info()}

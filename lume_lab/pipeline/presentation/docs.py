@@ -116,8 +116,8 @@ def _false(v: str) -> bool: return v.strip().lower() in ("false", "no", "0")
 _EXPORT_CALL = "nbdev_export" + "("   # spelled in two pieces: nbdev-test skips any cell whose source holds the call
 
 def skips_cell(cell, skip_flags=("notest",)) -> bool:
-    """Is this code cell left unexecuted? `#| eval: false`, a flag in `skip_flags`, the export call, the
-    `skip-execution` tag."""
+    """Is this code cell left unexecuted?
+    `#| eval: false`, a flag in `skip_flags`, the export call, the `skip-execution` tag."""
     d = cell_directives(cell.source)
     return (_false(d.get("eval", "true")) or bool(set(skip_flags) & set(d)) or _EXPORT_CALL in cell.source
             or "skip-execution" in cell.get("metadata", {}).get("tags", []))
@@ -273,8 +273,8 @@ li { margin: .35em 0; } .src { color: #888; font-size: 85%; } .meta { color: #55
 code { background: #f4f4f4; padding: 0 .2em; }"""
 
 def _entry(p: Page) -> str:
-    """One `<li>`: the title linked to the page (if it was built), the notebook's path in its area, its summary, a
-    failure."""
+    """One `<li>` of the index.
+    The title linked to the page (if it was built), the notebook's path in its area, its summary, a failure."""
     name = _inline_md(p.title or Path(p.src).stem)
     link = (
         f'<a href="{html.escape(p.href)}">{name}</a>'

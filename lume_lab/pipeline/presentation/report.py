@@ -73,8 +73,8 @@ def _fig(rep: Path, name: str, caption: str) -> list:
     return [figure(rep / name, caption)] if (rep / name).exists() else []
 
 def fields_in(run_dirs, prefix: str, ext: str = "png") -> list[str]:
-    """What follows `prefix` in the names of the runs' report files `<prefix>*.<ext>`, in the first run's forget-field
-    order (config), then by name."""
+    """What follows `prefix` in the names of the runs' report files `<prefix>*.<ext>`.
+    In the first run's forget-field order (config), then by name."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     order = list(run_config(run_dirs[0]).get("unlearn", {}).get("forget_fields") or [])
     names = dict.fromkeys(
@@ -178,8 +178,8 @@ def remind_separation(run_dir, field: str) -> pd.DataFrame | None:
     return pd.read_csv(p).query("input == 'orig' and comparison == 'multi'") if p.exists() else None
 
 def _remind_separation(rep: Path, field: str) -> list:
-    """The multi-class AUCs (original inputs) of REMIND LR / RF and the best fair baseline with their intervals, and
-    whether they separate."""
+    """The multi-class AUCs (original inputs) of REMIND LR / RF and the best fair baseline, with their intervals.
+    Says whether the intervals separate."""
     if (s := remind_separation(rep.parent, field)) is None: return []
     s = s.assign(r=_ci(s, "remind"), b=s.baseline + " " + _ci(s, "baseline"))
     per = lambda col, name: s.pivot(index="model", columns="classifier", values=col).rename(
@@ -318,8 +318,8 @@ def _dose_section(rep: Path) -> list:
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6a7b2c02
 def _attribution_section(rep: Path) -> list:
-    """e09: AUC vs m^F of each attribution score per number of forget examples, the mask-signature check, localized
-    GradDiff."""
+    """e09: AUC vs m^F of each attribution score per number of forget examples.
+    Then the mask-signature check and localized GradDiff."""
     blocks = []
     order = list(run_config(rep.parent)["unlearn"]["forget_fields"] or [])
     files = [p for p in rep.glob("attribution_*.csv") if p.stem != "attribution_methods"]
@@ -981,8 +981,8 @@ def _figures_drawn(blocks: list) -> list[tuple]:
     ]
 
 def write_report(run_dirs: list[Path], out_dir: Path | None = None, pending: list[str] = ()) -> Path:
-    """Write `index.html` (self-contained), `report.md`, `scorecard.csv` and `verdict.png` into `out_dir` (default
-    `<run>/report`); returns the page's path."""
+    """Write `index.html` (self-contained), `report.md`, `scorecard.csv` and `verdict.png` into `out_dir`.
+    `out_dir` defaults to `<run>/report`; returns the page's path."""
     run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     if out_dir is None:
         if len(run_dirs) != 1:

@@ -62,8 +62,8 @@ def swept_fields(points: pd.DataFrame) -> list[str]:
     return [c for c in points.columns if c not in ("point", "seed", "status", "seconds", "error")]
 
 def sweep_run_dirs(sweep_dir) -> list[Path]:
-    """The points of a sweep that finished (status done, or skipped: finished before), as run directories, in points.csv
-    order."""
+    """The points of a sweep that finished, as run directories, in points.csv order.
+    Finished: status done, or skipped (finished before)."""
     t = sweep_points_table(sweep_dir)
     t = t[t.status.isin(["done", "skipped", "no points.csv"])]
     return [Path(sweep_dir) / n for n in t.point if is_run_dir(Path(sweep_dir) / n)]
@@ -150,8 +150,8 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #207a2511
 def read_markdown_tables(text: str) -> list[tuple[tuple, pd.DataFrame]]:
-    """Every table of a markdown page as (the headings above it, from ## down; a DataFrame of strings), fenced code
-    skipped."""
+    """Every table of a markdown page, fenced code skipped.
+    Each as (the headings above it, from ## down; a DataFrame of strings)."""
     out, heads, lines, i, fenced = [], {}, text.splitlines(), 0, False
     split = lambda l: [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", l.strip()[1:-1])]
     while i < len(lines):
@@ -234,8 +234,8 @@ def stage_lines(run_dirs: list[Path]) -> list[str]:
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ea20fa04
 def experiment_table(run_dirs: list[Path]) -> pd.DataFrame:
-    """Wall seconds of each experiment (rows, in the runs' order) of each run (columns), its share of the run, and the
-    total; from manifest.json."""
+    """Wall seconds of each experiment (rows, in the runs' order) of each run (columns).
+    With its share of the run, and the total; from manifest.json."""
     cols = [
         pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float, name=l)
         for d, l in zip(run_dirs, run_labels(run_dirs))

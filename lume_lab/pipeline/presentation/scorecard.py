@@ -73,8 +73,8 @@ def paper_table2(paper: dict = PAPER_TABLE2_OLMO2_1B, methods: tuple = PAPER_MET
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #ec08fd96
 class Metric(NamedTuple):
-    """One scorecard column: how the page shows it, which way is better, where it is read from, the n it rests on, the
-    paper's key."""
+    """One scorecard column.
+    How the page shows it, which way is better, where it is read from, the n it rests on, the paper's key."""
     label: str                        # on the page
     digits: int                       # display digits
     better: str                       # "lower", "higher", or "closer" (to the reference)
@@ -210,8 +210,8 @@ def read_output_metrics(run_dir, columns: dict | None = None) -> pd.DataFrame | 
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #1f657ebc
 def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    """e04's best localization AUC per (field, method) (keys: `labels`, m^F `forget` or m^F ∪ m^R `unified`), or another
-    column of the file (an external checkpoint's `cast_share`)."""
+    """e04's best localization AUC per (field, method), or another column of the file.
+    Keys: `labels`, m^F `forget` or m^F ∪ m^R `unified`, or a column such as an external checkpoint's `cast_share`."""
     columns = metric_sources("localization") if columns is None else columns
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
@@ -223,8 +223,8 @@ def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | No
     return out
 
 def read_remind(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    """e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model (keys: detectors, `remind_lr`,
-    `remind_rf`)."""
+    """e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model.
+    Keys: detectors, `remind_lr`, `remind_rf`."""
     columns = metric_sources("remind") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("remind_*.csv")):
@@ -268,8 +268,8 @@ def robustness_csv(run_dir, field: str) -> pd.DataFrame | None:
     return pd.read_csv(p) if p.is_file() else None
 
 def read_robustness(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    """e10's recoveries (keys: tests of `robustness_<field>.csv`) and the forget profiles behind them
-    (`robust_profiles`)."""
+    """e10's recoveries and the forget profiles behind them (`robust_profiles`).
+    Keys: tests of `robustness_<field>.csv`."""
     columns = metric_sources("robustness") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("robustness_*.csv")):
@@ -351,8 +351,8 @@ register_metric("cast_share", "cast-only Δ %", 1, "lower", "e04", ("localizatio
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #38c0f4ad
 def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
-    """The paper's value for `SCORECARD_METRICS[...].paper` from one (field, method)'s Table 2 rows and its (AUC m^F,
-    AUC m^F∪m^R)."""
+    """The paper's value for `SCORECARD_METRICS[...].paper`.
+    Read from one (field, method)'s Table 2 rows and its (AUC m^F, AUC m^F∪m^R)."""
     src, k = key
     if src == "precision": return auc[("forget", "unified").index(k)]
     if k == "mean": return rows.loc[src].mean()                  # utility: mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
@@ -434,8 +434,9 @@ def n_after(metric: str) -> str | None:
     return n if [c for c, m in SCORECARD_METRICS.items() if m.n == n][-1] == metric else None
 
 def _column_order(cols) -> list[str]:
-    """field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n after
-    it)."""
+    """The columns in page order.
+    field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n
+    after it)."""
     want = ["field", "method", "n_seeds"]
     for n, (_, rows, first) in SAMPLE_SIZES.items():
         if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
