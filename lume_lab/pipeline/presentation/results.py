@@ -13,10 +13,10 @@ import yaml
 
 from ...core.config import config_diff, dotted_leaves
 from ...core.store import atomic_write_text, machine_info, repo_root, stage_compute
-from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table, remind_separation,
-                                                     reproduce_command, stage_times)
-from .scorecard import (SCORECARD_METRICS, metric_sources, resolved_config, robustness_csv, run_config,
-                                                        run_manifest, scorecard)
+from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table,
+                                                   remind_separation, reproduce_command, stage_times)
+from .scorecard import (SCORECARD_METRICS, metric_sources, resolved_config,
+                                                      robustness_csv, run_config, run_manifest, scorecard)
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
@@ -47,7 +47,8 @@ def read_sweep_spec(sweep_dir) -> dict:
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #dc8f670f
 def sweep_points_table(sweep_dir) -> pd.DataFrame:
-    "points.csv of the sweep (point, swept fields, seed, status, seconds, error), all as strings but seconds; else its point directories."
+    """points.csv of the sweep (point, swept fields, seed, status, seconds, error), all as strings but seconds.
+    Else its point directories."""
     d = Path(sweep_dir)
     if (d / "points.csv").is_file():
         t = pd.read_csv(d / "points.csv", dtype=str, keep_default_na=False)
@@ -61,7 +62,8 @@ def swept_fields(points: pd.DataFrame) -> list[str]:
     return [c for c in points.columns if c not in ("point", "seed", "status", "seconds", "error")]
 
 def sweep_run_dirs(sweep_dir) -> list[Path]:
-    "The points of a sweep that finished (status done, or skipped: finished before), as run directories, in points.csv order."
+    """The points of a sweep that finished, as run directories, in points.csv order.
+    Finished: status done, or skipped (finished before)."""
     t = sweep_points_table(sweep_dir)
     t = t[t.status.isin(["done", "skipped", "no points.csv"])]
     return [Path(sweep_dir) / n for n in t.point if is_run_dir(Path(sweep_dir) / n)]
@@ -69,22 +71,29 @@ def sweep_run_dirs(sweep_dir) -> list[Path]:
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #f1878304
 def results_sources(paths) -> tuple[str, list[Path]]:
     """What a page is made of: `("runs", run dirs)`, `("seeds", the finished points of a seeds-only sweep)` or
-    `("sweep", [sweep dir])`; a path that is neither a run nor a sweep, or a sweep mixed with other paths, is refused."""
+    `("sweep", [sweep dir])`; a path that is neither a run nor a sweep, or a sweep mixed with other paths, is
+    refused."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not paths: raise ValueError("a results page needs at least one run directory, or one sweep directory")
     if bad := [str(p) for p in paths if not (is_run_dir(p) or is_sweep_dir(p))]:
-        raise FileNotFoundError(f"neither a run directory (with config.json) nor a sweep directory (with sweep.yaml or points.csv): {', '.join(bad)}")
+        raise FileNotFoundError(
+            "neither a run directory (with config.json) nor a sweep directory (with sweep.yaml or points.csv): "
+            f"{', '.join(bad)}"
+        )
     sweeps = [p for p in paths if is_sweep_dir(p)]
     if not sweeps: return "runs", paths
-    if len(paths) > 1: raise ValueError(f"a sweep gets a page of its own: give {sweeps[0]} alone, or run directories only")
+    if len(paths) > 1:
+        raise ValueError(f"a sweep gets a page of its own: give {sweeps[0]} alone, or run directories only")
     spec = read_sweep_spec(sweeps[0])
-    if spec.get("grid") is None and spec.get("points") is None and (runs := sweep_run_dirs(sweeps[0])): return "seeds", runs
+    if spec.get("grid") is None and spec.get("points") is None and (runs := sweep_run_dirs(sweeps[0])):
+        return "seeds", runs
     return "sweep", sweeps
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #404e6e8f
 HOST_KEYS = ("host", "machine", "hardware", "platform", "device")   # manifest entries that describe where a run ran
 
-def _flat(v) -> str: return ", ".join(f"{k} {x}" for k, x in v.items() if x not in (None, "")) if isinstance(v, dict) else str(v)
+def _flat(v) -> str:
+    return ", ".join(f"{k} {x}" for k, x in v.items() if x not in (None, "")) if isinstance(v, dict) else str(v)
 
 
 def run_machine(manifest: dict) -> tuple[str | None, str]:
@@ -101,11 +110,14 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
 
 def _finished(man: dict) -> str:
     "When the run's last experiment (else stage, else config) was recorded."
-    times = [e.get("finished") for e in man.get("experiments", {}).values()] or [e.get("finished") for e in man.get("stages", {}).values()]
+    times = [e.get("finished") for e in man.get("experiments", {}).values()] or [
+        e.get("finished") for e in man.get("stages", {}).values()
+    ]
     return max([t for t in times if t] or [man.get("updated") or man.get("created") or ""])
 
 def seeds_command(run_dir, sweep: str, seeds: list[int]) -> str:
-    "`lume-lab run ... --seeds 0,1,2 --run-id <sweep>`: the reproduce line of one point with its seed replaced by all of them."
+    """The reproduce line of one point with its seed replaced by all of them.
+    `lume-lab run ... --seeds 0,1,2 --run-id <sweep>`."""
     args = shlex.split(reproduce_command(run_dir))
     i, j = args.index("--seed"), args.index("--run-id")
     args[i:i + 2], args[j:j + 2] = ["--seeds", ",".join(map(str, seeds))], ["--run-id", sweep]
@@ -123,15 +135,23 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
     software = "; ".join(dict.fromkeys(s for _, s in map(run_machine, mans) if s)) or "not recorded"
     machine = ("; ".join(hosts) if hosts else
                f"not recorded by the run{'s' if len(mans) > 1 else ''}; this page was generated on {machine_info()}")
-    lines = [f"- **Command**: `{cmds[0]}`"] if len(cmds) == 1 else ["- **Command**, one per run:", *(f"  - `{c}`" for c in cmds)]
-    return lines + ["- **Commit**: " + (", ".join(f"`{c}`" for c in commits) if commits else "not recorded"),
-             f"- **Date**: {start[:10]}{' to ' + end[:10] if end[:10] != start[:10] else ''} (created {start}; last experiment finished {end})",
-             f"- **Machine**: {machine}; software {software}",
-             f"- **Seeds**: {', '.join(dict.fromkeys(str(run_config(d)['seed']) for d in run_dirs))}"]
+    lines = (
+        [f"- **Command**: `{cmds[0]}`"]
+        if len(cmds) == 1
+        else ["- **Command**, one per run:", *(f"  - `{c}`" for c in cmds)]
+    )
+    return lines + [
+        "- **Commit**: " + (", ".join(f"`{c}`" for c in commits) if commits else "not recorded"),
+        f"- **Date**: {start[:10]}{' to ' + end[:10] if end[:10] != start[:10] else ''} (created {start}; last "
+        f"experiment finished {end})",
+        f"- **Machine**: {machine}; software {software}",
+        f"- **Seeds**: {', '.join(dict.fromkeys(str(run_config(d)['seed']) for d in run_dirs))}",
+    ]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #207a2511
 def read_markdown_tables(text: str) -> list[tuple[tuple, pd.DataFrame]]:
-    "Every table of a markdown page as (the headings above it, from ## down; a DataFrame of strings), fenced code skipped."
+    """Every table of a markdown page, fenced code skipped.
+    Each as (the headings above it, from ## down; a DataFrame of strings)."""
     out, heads, lines, i, fenced = [], {}, text.splitlines(), 0, False
     split = lambda l: [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", l.strip()[1:-1])]
     while i < len(lines):
@@ -139,7 +159,8 @@ def read_markdown_tables(text: str) -> list[tuple[tuple, pd.DataFrame]]:
         if l.startswith("```"): fenced = not fenced
         elif not fenced and (m := re.match(r"^(#{2,6}) (.*)$", l)):
             heads = {k: v for k, v in heads.items() if k < len(m[1])} | {len(m[1]): m[2].strip()}
-        elif not fenced and l.startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip()):
+        elif (not fenced and l.startswith("|") and i + 1 < len(lines)
+              and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip())):
             head, rows, i = split(l), [], i + 2
             while i < len(lines) and lines[i].startswith("|"): rows.append(split(lines[i])); i += 1
             out.append((tuple(heads[k] for k in sorted(heads)), pd.DataFrame(rows, columns=head))); continue
@@ -148,28 +169,51 @@ def read_markdown_tables(text: str) -> list[tuple[tuple, pd.DataFrame]]:
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #23751490
 NO_SCORECARD_BANNER = "**No scorecard: these runs have no results table yet (see 'Scorecard' below).**"
-NO_SCORECARD = ("**No scorecard.** {runs} {have} no scorecard table yet: none of e03's `report/table2_<field>.csv`, "
-                "e04's `localization_summary.csv`, e05's `remind_<field>.csv` or e06's `resurfacing.csv`. Experiments finished: "
-                "{done}. Run the main chain (`lume-lab run`, e03 at least), then regenerate this page.")
+NO_SCORECARD = (
+    "**No scorecard.** {runs} {have} no scorecard table yet: none of e03's `report/table2_<field>.csv`, "
+    "e04's `localization_summary.csv`, e05's `remind_<field>.csv` or e06's `resurfacing.csv`. Experiments finished: "
+    "{done}. Run the main chain (`lume-lab run`, e03 at least), then regenerate this page."
+)
 
 def scorecard_lines(run_dirs: list[Path]) -> list[str]:
-    "The scorecard section: one table per forget field from `format_scorecard(scorecard(run_dirs), field)`; a clear message when there is none."
+    """The scorecard section: one table per forget field from `format_scorecard(scorecard(run_dirs), field)`.
+    A clear message when there is none."""
     card = scorecard(run_dirs)
     if card.empty:
-        done = sorted({e for d in run_dirs for e, v in run_manifest(d).get("experiments", {}).items() if v.get("status") == "done"})
-        return ["## Scorecard", NO_SCORECARD.format(runs=", ".join(run_labels(run_dirs)), have="has" if len(run_dirs) == 1 else "have",
-                                                    done=", ".join(done) or "none")]
-    seeds = (f"mean ± std over {len(run_dirs)} seeds (sample std, n − 1; a value without ± comes from one run: the others have "
-             "none there); ") if len(run_dirs) > 1 else ""
-    lines = ["## Scorecard", f"One row per method (`none`: before unlearning), from `pipeline.presentation.scorecard.scorecard`: {seeds}columns as on "
-             "the run's report page; n columns as profiles / rows; '(paper)': Lacuna Table 2, OLMo-2 1B; ✗ names the checks whose "
-             "direction differs from the paper's."]
+        done = sorted(
+            {
+                e
+                for d in run_dirs
+                for e, v in run_manifest(d).get("experiments", {}).items()
+                if v.get("status") == "done"
+            }
+        )
+        return [
+            "## Scorecard",
+            NO_SCORECARD.format(runs=", ".join(run_labels(run_dirs)), have="has" if len(run_dirs) == 1 else "have",
+                                done=", ".join(done) or "none"),
+        ]
+    seeds = (
+        (
+            f"mean ± std over {len(run_dirs)} seeds (sample std, n − 1; a value without ± comes from one run: the "
+            "others have none there); "
+        )
+        if len(run_dirs) > 1
+        else ""
+    )
+    lines = [
+        "## Scorecard",
+        "One row per method (`none`: before unlearning), from `pipeline.presentation.scorecard.scorecard`: "
+        f"{seeds}columns as on the run's report page; n columns as profiles / rows; '(paper)': Lacuna Table 2, "
+        "OLMo-2 1B; ✗ names the checks whose direction differs from the paper's.",
+    ]
     for f in dict.fromkeys(card.field): lines += [f"### {f}", md_table(format_scorecard(card, f))]
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #93de4c0e
 def stage_table(run_dirs: list[Path]) -> pd.DataFrame:
-    "Seconds per stage family (rows, in the runs' order) of each run (columns), and their total; from `report.stage_times`."
+    """Seconds per stage family (rows, in the runs' order) of each run (columns), and their total.
+    From `report.stage_times`."""
     cols = [stage_times(d).set_index("family").seconds.rename(l) for d, l in zip(run_dirs, run_labels(run_dirs))]
     t = pd.concat(cols, axis=1, sort=False)
     if not len(t): return t
@@ -181,14 +225,21 @@ def stage_lines(run_dirs: list[Path]) -> list[str]:
     t = stage_table(run_dirs)
     if not len(t): return ["## Stage times", "No stage is recorded in the manifest of these runs."]
     shown = t.assign(**{c: t[c].map(lambda v: "" if pd.isna(v) else f"{v:.1f}") for c in t.columns[1:]})
-    return ["## Stage times", "Seconds per stage family and run (manifest.json; a cached stage keeps the time of its first run, and a stage adopted from another run the time of the run that computed it).",
-            md_table(shown)]
+    return [
+        "## Stage times",
+        "Seconds per stage family and run (manifest.json; a cached stage keeps the time of its first run, and a "
+        "stage adopted from another run the time of the run that computed it).",
+        md_table(shown),
+    ]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ea20fa04
 def experiment_table(run_dirs: list[Path]) -> pd.DataFrame:
-    "Wall seconds of each experiment (rows, in the runs' order) of each run (columns), its share of the run, and the total; from manifest.json."
-    cols = [pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float, name=l)
-            for d, l in zip(run_dirs, run_labels(run_dirs))]
+    """Wall seconds of each experiment (rows, in the runs' order) of each run (columns).
+    With its share of the run, and the total; from manifest.json."""
+    cols = [
+        pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float, name=l)
+        for d, l in zip(run_dirs, run_labels(run_dirs))
+    ]
     t = pd.concat(cols, axis=1, sort=False)
     if not len(t): return t
     if len(cols) == 1: t["share of the run"] = t.iloc[:, 0] / t.iloc[:, 0].sum()
@@ -196,32 +247,47 @@ def experiment_table(run_dirs: list[Path]) -> pd.DataFrame:
     return t.rename_axis("experiment").reset_index()
 
 def experiment_lines(run_dirs: list[Path]) -> list[str]:
-    "The experiment-time section: seconds and minutes per experiment (and its share, for one run); nothing when no experiment is recorded."
+    """The experiment-time section: seconds and minutes per experiment (and its share, for one run).
+    Nothing when no experiment is recorded."""
     t = experiment_table(run_dirs)
     if not len(t): return []
     shown = t[["experiment"]].copy()
     for c in t.columns[1:]:
-        shown[c] = t[c].map(lambda v: "" if pd.isna(v) else (f"{100 * v:.1f} %" if c == "share of the run" else f"{v:.1f}"))
-    return ["## Experiment times", "Wall seconds per experiment and run, as its last `lume-lab run` recorded it in manifest.json (an experiment "
-            "rerun over cached stages records the rerun's time, not the first run's); the stage table below gives the compute per stage.",
-            md_table(shown)]
+        shown[c] = t[c].map(
+            lambda v: "" if pd.isna(v) else (f"{100 * v:.1f} %" if c == "share of the run" else f"{v:.1f}")
+        )
+    return [
+        "## Experiment times",
+        "Wall seconds per experiment and run, as its last `lume-lab run` recorded it in manifest.json (an experiment "
+        "rerun over cached stages records the rerun's time, not the first run's); the stage table below gives the "
+        "compute per stage.",
+        md_table(shown),
+    ]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #2de4cb13
 def sweep_values(sweep_dir) -> tuple[pd.DataFrame, dict]:
     "The sweep.csv rows the page tabulates, and what they are: source, y, where, category columns, n column and digits."
     d, spec = Path(sweep_dir), read_sweep_spec(sweep_dir)
-    df = pd.read_csv(d / "sweep.csv") if (d / "sweep.csv").is_file() else pd.DataFrame(columns=["point", "seed", "source"])
+    df = (
+        pd.read_csv(d / "sweep.csv")
+        if (d / "sweep.csv").is_file()
+        else pd.DataFrame(columns=["point", "seed", "source"])
+    )
     plot, swept = spec.get("plot") or {}, swept_fields(sweep_points_table(d))
     src = plot.get("source", (spec.get("collect") or [df.source.iloc[0] if len(df) else ""])[0])
     df = df[[fnmatch.fnmatch(str(s), src) for s in df.source]]
-    if len(df): df = df.dropna(axis=1, how="all")          # an empty frame's every column is "all NaN": keep them (a sweep whose CSV no point wrote yet)
+    # an empty frame's every column is "all NaN": keep them (a sweep whose CSV no point wrote yet)
+    if len(df): df = df.dropna(axis=1, how="all")
     where = dict(plot.get("where") or {})
     for c in ("metric", "split"):
         if c in df and c not in where and df[c].nunique() > 1: where[c] = df[c].iloc[0]
     for c, v in where.items(): df = df[df[c].isin(v if isinstance(v, list) else [v])] if c in df else df
-    meta = {"point", "seed", "source", *swept, *df.columns[:list(df.columns).index("source")]}   # collect_sweep's leading columns
+    # collect_sweep's leading columns
+    meta = {"point", "seed", "source", *swept, *df.columns[:list(df.columns).index("source")]}
     numeric = [c for c in df.select_dtypes("number") if c not in meta]
-    y = plot.get("y", next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None))
+    y = plot.get(
+        "y", next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None)
+    )
     cats = [c for c in df.columns if c not in meta and c not in numeric and df[c].nunique() > 1]
     n = next((c for c in ("n_profiles", "profiles", "n_rows", "n") if c in numeric and c != y), None)
     digits = 3 if y is not None and len(df) and df[y].abs().max() <= 1 else 1
@@ -238,7 +304,9 @@ def sweep_tables(sweep_dir) -> tuple[dict, list[tuple[str, pd.DataFrame]]]:
     if y is None or not len(df): return s, [("Points", base)]
     df = df.assign(column=[_label(r, s["cats"]) or y for _, r in df.iterrows()])
     order = list(dict.fromkeys(df.column))
-    values = df.pivot_table(index="point", columns="column", values=y, aggfunc="mean", sort=False).reindex(columns=order)
+    values = df.pivot_table(index="point", columns="column", values=y, aggfunc="mean", sort=False).reindex(
+        columns=order
+    )
     shown = base.join(values.map(lambda v: fmt_num(v, k)), on="point")
     tables = [("Points", shown)]
     if s["n"]:
@@ -254,35 +322,50 @@ def sweep_tables(sweep_dir) -> tuple[dict, list[tuple[str, pd.DataFrame]]]:
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #f10c644c
 def sweep_command(sweep_dir) -> str:
-    "`lume-lab sweep sweeps/<name>.yaml` when the repository's spec of that name is the one the sweep ran; else the generic line."
+    """`lume-lab sweep sweeps/<name>.yaml` when the repository's spec of that name is the one the sweep ran.
+    Else the generic line."""
     spec, name = read_sweep_spec(sweep_dir), Path(sweep_dir).name
     root = repo_root()
     f = root / "sweeps" / f"{name}.yaml" if root else None
-    if f is not None and f.is_file() and read_spec(f) == spec: return f"lume-lab sweep sweeps/{name}.yaml"   # read as the sweep read it
+    # read as the sweep read it
+    if f is not None and f.is_file() and read_spec(f) == spec: return f"lume-lab sweep sweeps/{name}.yaml"
     return f"lume-lab sweep SPEC.yaml   # SPEC.yaml: the spec under 'Spec' below"
 
 def sweep_lines(sweep_dir, command: str | None = None) -> list[str]:
     "The page body of a sweep: header over its points, the point tables, and the spec it ran."
     d = Path(sweep_dir); runs = [d / p for p in sweep_points_table(d).point if is_run_dir(d / p)]
     s, tables = sweep_tables(d)
-    head = header_lines(runs, command or sweep_command(d)) if runs else [f"- **Command**: `{command or sweep_command(d)}`"]
-    where = "; ".join(f"{c} in {', '.join(map(str, v))}" if isinstance(v, list) else f"{c} = {v}" for c, v in s["where"].items())
-    lines = ["\n".join([*head, f"- **Points**: {len(runs)} run directories under the sweep"]), "## Points",
-             (f"`{s['y']}` of `{s['source']}`{' where ' + where if where else ''}, one column per "
-              f"{' · '.join(s['cats']) or 'point'}; status and seconds from points.csv." if s["y"] and s["rows"]
-              else f"No rows of `{s['source']}` collected yet: no point has written it." if s["source"] else "No collected values yet (no sweep.csv).")]
+    head = (
+        header_lines(runs, command or sweep_command(d)) if runs else [f"- **Command**: `{command or sweep_command(d)}`"]
+    )
+    where = "; ".join(
+        f"{c} in {', '.join(map(str, v))}" if isinstance(v, list) else f"{c} = {v}" for c, v in s["where"].items()
+    )
+    lines = [
+        "\n".join([*head, f"- **Points**: {len(runs)} run directories under the sweep"]),
+        "## Points",
+        (
+            f"`{s['y']}` of `{s['source']}`{' where ' + where if where else ''}, one column per "
+            f"{' · '.join(s['cats']) or 'point'}; status and seconds from points.csv."
+            if s["y"] and s["rows"]
+            else f"No rows of `{s['source']}` collected yet: no point has written it."
+            if s["source"]
+            else "No collected values yet (no sweep.csv)."
+        ),
+    ]
     for title, t in tables:
         lines += ([] if title == "Points" else [f"### {title}"]) + [md_table(t)]
     spec = read_sweep_spec(d)
     return lines + (["## Spec", "```yaml\n" + yaml.safe_dump(spec, sort_keys=False).rstrip() + "\n```"] if spec else [])
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ecaac031
-REMIND_VERDICTS = {"REMIND ahead": "intervals separate, REMIND ahead", "baseline ahead": "intervals separate, baseline ahead",
-                   "intervals overlap": "intervals overlap"}   # ci_separation's verdicts -> the page's columns
+REMIND_VERDICTS = {"REMIND ahead": "intervals separate, REMIND ahead",
+                   "baseline ahead": "intervals separate, baseline ahead",
+                   "intervals overlap": "intervals overlap"}  # ci_separation's verdicts -> the page's columns
 
 def remind_interval_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
-    """Per run and classifier, from `remind_separation_<field>.csv` (multi-class AUC, original inputs): the models scored, on how
-    many REMIND's AUC is above the best fair baseline's, and how many of each interval verdict."""
+    """Per run and classifier, from `remind_separation_<field>.csv` (multi-class AUC, original inputs): the models
+    scored, on how many REMIND's AUC is above the best fair baseline's, and how many of each interval verdict."""
     rows = []
     for d, label in zip(run_dirs, run_labels(run_dirs)):
         if (s := remind_separation(d, field)) is None: continue
@@ -297,42 +380,58 @@ def remind_interval_lines(run_dirs: list[Path]) -> list[str]:
     "The REMIND-interval section, one table per field; nothing when no run has e05's interval files."
     fields = fields_in(run_dirs, "remind_separation_", "csv")
     if not fields: return []
-    lines = ["## REMIND intervals", "From e05's `remind_separation_<field>.csv`, multi-class AUC on the original inputs: per run and "
-             "classifier, the models REMIND scored (the model before unlearning among them), on how many REMIND's AUC is above the best fair baseline's, and how their 95 % "
-             "intervals (bootstrap over profiles) read. Only a separated interval is a reading; an overlap says nothing either way."]
+    lines = [
+        "## REMIND intervals",
+        "From e05's `remind_separation_<field>.csv`, multi-class AUC on the original inputs: per run and classifier, "
+        "the models REMIND scored (the model before unlearning among them), on how many REMIND's AUC is above the "
+        "best fair baseline's, and how their 95 % intervals (bootstrap over profiles) read. Only a separated "
+        "interval is a reading; an overlap says nothing either way.",
+    ]
     for f in fields: lines += [f"### {f}", md_table(remind_interval_table(run_dirs, f))]
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ed383526
-DOSE_COLUMNS = ("forget_em", "retain_em", "utility_delta", "auc_forget", "share_in_forget", "quant4_recovery", "quant8_recovery",  # of
-                "relearn_forget_half_recovery", "relearn_other_fields_recovery", "relearn_retain_only_recovery", "leak_after")  # dose_summary_<field>.csv
+# of dose_summary_<field>.csv
+DOSE_COLUMNS = ("forget_em", "retain_em", "utility_delta", "auc_forget", "share_in_forget", "quant4_recovery",
+                "quant8_recovery", "relearn_forget_half_recovery", "relearn_other_fields_recovery",
+                "relearn_retain_only_recovery", "leak_after")
 DOSE_SHARE = ("share of |Δθ| in m^F", 3)   # the one measure that is no scorecard metric: (label, digits)
 
 def dose_label(column: str) -> tuple[str, int]:
-    "A dose_summary column's label and digits on the page: those of the scorecard metric it is (by column, or by e10's test name)."
+    """A dose_summary column's label and digits on the page.
+    Those of the scorecard metric it is (by column, or by e10's test name)."""
     if column == "share_in_forget": return DOSE_SHARE
     m = SCORECARD_METRICS[{k: c for c, k in metric_sources("robustness").items()}.get(column, column)]
     return m.label, m.digits
 
 def dose_display(summary: pd.DataFrame) -> pd.DataFrame:
-    "e11's summary as display strings: the point (kind, level, achieved precision and recall, seeds), then each measure as mean ± sd."
-    out = pd.DataFrame({"kind": summary.kind.astype(str), "level": summary.level.astype(str),
-                        "precision": summary.precision.map(lambda v: fmt_num(v, 3)), "recall": summary.recall.map(lambda v: fmt_num(v, 3)),
-                        "seeds": summary.seeds.map(lambda v: fmt_num(v, 0))})
+    """e11's summary as display strings.
+    The point (kind, level, achieved precision and recall, seeds), then each measure as mean ± sd."""
+    out = pd.DataFrame(
+        {"kind": summary.kind.astype(str), "level": summary.level.astype(str),
+         "precision": summary.precision.map(lambda v: fmt_num(v, 3)),
+         "recall": summary.recall.map(lambda v: fmt_num(v, 3)), "seeds": summary.seeds.map(lambda v: fmt_num(v, 0))}
+    )
     for c in DOSE_COLUMNS:
         if c not in summary: continue
         label, k = dose_label(c)
         sd = summary[f"{c}_sd"] if f"{c}_sd" in summary else pd.Series(np.nan, index=summary.index)
-        out[label] = [fmt_num(m, k) + ("" if pd.isna(m) or pd.isna(s) else f" ± {s:.{k}f}") for m, s in zip(summary[c], sd)]
+        out[label] = [
+            fmt_num(m, k) + ("" if pd.isna(m) or pd.isna(s) else f" ± {s:.{k}f}") for m, s in zip(summary[c], sd)
+        ]
     return out
 
 def dose_lines(run_dirs: list[Path]) -> list[str]:
     "The dose-response section: per field, one table per run that ran e11; nothing when none did."
     fields = fields_in(run_dirs, "dose_summary_", "csv")
     if not fields: return []
-    lines = ["## Dose-response", "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in masks of |m^F| weights with a share q "
-             "inside m^F (kind precision; q = 1 is OracleGrad, `base` a random mask) or in a share r of m^F (kind recall); mean ± sd over "
-             "the dose seeds (blank: not defined, e.g. a recovery where unlearning removed under `robustness.min_drop` EM points)."]
+    lines = [
+        "## Dose-response",
+        "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in masks of |m^F| weights with a share q "
+        "inside m^F (kind precision; q = 1 is OracleGrad, `base` a random mask) or in a share r of m^F (kind "
+        "recall); mean ± sd over the dose seeds (blank: not defined, e.g. a recovery where unlearning removed under "
+        "`robustness.min_drop` EM points).",
+    ]
     for f in fields:
         lines.append(f"### {f}")
         for d, label in zip(run_dirs, run_labels(run_dirs)):
@@ -340,10 +439,12 @@ def dose_lines(run_dirs: list[Path]) -> list[str]:
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #d8f618ad
-QUANT_EM = r"(quant\d+_|q4_1_off\d+_)?forget_em"   # e10's forget-EM rows: full precision, RTN at b bits, Q4_1 from column o
+# e10's forget-EM rows: full precision, RTN at b bits, Q4_1 from column o
+QUANT_EM = r"(quant\d+_|q4_1_off\d+_)?forget_em"
 
 def quantized_em_label(test: str) -> str:
-    "Column title of one of e10's forget-EM rows: 'forget EM', 'forget EM, 4-bit' (RTN), 'forget EM, Q4_1 from column 16'."
+    """Column title of one of e10's forget-EM rows.
+    'forget EM', 'forget EM, 4-bit' (RTN), 'forget EM, Q4_1 from column 16'."""
     if test == "forget_em": return "forget EM"
     if m := re.fullmatch(r"quant(\d+)_forget_em", test): return f"forget EM, {m[1]}-bit"
     if m := re.fullmatch(r"q4_1_off(\d+)_forget_em", test): return f"forget EM, Q4_1 from column {m[1]}"
@@ -355,9 +456,11 @@ def _quantized_em_order(test: str) -> tuple:
     m = re.fullmatch(r"(?:quant(\d+)|q4_1_off(\d+))_forget_em", test)
     return (1, int(m[1])) if m[1] else (2, int(m[2]))
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #bfb48c09
 def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
-    """Per model (`none` first) of e10's `robustness_<field>.csv`: forget EM at full precision and after each quantization,
-    mean ± std over the runs that hold the row, with how many do. The 4-bit recovery of the scorecard is read against `none`'s row."""
+    """Per model (`none` first) of e10's `robustness_<field>.csv`: forget EM at full precision and after each
+    quantization, mean ± std over the runs that hold the row, with how many do. The 4-bit recovery of the scorecard is
+    read against `none`'s row."""
     parts = []
     for d in run_dirs:
         if (t := robustness_csv(d, field)) is not None: parts.append(t[t.test.str.fullmatch(QUANT_EM)])
@@ -369,18 +472,25 @@ def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
     methods = sorted(mean.index, key=lambda m: m != "none")
     out = pd.DataFrame({"method": methods, "runs": [f"{n.loc[m].max():.0f}" for m in methods]})
     for s in tests:
-        out[quantized_em_label(s)] = [fmt_num(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else "" for m in methods]
+        out[quantized_em_label(s)] = [
+            fmt_num(mean.at[m, s], 1) + ("" if pd.isna(std.at[m, s]) else f" ± {std.at[m, s]:.1f}") if s in mean else ""
+            for m in methods
+        ]
     return out
 
 def robustness_lines(run_dirs: list[Path]) -> list[str]:
     "The quantized-EM section (e10), one table per field; nothing when no run has e10's table with EM rows."
     fields = [f for f in fields_in(run_dirs, "robustness_", "csv") if len(quantized_em_table(run_dirs, f))]
     if not fields: return []
-    lines = ["## Quantized forget EM", "From e10's `robustness_<field>.csv`: forget EM (%) of each model at full precision and after RTN "
-             "quantization at each bit width; `none` is the model before unlearning, the most a quantization attack can bring back. "
-             "The RTN recoveries themselves are scorecard columns. Where the run sets `robustness.q4_1_offsets` (a model that "
-             "shipped in GGUF's Q4_1), 'Q4_1 from column o' re-applies that format with its 32-weight blocks starting at column o: "
-             "o = 0 is the grid the model shipped on, so the gap between offsets is what snapping back to that grid brings back."]
+    lines = [
+        "## Quantized forget EM",
+        "From e10's `robustness_<field>.csv`: forget EM (%) of each model at full precision and after RTN "
+        "quantization at each bit width; `none` is the model before unlearning, the most a quantization attack can "
+        "bring back. The RTN recoveries themselves are scorecard columns. Where the run sets "
+        "`robustness.q4_1_offsets` (a model that shipped in GGUF's Q4_1), 'Q4_1 from column o' re-applies that "
+        "format with its 32-weight blocks starting at column o: o = 0 is the grid the model shipped on, so the gap "
+        "between offsets is what snapping back to that grid brings back.",
+    ]
     for f in fields: lines += [f"### {f}", md_table(quantized_em_table(run_dirs, f))]
     return lines
 
@@ -399,37 +509,50 @@ def _split_profiles(run_dir) -> dict:
     p = Path(run_dir) / "testbed" / "testbed.json"
     return {c["split"]: c["profiles"] for c in json.loads(p.read_text()).get("counts", [])} if p.is_file() else {}
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #77d18007
 def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
-    """One row per run and target field (the config's order): the injection (model, mask %, masked steps, its seconds), the
-    masked model's memorized profiles and their rate per hour of injection, the testbed's forget and retain profiles, and
-    trained EM with fresh-template and paraphrase accuracy as % of it. Runs without e02's `extraction_rates.csv` are left out."""
+    """One row per run and target field (the config's order): the injection (model, mask %, masked steps, its seconds),
+    the masked model's memorized profiles and their rate per hour of injection, the testbed's forget and retain
+    profiles, and trained EM with fresh-template and paraphrase accuracy as % of it. Runs without e02's
+    `extraction_rates.csv` are left out."""
     rows = []
     for d, label in zip(run_dirs, run_labels(run_dirs)):
         ext = _report_csv(d, "extraction_rates.csv")
         if ext is None: continue
         cfg, splits, reach = run_config(d), _split_profiles(d), _report_csv(d, "reachability.csv")
         entry = run_manifest(d).get("stages", {}).get("inject_masked", {})
-        origin = stage_compute(d, "inject_masked", entry) if entry else {}     # an adopted stage: the computing run's time
+        # an adopted stage: the computing run's time
+        origin = stage_compute(d, "inject_masked", entry) if entry else {}
         secs = None if origin.get("resumed") else origin.get("seconds")       # a resumed one: its last attempt's only
         ext = ext[ext.model == "masked"] if "model" in ext else ext
         order = list(cfg.get("pii", {}).get("target_fields") or [])
         for f in sorted(ext.field, key=lambda f: order.index(f) if f in order else len(order)):
             e = ext[ext.field == f].iloc[0]
-            r = reach[(reach.field == f) & (reach.model == "masked")].set_index("kind") if reach is not None else pd.DataFrame()
+            r = (
+                reach[(reach.field == f) & (reach.model == "masked")].set_index("kind")
+                if reach is not None
+                else pd.DataFrame()
+            )
             share = lambda k: fmt_num(100 * r.at[k, "vs_trained"], 0) if k in r.index else ""
-            rows.append({"run": label, "field": f, "model": _model_label(cfg), "mask": f"{100 * cfg['inject']['mask_fraction']:g} %",
-                         "masked steps": str(cfg["inject"]["steps"]), "injection s": fmt_num(secs, 0) if secs else "",
-                         "memorized / profiles": f"{int(e.memorized)} / {int(e.profiles)}",
-                         "memorized per hour": fmt_num(3600 * e.memorized / secs, 0) if secs else "",
-                         "forget profiles": str(splits.get(f"forget_{f}", "")), "retain profiles": str(splits.get(f"retain_{f}", "")),
-                         "trained EM": fmt_num(r.at["trained", "accuracy"], 1) if "trained" in r.index else "",
-                         "fresh, % of trained": share("fresh"), "paraphrase, % of trained": share("paraphrase")})
+            rows.append(
+                {"run": label, "field": f, "model": _model_label(cfg),
+                 "mask": f"{100 * cfg['inject']['mask_fraction']:g} %", "masked steps": str(cfg["inject"]["steps"]),
+                 "injection s": fmt_num(secs, 0) if secs else "",
+                 "memorized / profiles": f"{int(e.memorized)} / {int(e.profiles)}",
+                 "memorized per hour": fmt_num(3600 * e.memorized / secs, 0) if secs else "",
+                 "forget profiles": str(splits.get(f"forget_{f}", "")),
+                 "retain profiles": str(splits.get(f"retain_{f}", "")),
+                 "trained EM": fmt_num(r.at["trained", "accuracy"], 1) if "trained" in r.index else "",
+                 "fresh, % of trained": share("fresh"), "paraphrase, % of trained": share("paraphrase")}
+            )
     return pd.DataFrame(rows)
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #cc1f01ad
 UTILITY_ROWS = {"heldout_perplexity": ("held-out perplexity", 1), "mc_acc": ("MC accuracy", 3)}
 
 def injection_utility_table(run_dirs: list[Path]) -> pd.DataFrame:
-    "One row per run with e02's `utility_injection.csv`: held-out perplexity and MC accuracy of the base and the masked model."
+    """One row per run with e02's `utility_injection.csv`.
+    Held-out perplexity and MC accuracy of the base and the masked model."""
     rows = []
     for d, label in zip(run_dirs, run_labels(run_dirs)):
         u = _report_csv(d, "utility_injection.csv")
@@ -443,21 +566,29 @@ def injection_utility_table(run_dirs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 def testbed_lines(run_dirs: list[Path]) -> list[str]:
-    "The testbed section (e02): memorization and reach per run and field, then utility around the injection; nothing without e02's files."
+    """The testbed section (e02): memorization and reach per run and field, then utility around the injection.
+    Nothing without e02's files."""
     t = testbed_table(run_dirs)
     if not len(t): return []
-    lines = ["## Testbed", "From e02: per run and target field, the masked model's memorized profiles after instruction tuning "
-             "(`extraction_rates.csv`), the testbed's forget and retain profiles (`testbed/testbed.json`; a retain split is scored on its "
-             "paired field), and accuracy on a fresh question template and on a paraphrase as % of trained accuracy (`reachability.csv`). "
-             "Memorized per hour is per hour of the masked injection stage on the run's machine (blank where the manifest has no time, or where the stage resumed after an interruption: its time then covers only the last attempt).",
-             "### Memorization and reach", md_table(t)]
+    lines = [
+        "## Testbed",
+        "From e02: per run and target field, the masked model's memorized profiles after instruction tuning "
+        "(`extraction_rates.csv`), the testbed's forget and retain profiles (`testbed/testbed.json`; a retain split "
+        "is scored on its paired field), and accuracy on a fresh question template and on a paraphrase as % of "
+        "trained accuracy (`reachability.csv`). Memorized per hour is per hour of the masked injection stage on the "
+        "run's machine (blank where the manifest has no time, or where the stage resumed after an interruption: its "
+        "time then covers only the last attempt).",
+        "### Memorization and reach",
+        md_table(t),
+    ]
     u = injection_utility_table(run_dirs)
     return lines + (["### Utility around the injection", md_table(u)] if len(u) else [])
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #588c6d61
 def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
     "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
-    cfgs = {d: resolved_config(d) for d in run_dirs}            # read once; a field added since a run was made: its preset's value
+    # read once; a field added since a run was made: its preset's value
+    cfgs = {d: resolved_config(d) for d in run_dirs}
     groups: list[list[Path]] = []
     for d in run_dirs:
         for g in groups:
@@ -479,55 +610,82 @@ def config_difference_table(groups: list[list[Path]]) -> pd.DataFrame:
     "One row per dotted config field (seed aside) whose value differs between any two groups; one column per group."
     leaves = [dotted_leaves(resolved_config(g[0])) for g in groups]
     keys = sorted({k for i, a in enumerate(leaves) for b in leaves[i + 1:] for k in config_diff(a, b)} - {"seed"})
-    return pd.DataFrame({"field": keys, **{l: [_shown_value(v, k) for k in keys] for l, v in zip(group_labels(groups), leaves)}})
+    return pd.DataFrame(
+        {"field": keys, **{l: [_shown_value(v, k) for k in keys] for l, v in zip(group_labels(groups), leaves)}}
+    )
 
 def _headed(lines: list[str], label: str) -> list[str]:
     "A section's lines with its `## ` heading named after the group it is about."
     return [f"{lines[0]}: {label}", *lines[1:]] if lines else []
 
 def compare_lines(groups: list[list[Path]], cards: list[list[str]]) -> list[str]:
-    """The config-difference table, then per group its scorecard (`cards`, from `scorecard_lines`) and stress-test sections,
-    each heading suffixed by the group's name."""
-    lines = ["## Configurations", "The runs fall into these groups of one config each (seed aside); the fields that differ between "
-             "them, as today's code reads each run's config.json (a field added after a run was made takes its preset's value):", md_table(config_difference_table(groups))]
+    """The config-difference table, then per group its scorecard (`cards`, from `scorecard_lines`) and stress-test
+    sections, each heading suffixed by the group's name."""
+    lines = [
+        "## Configurations",
+        "The runs fall into these groups of one config each (seed aside); the fields that differ between them, as "
+        "today's code reads each run's config.json (a field added after a run was made takes its preset's value):",
+        md_table(config_difference_table(groups)),
+    ]
     for g, card, label in zip(groups, cards, group_labels(groups)):
-        for section in (card, robustness_lines(g), remind_interval_lines(g), dose_lines(g)): lines += _headed(section, label)
+        for section in (card, robustness_lines(g), remind_interval_lines(g), dose_lines(g)):
+            lines += _headed(section, label)
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #bd5b64bf
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 def results_page(paths, name: str, command: str | None = None) -> str:
-    """The markdown of the results page `name` over `paths`: run directories (of one config, or of several, compared group by
-    group), or one sweep directory."""
+    """The markdown of the results page `name` over `paths`: run directories (of one config, or of several, compared
+    group by group), or one sweep directory."""
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ValueError(f"name must be letters, digits, '.', '_' or '-' (the file docs/results/<name>.md), got {name!r}")
+        raise ValueError(
+            f"name must be letters, digits, '.', '_' or '-' (the file docs/results/<name>.md), got {name!r}"
+        )
     kind, dirs = results_sources(paths)
-    note = "Generated by `lume_lab.pipeline.presentation.results` (`make results`) from the runs' CSVs; regenerate it, do not edit it."
+    note = ("Generated by `lume_lab.pipeline.presentation.results` (`make results`) from the runs' CSVs; "
+            "regenerate it, do not edit it.")
     if kind == "sweep": return "\n\n".join([f"# Results: {name}", note, *sweep_lines(dirs[0], command)]) + "\n"
     if kind == "seeds" and command is None:
         command = seeds_command(dirs[0], dirs[0].parent.name, [run_config(d)["seed"] for d in dirs])
     groups = config_groups(dirs)
-    cards = [scorecard_lines(g) for g in groups]                   # one scorecard per config, never averaged across configs
+    # one scorecard per config, never averaged across configs
+    cards = [scorecard_lines(g) for g in groups]
     empty = [NO_SCORECARD_BANNER] if all(c[1].startswith("**No scorecard") for c in cards) else []
-    if len(groups) == 1: card, stress = cards[0], [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
-    else: card, stress = compare_lines(groups, cards), []
+    if len(groups) == 1:
+        card, stress = cards[0], [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
+    else:
+        card, stress = compare_lines(groups, cards), []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
-    return "\n\n".join([f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
-                         *card, *testbed_lines(dirs), *stress, *experiment_lines(dirs), *stage_lines(dirs)]) + "\n"
+    return (
+        "\n\n".join(
+            [f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
+             *card, *testbed_lines(dirs), *stress, *experiment_lines(dirs), *stage_lines(dirs)]
+        )
+        + "\n"
+    )
 
 def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
-    "Write `<out_dir>/<name>.md` from `run_dirs` (runs of one or several configs, or one sweep directory), atomically; returns its path."
-    page = results_page(run_dirs, name, command)                   # everything read and rendered before anything is written
+    """Write `<out_dir>/<name>.md` from `run_dirs` (runs of one or several configs, or one sweep directory), atomically.
+    Returns its path."""
+    # everything read and rendered before anything is written
+    page = results_page(run_dirs, name, command)
     return atomic_write_text(Path(out_dir) / f"{name}.md", page)
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #5e19136c
 def add_results_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     "The arguments of `results`: run or sweep directories, --name, --out, --command."
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (seeds of one config, or runs of several configs to compare), or one sweep directory")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directories (seeds of one config, or runs of several configs to compare), or one sweep directory",
+    )
     p.add_argument("--name", required=True, help="the page's name: writes <out>/<name>.md")
     p.add_argument("--out", default="docs/results", help="folder of the page (default: docs/results)")
-    p.add_argument("--command", default=None, help="the command that produced the runs (default: each run's reproduce line)")
+    p.add_argument(
+        "--command", default=None, help="the command that produced the runs (default: each run's reproduce line)"
+    )
     return p
 
 def results_main(args: argparse.Namespace) -> int:
@@ -535,13 +693,15 @@ def results_main(args: argparse.Namespace) -> int:
     try: path = write_results(args.runs, args.name, args.out, args.command)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"results: error: {e}", file=sys.stderr); return 2
-    if NO_SCORECARD_BANNER in path.read_text(): print(f"results: warning: {path} has no scorecard (the runs have no e03 tables yet)", file=sys.stderr)
+    if NO_SCORECARD_BANNER in path.read_text():
+        print(f"results: warning: {path} has no scorecard (the runs have no e03 tables yet)", file=sys.stderr)
     print(path)
     return 0
 
 def main(argv: list[str] | None = None) -> int:
     "`python -m lume_lab.pipeline.presentation.results RUN... --name NAME [--out DIR]`."
-    p = argparse.ArgumentParser(prog="python -m lume_lab.pipeline.presentation.results", description="Write docs/results/<name>.md from run directories.")
+    p = argparse.ArgumentParser(prog="python -m lume_lab.pipeline.presentation.results",
+                                description="Write docs/results/<name>.md from run directories.")
     return results_main(add_results_arguments(p).parse_args(argv))
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #741db4fa

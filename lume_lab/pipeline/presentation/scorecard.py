@@ -24,7 +24,8 @@ __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPL
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
 
-PAPER_TABLE2_OLMO2_1B = {  # Lacuna (localization precision), App. F.2, Table 2 (OLMo2 1B): (split, metric) -> (AE, MF, OG, SN)
+# Lacuna (localization precision), App. F.2, Table 2 (OLMo2 1B): (split, metric) -> (AE, MF, OG, SN)
+PAPER_TABLE2_OLMO2_1B = {
     "email_address": {
         ("forget", "em"): (63.2, 36.8, 1.6, 17.7), ("forget", "es"): (34.8, 15.9, 15.9, 16.7),
         ("forget_paraphrase", "em"): (63.6, 36.7, 1.6, 18.0), ("forget_paraphrase", "es"): (34.1, 15.9, 15.9, 16.6),
@@ -39,10 +40,11 @@ PAPER_TABLE2_OLMO2_1B = {  # Lacuna (localization precision), App. F.2, Table 2 
         ("forget_paraphrase", "em"): (39.2, 1.5, 6.3, 1.5), ("forget_paraphrase", "es"): (23.1, 16.6, 16.6, 16.6),
         ("forget", "prob"): (1.2, 0.0, 0.0, 0.0), ("forget_paraphrase", "prob"): (1.3, 0.0, 0.0, 0.0),
         ("retain", "em"): (68.3, 98.8, 100.0, 100.0), ("retain", "es"): (91.9, 98.1, 100.0, 100.0),
-        ("retain_paraphrase", "em"): (67.0, 98.6, 100.0, 100.0), ("retain_paraphrase", "es"): (92.7, 97.6, 100.0, 100.0),
-        ("retain", "prob"): (4.6, 0.8, 99.8, 100.0), ("retain_paraphrase", "prob"): (4.4, 0.8, 99.7, 99.6),
-        ("utility_delta", "arc_c"): (0.0, -12.0, 4.0, -16.0), ("utility_delta", "arc_e"): (0.0, -10.0, 0.0, -36.0),
-        ("utility_delta", "hswag"): (0.0, 0.0, 2.0, -2.0), ("utility_delta", "mmlu"): (0.0, -1.9, -0.9, -2.6)},
+        ("retain_paraphrase", "em"): (67.0, 98.6, 100.0, 100.0),
+        ("retain_paraphrase", "es"): (92.7, 97.6, 100.0, 100.0), ("retain", "prob"): (4.6, 0.8, 99.8, 100.0),
+        ("retain_paraphrase", "prob"): (4.4, 0.8, 99.7, 99.6), ("utility_delta", "arc_c"): (0.0, -12.0, 4.0, -16.0),
+        ("utility_delta", "arc_e"): (0.0, -10.0, 0.0, -36.0), ("utility_delta", "hswag"): (0.0, 0.0, 2.0, -2.0),
+        ("utility_delta", "mmlu"): (0.0, -1.9, -0.9, -2.6)},
     "birth_city": {
         ("forget", "em"): (56.6, 0.0, 0.0, 6.8), ("forget", "es"): (85.8, 66.6, 66.6, 70.0),
         ("forget_paraphrase", "em"): (55.4, 0.0, 0.0, 5.8), ("forget_paraphrase", "es"): (85.9, 66.6, 66.6, 70.0),
@@ -63,6 +65,7 @@ PAPER_TABLE2_OLMO2_1B = {  # Lacuna (localization precision), App. F.2, Table 2 
         ("utility_delta", "hswag"): (2.0, -2.0, -4.0, -2.0), ("utility_delta", "mmlu"): (-0.4, -1.1, -1.1, -2.9)},
 }
 
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #63316e2a
 def paper_table2(paper: dict = PAPER_TABLE2_OLMO2_1B, methods: tuple = PAPER_METHODS) -> pd.DataFrame:
     "The paper's Table 2 as a long table: field, method, split, metric, value."
     return pd.DataFrame([{"field": f, "method": m, "split": s, "metric": k, "value": v}
@@ -70,16 +73,20 @@ def paper_table2(paper: dict = PAPER_TABLE2_OLMO2_1B, methods: tuple = PAPER_MET
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #ec08fd96
 class Metric(NamedTuple):
-    "One scorecard column: how the page shows it, which way is better, where it is read from, the n it rests on, the paper's key."
+    """One scorecard column.
+    How the page shows it, which way is better, where it is read from, the n it rests on, the paper's key."""
     label: str                        # on the page
     digits: int                       # display digits
     better: str                       # "lower", "higher", or "closer" (to the reference)
     experiment: str                   # the experiment whose files hold it
-    source: tuple                     # (file family, key): a reader of READERS and its key, or (a report file name, its column)
+    # (file family, key): a reader of READERS and its key, or (a report file name, its column)
+    source: tuple
     n: str | None = None              # the scorecard column holding its n (a key of SAMPLE_SIZES)
-    reference: str | float = "none"   # "none": the model before unlearning, same field; a number: a fixed level (chance)
+    # "none": the model before unlearning, same field; a number: a fixed level (chance)
+    reference: str | float = "none"
     band: float = 0.0                 # |difference| <= band counts as "same"
-    paper: tuple | None = None        # Table 2 (split, metric), ("utility_delta", "mean"), ("precision", labels), or None
+    # Table 2 (split, metric), ("utility_delta", "mean"), ("precision", labels), or None
+    paper: tuple | None = None
     verdict: bool = False             # shown in the page's verdict (in declaration order)
 
 SCORECARD_METRICS: dict[str, Metric] = {}   # scorecard column -> its declaration, in the scorecard's column order
@@ -98,23 +105,46 @@ BETTER = ("lower", "higher", "closer")
 
 def check_metric(column: str, m: Metric) -> Metric:
     "`m` if every field of it is one the scorecard can use; else a ValueError naming the field and what it allows."
-    if m.better not in BETTER: raise ValueError(f"{column}: better must be one of {', '.join(BETTER)}, got {m.better!r}")
-    if m.n is not None and m.n not in SAMPLE_SIZES: raise ValueError(f"{column}: n must be None or one of {', '.join(SAMPLE_SIZES)}, got {m.n!r}")
+    if m.better not in BETTER:
+        raise ValueError(f"{column}: better must be one of {', '.join(BETTER)}, got {m.better!r}")
+    if m.n is not None and m.n not in SAMPLE_SIZES:
+        raise ValueError(f"{column}: n must be None or one of {', '.join(SAMPLE_SIZES)}, got {m.n!r}")
     if not (m.reference == "none" or isinstance(m.reference, (int, float))):
-        raise ValueError(f"{column}: reference must be 'none' (the model before unlearning) or a number, got {m.reference!r}")
+        raise ValueError(
+            f"{column}: reference must be 'none' (the model before unlearning) or a number, got {m.reference!r}"
+        )
     if not (isinstance(m.digits, int) and m.digits >= 0 and m.band >= 0):
         raise ValueError(f"{column}: digits must be an int >= 0 and band a number >= 0, got {m.digits!r}, {m.band!r}")
-    if not re.fullmatch(r"[a-z][0-9]{2}", str(m.experiment)): raise ValueError(f"{column}: experiment must be an id like 'e03', got {m.experiment!r}")
-    if not (isinstance(m.source, tuple) and len(m.source) == 2 and (m.source[0] in READERS or str(m.source[0]).endswith(".csv"))):
-        raise ValueError(f"{column}: source must be (family, key) with a family of {', '.join(READERS)} or a report file name (.csv), got {m.source!r}")
+    if not re.fullmatch(r"[a-z][0-9]{2}", str(m.experiment)):
+        raise ValueError(f"{column}: experiment must be an id like 'e03', got {m.experiment!r}")
+    if not (
+        isinstance(m.source, tuple)
+        and len(m.source) == 2
+        and (m.source[0] in READERS or str(m.source[0]).endswith(".csv"))
+    ):
+        raise ValueError(
+            f"{column}: source must be (family, key) with a family of {', '.join(READERS)} or a report file name "
+            f"(.csv), got {m.source!r}"
+        )
     return m
 
-def register_metric(column: str, label: str, digits: int, better: str, experiment: str, source: tuple, *, n: str | None = None,
-                    reference: str | float = "none", band: float = 0.0, paper: tuple | None = None, verdict: bool = False) -> Metric:
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #63b030aa
+def register_metric(column: str, label: str, digits: int, better: str, experiment: str, source: tuple, *,
+                    n: str | None = None, reference: str | float = "none", band: float = 0.0,
+                    paper: tuple | None = None, verdict: bool = False) -> Metric:
     "Declare the scorecard column `column` (checked; a second declaration replaces the first in place); returns it."
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", str(column)) or column in SAMPLE_SIZES or column.endswith(("_std", "_paper", "_rows")):
-        raise ValueError(f"column must be a new snake_case name (not an n column, nor ending in _std, _paper or _rows), got {column!r}")
-    m = check_metric(column, Metric(label, digits, better, experiment, tuple(source), n, reference, band, paper, verdict))
+    if (
+        not re.fullmatch(r"[a-z][a-z0-9_]*", str(column))
+        or column in SAMPLE_SIZES
+        or column.endswith(("_std", "_paper", "_rows"))
+    ):
+        raise ValueError(
+            "column must be a new snake_case name (not an n column, nor ending in _std, _paper or _rows), got "
+            f"{column!r}"
+        )
+    m = check_metric(
+        column, Metric(label, digits, better, experiment, tuple(source), n, reference, band, paper, verdict)
+    )
     SCORECARD_METRICS[column] = m
     return m
 
@@ -143,9 +173,9 @@ def run_config(run_dir) -> dict:
 
 def resolved_config(run_dir) -> dict:
     """The run's config as today's code reads its `config.json` (`core.config.config_from_dict`, then
-    `pipeline.orchestration.config.upgrade_config`), as a dict: a field added after the run was made takes its preset's value, as when the
-    run reopens. Two runs are one config here exactly when they would reopen as one. The saved dict where it no longer
-    resolves (a field since removed)."""
+    `pipeline.orchestration.config.upgrade_config`), as a dict: a field added after the run was made takes its preset's
+    value, as when the run reopens. Two runs are one config here exactly when they would reopen as one. The saved dict
+    where it no longer resolves (a field since removed)."""
     from lume_lab.core.config import ConfigError, config_from_dict
     from lume_lab.pipeline.orchestration.config import upgrade_config
     raw = run_config(run_dir)
@@ -162,22 +192,26 @@ def _cell(t: pd.DataFrame, row: tuple, col: str) -> float:
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #a6bf1577
 def read_output_metrics(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    "e03's `table2_<field>.csv` as scorecard rows: each column of `columns` (keys: (split, metric) rows) and the n beside them; None without e03."
+    """e03's `table2_<field>.csv` as scorecard rows.
+    Each column of `columns` (keys: (split, metric) rows) and the n beside them; None without e03."""
     columns = metric_sources("table2") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("table2_*.csv")):
         t = pd.read_csv(p, index_col=[0, 1])
         methods = [c for c in t.columns if c not in ("n_profiles", "n_rows")]
         d = pd.DataFrame({c: [_cell(t, k, m) for m in methods] for c, k in columns.items()}, index=methods)
-        d = d.assign(forget_profiles=_cell(t, ("forget", "em"), "n_profiles"), forget_rows=_cell(t, ("forget", "em"), "n_rows"),
-                     retain_profiles=_cell(t, ("retain", "em"), "n_profiles"), retain_rows=_cell(t, ("retain", "em"), "n_rows"),
+        d = d.assign(forget_profiles=_cell(t, ("forget", "em"), "n_profiles"),
+                     forget_rows=_cell(t, ("forget", "em"), "n_rows"),
+                     retain_profiles=_cell(t, ("retain", "em"), "n_profiles"),
+                     retain_rows=_cell(t, ("retain", "em"), "n_rows"),
                      utility_n=_cell(t, ("utility_delta", "mc_acc"), "n_rows"))
         parts.append(d.rename_axis("method").reset_index().assign(field=p.stem.removeprefix("table2_")))
     return pd.concat(parts, ignore_index=True).set_index(["field", "method"]) if parts else None
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #1f657ebc
 def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    "e04's best localization AUC per (field, method) (keys: `labels`, m^F `forget` or m^F ∪ m^R `unified`), or another column of the file (an external checkpoint's `cast_share`)."
+    """e04's best localization AUC per (field, method), or another column of the file.
+    Keys: `labels`, m^F `forget` or m^F ∪ m^R `unified`, or a column such as an external checkpoint's `cast_share`."""
     columns = metric_sources("localization") if columns is None else columns
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
@@ -189,29 +223,38 @@ def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | No
     return out
 
 def read_remind(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    "e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model (keys: detectors, `remind_lr`, `remind_rf`)."
+    """e05's REMIND multi-class AUC (%, original inputs, fair protocol) per model.
+    Keys: detectors, `remind_lr`, `remind_rf`."""
     columns = metric_sources("remind") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("remind_*.csv")):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         t = pd.read_csv(p)
         t = t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(list(columns.values()))]
-        w = t.pivot(index="model", columns="detector", values="multi").rename(columns={k: c for c, k in columns.items()})
+        w = t.pivot(index="model", columns="detector", values="multi").rename(
+            columns={k: c for c, k in columns.items()}
+        )
         w["remind_n_per_class"] = t.groupby("model").n_per_class.first()
         parts.append(w.rename_axis("method").reset_index().assign(field=p.stem.removeprefix("remind_")))
     return pd.concat(parts, ignore_index=True).set_index(["field", "method"]) if parts else None
 
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b76480a8
 def read_resurfacing(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    """e06's leakage (% of forget profiles that leak; keys: stages, `before` and `after` the resurfacing attack), and how many
-    profiles; a key that is no stage is a column of `resurfacing_attack.csv`, such as `nll_before`: the answer NLL of memorized
-    people in neither forget nor retain (the attack set) before the attack, which shows what a method erased beyond its forget set."""
+    """e06's leakage (% of forget profiles that leak; keys: stages, `before` and `after` the resurfacing attack), and
+    how many profiles; a key that is no stage is a column of `resurfacing_attack.csv`, such as `nll_before`: the answer
+    NLL of memorized people in neither forget nor retain (the attack set) before the attack, which shows what a method
+    erased beyond its forget set."""
     columns = metric_sources("resurfacing") if columns is None else columns
     p = report_dir(run_dir) / "resurfacing.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
     stages = {c: k for c, k in columns.items() if k in set(t.stage)}
     w = t.pivot_table(index=["field", "method"], columns="stage", values="rate", aggfunc="first", sort=False)
-    w = w[list(stages.values())].set_axis(list(stages), axis=1).assign(leak_profiles=t.groupby(["field", "method"]).n_profiles.first())
+    w = (
+        w[list(stages.values())]
+        .set_axis(list(stages), axis=1)
+        .assign(leak_profiles=t.groupby(["field", "method"]).n_profiles.first())
+    )
     a = report_dir(run_dir) / "resurfacing_attack.csv"
     if a.exists() and (rest := {c: k for c, k in columns.items() if c not in stages}):
         at = pd.read_csv(a).set_index(["field", "method"])
@@ -225,28 +268,34 @@ def robustness_csv(run_dir, field: str) -> pd.DataFrame | None:
     return pd.read_csv(p) if p.is_file() else None
 
 def read_robustness(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    "e10's recoveries (keys: tests of `robustness_<field>.csv`) and the forget profiles behind them (`robust_profiles`)."
+    """e10's recoveries and the forget profiles behind them (`robust_profiles`).
+    Keys: tests of `robustness_<field>.csv`."""
     columns = metric_sources("robustness") if columns is None else columns
     parts = []
     for p in sorted(report_dir(run_dir).glob("robustness_*.csv")):
         t = robustness_csv(run_dir, p.stem.removeprefix("robustness_"))
         t = t[t.test.isin(list(columns.values()))]
         if t.empty: continue
-        w = t.pivot_table(index=["field", "method"], columns="test", values="value", aggfunc="first", sort=False, dropna=False)
+        w = t.pivot_table(
+            index=["field", "method"], columns="test", values="value", aggfunc="first", sort=False, dropna=False
+        )
         n = t[t.test.str.startswith("quant")].groupby(["field", "method"]).n.first()
         parts.append(w.rename(columns={k: c for c, k in columns.items()}).assign(robust_profiles=n))
     return pd.concat(parts) if parts else None
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #ae4fcced
 def read_report_table(run_dir, name: str, columns: dict) -> pd.DataFrame | None:
-    "The report file `name` (or glob: one file per field) holding `field` and `method` columns: each column of `columns` is the file's column named by its key."
+    """The report file `name` (or glob: one file per field) holding `field` and `method` columns.
+    Each column of `columns` is the file's column named by its key."""
     parts = [pd.read_csv(p) for p in sorted(report_dir(run_dir).glob(name))]
     if not parts: return None
     t = pd.concat(parts, ignore_index=True).set_index(["field", "method"])
     return pd.DataFrame({c: t[k] for c, k in columns.items() if k in t}, index=t.index)
 
-READERS = {"table2": read_output_metrics, "localization": read_localization, "remind": read_remind,   # a metric's source family ->
-           "resurfacing": read_resurfacing, "robustness": read_robustness}                            # its reader; a file name: read_report_table
+# a metric's source family ->
+READERS = {"table2": read_output_metrics, "localization": read_localization, "remind": read_remind,
+           # its reader; a file name: read_report_table
+           "resurfacing": read_resurfacing, "robustness": read_robustness}
 
 def read_family(run_dir, family: str) -> pd.DataFrame | None:
     "The scorecard columns declared on `family` (and their n), read from the run; None without its files."
@@ -254,38 +303,56 @@ def read_family(run_dir, family: str) -> pd.DataFrame | None:
     return READERS[family](run_dir, columns) if family in READERS else read_report_table(run_dir, family, columns)
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #6c84898c
-register_metric("forget_em", "forget EM", 1, "lower", "e03", ("table2", ("forget", "em")), n="forget_profiles", band=5.0, paper=("forget", "em"), verdict=True)
-register_metric("forget_es", "forget ES", 1, "lower", "e03", ("table2", ("forget", "es")), n="forget_profiles", band=5.0, paper=("forget", "es"))
-register_metric("forget_prob", "forget Prob", 1, "lower", "e03", ("table2", ("forget", "prob")), n="forget_profiles", band=5.0, paper=("forget", "prob"))
-register_metric("forget_para_em", "forget EM para", 1, "lower", "e03", ("table2", ("forget_paraphrase", "em")), n="forget_profiles", band=5.0,
-                paper=("forget_paraphrase", "em"))
-register_metric("retain_em", "retain EM", 1, "higher", "e03", ("table2", ("retain", "em")), n="retain_profiles", band=5.0, paper=("retain", "em"), verdict=True)
-register_metric("retain_es", "retain ES", 1, "higher", "e03", ("table2", ("retain", "es")), n="retain_profiles", band=5.0, paper=("retain", "es"))
-register_metric("retain_prob", "retain Prob", 1, "higher", "e03", ("table2", ("retain", "prob")), n="retain_profiles", band=5.0, paper=("retain", "prob"))
-register_metric("retain_para_em", "retain EM para", 1, "higher", "e03", ("table2", ("retain_paraphrase", "em")), n="retain_profiles", band=5.0,
-                paper=("retain_paraphrase", "em"))
-register_metric("utility_delta", "utility Δ", 1, "higher", "e03", ("table2", ("utility_delta", "mc_acc")), n="utility_n", band=2.0,
-                paper=("utility_delta", "mean"), verdict=True)
-register_metric("auc_forget", "AUC m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5, band=0.005, paper=("precision", "forget"), verdict=True)
-register_metric("auc_unified", "AUC m^F∪m^R", 3, "higher", "e04", ("localization", "unified"), reference=0.5, band=0.005, paper=("precision", "unified"))
-register_metric("remind_auc_lr", "REMIND LR", 1, "lower", "e05", ("remind", "remind_lr"), n="remind_n_per_class", band=5.0)
-register_metric("remind_auc_rf", "REMIND RF", 1, "lower", "e05", ("remind", "remind_rf"), n="remind_n_per_class", band=5.0, verdict=True)
+register_metric("forget_em", "forget EM", 1, "lower", "e03", ("table2", ("forget", "em")), n="forget_profiles",
+                band=5.0, paper=("forget", "em"), verdict=True)
+register_metric("forget_es", "forget ES", 1, "lower", "e03", ("table2", ("forget", "es")), n="forget_profiles",
+                band=5.0, paper=("forget", "es"))
+register_metric("forget_prob", "forget Prob", 1, "lower", "e03", ("table2", ("forget", "prob")), n="forget_profiles",
+                band=5.0, paper=("forget", "prob"))
+register_metric("forget_para_em", "forget EM para", 1, "lower", "e03", ("table2", ("forget_paraphrase", "em")),
+                n="forget_profiles", band=5.0, paper=("forget_paraphrase", "em"))
+register_metric("retain_em", "retain EM", 1, "higher", "e03", ("table2", ("retain", "em")), n="retain_profiles",
+                band=5.0, paper=("retain", "em"), verdict=True)
+register_metric("retain_es", "retain ES", 1, "higher", "e03", ("table2", ("retain", "es")), n="retain_profiles",
+                band=5.0, paper=("retain", "es"))
+register_metric("retain_prob", "retain Prob", 1, "higher", "e03", ("table2", ("retain", "prob")), n="retain_profiles",
+                band=5.0, paper=("retain", "prob"))
+register_metric("retain_para_em", "retain EM para", 1, "higher", "e03", ("table2", ("retain_paraphrase", "em")),
+                n="retain_profiles", band=5.0, paper=("retain_paraphrase", "em"))
+register_metric("utility_delta", "utility Δ", 1, "higher", "e03", ("table2", ("utility_delta", "mc_acc")),
+                n="utility_n", band=2.0, paper=("utility_delta", "mean"), verdict=True)
+register_metric("auc_forget", "AUC m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5, band=0.005,
+                paper=("precision", "forget"), verdict=True)
+register_metric("auc_unified", "AUC m^F∪m^R", 3, "higher", "e04", ("localization", "unified"), reference=0.5,
+                band=0.005, paper=("precision", "unified"))
+register_metric(
+    "remind_auc_lr", "REMIND LR", 1, "lower", "e05", ("remind", "remind_lr"), n="remind_n_per_class", band=5.0
+)
+register_metric("remind_auc_rf", "REMIND RF", 1, "lower", "e05", ("remind", "remind_rf"), n="remind_n_per_class",
+                band=5.0, verdict=True)
 register_metric("leak_before", "leak before", 1, "lower", "e06", ("resurfacing", "before"), n="leak_profiles", band=5.0)
-register_metric("leak_after", "leak after", 1, "lower", "e06", ("resurfacing", "after"), n="leak_profiles", band=5.0, verdict=True)
+register_metric(
+    "leak_after", "leak after", 1, "lower", "e06", ("resurfacing", "after"), n="leak_profiles", band=5.0, verdict=True
+)
 register_metric("heldout_pii_nll", "held-out PII NLL", 2, "closer", "e06", ("resurfacing", "nll_before"), band=0.1)
-register_metric("quant4_recovery", "4-bit recovery", 2, "lower", "e10", ("robustness", "quant4_recovery"), n="robust_profiles", reference=0.0, band=0.1, verdict=True)
-register_metric("quant8_recovery", "8-bit recovery", 2, "lower", "e10", ("robustness", "quant8_recovery"), n="robust_profiles", reference=0.0, band=0.1)
-register_metric("relearn_half_recovery", "relearn ½ recovery", 2, "lower", "e10", ("robustness", "relearn_forget_half_recovery"), n="robust_profiles",
-                reference=0.0, band=0.1, verdict=True)
-register_metric("relearn_other_recovery", "other-fields recovery", 2, "lower", "e10", ("robustness", "relearn_other_fields_recovery"), n="robust_profiles",
-                reference=0.0, band=0.1)
-register_metric("relearn_retain_recovery", "retain-only recovery", 2, "lower", "e10", ("robustness", "relearn_retain_only_recovery"), n="robust_profiles",
-                reference=0.0, band=0.1)
-register_metric("cast_share", "cast-only Δ %", 1, "lower", "e04", ("localization", "cast_share"), reference=0.0)   # external checkpoints: weights rounding alone changes
+register_metric("quant4_recovery", "4-bit recovery", 2, "lower", "e10", ("robustness", "quant4_recovery"),
+                n="robust_profiles", reference=0.0, band=0.1, verdict=True)
+register_metric("quant8_recovery", "8-bit recovery", 2, "lower", "e10", ("robustness", "quant8_recovery"),
+                n="robust_profiles", reference=0.0, band=0.1)
+register_metric("relearn_half_recovery", "relearn ½ recovery", 2, "lower", "e10",
+                ("robustness", "relearn_forget_half_recovery"), n="robust_profiles", reference=0.0, band=0.1,
+                verdict=True)
+register_metric("relearn_other_recovery", "other-fields recovery", 2, "lower", "e10",
+                ("robustness", "relearn_other_fields_recovery"), n="robust_profiles", reference=0.0, band=0.1)
+register_metric("relearn_retain_recovery", "retain-only recovery", 2, "lower", "e10",
+                ("robustness", "relearn_retain_only_recovery"), n="robust_profiles", reference=0.0, band=0.1)
+# external checkpoints: weights rounding alone changes
+register_metric("cast_share", "cast-only Δ %", 1, "lower", "e04", ("localization", "cast_share"), reference=0.0)
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #38c0f4ad
 def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
-    "The paper's value for `SCORECARD_METRICS[...].paper` from one (field, method)'s Table 2 rows and its (AUC m^F, AUC m^F∪m^R)."
+    """The paper's value for `SCORECARD_METRICS[...].paper`.
+    Read from one (field, method)'s Table 2 rows and its (AUC m^F, AUC m^F∪m^R)."""
     src, k = key
     if src == "precision": return auc[("forget", "unified").index(k)]
     if k == "mean": return rows.loc[src].mean()                  # utility: mean Δ over ARC-C, ARC-E, HellaSwag, MMLU
@@ -294,7 +361,8 @@ def _paper_value(key: tuple, rows: pd.Series, auc: tuple) -> float:
 def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict | None = None) -> pd.DataFrame:
     """The paper's values as scorecard columns (`<column>_paper`), indexed by (field, method).
     `precision`: AUCs by field and method, default the paper's (`analysis.localization.PAPER_PRECISION_OLMO2_1B`)."""
-    if precision is None:   # imported here, not at the top: analysis.localization loads torch, which the CLI's --help never needs
+    # imported here, not at the top: analysis.localization loads torch, which the CLI's --help never needs
+    if precision is None:
         from lume_lab.analysis.localization import PAPER_PRECISION_OLMO2_1B as precision
     t = paper_table2(paper).set_index(["field", "method", "split", "metric"]).value
     rows = {}
@@ -305,29 +373,31 @@ def paper_scorecard(paper: dict = PAPER_TABLE2_OLMO2_1B, precision: dict | None 
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #72b92c09
 def run_scorecard(run_dir) -> pd.DataFrame:
-    "The scorecard of one run, indexed by (field, method): every column its files hold; empty if none. Checkpoints scored with `lume-lab score` (`external:<name>`) come after the methods."
+    """The scorecard of one run, indexed by (field, method): every column its files hold; empty if none.
+    Checkpoints scored with `lume-lab score` (`external:<name>`) come after the methods."""
     cfg = run_config(run_dir)
-    families = dict.fromkeys(m.source[0] for m in SCORECARD_METRICS.values())        # each file family once, in declaration order
+    # each file family once, in declaration order
+    families = dict.fromkeys(m.source[0] for m in SCORECARD_METRICS.values())
     parts = [r for f in families if (r := read_family(run_dir, f)) is not None]
     if not parts: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))
     card = pd.concat(parts, axis=1, join="outer")
     methods = ["none", *(cfg["unlearn"]["methods"] or [])]
-    methods += [m for m in dict.fromkeys(card.index.get_level_values("method")) if str(m).startswith("external:")]   # `lume-lab score`
+    # `lume-lab score`
+    methods += [m for m in dict.fromkeys(card.index.get_level_values("method")) if str(m).startswith("external:")]
     fields = list(dict.fromkeys([*(cfg["unlearn"]["forget_fields"] or []), *card.index.get_level_values("field")]))
     card = card[card.index.get_level_values("method").isin(methods)]
     order = sorted(card.index, key=lambda fm: (fields.index(fm[0]), methods.index(fm[1])))
     return card.loc[order]
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #d3e53a66
-DIRECTION_CHECKS = {  # name: (a, b, tolerance); direction = sign(a − b) with a dead band of ± tolerance; b a column or a constant
-    "EM": ("retain_em", "forget_em", SCORECARD_METRICS["retain_em"].band),
-    "ES": ("retain_es", "forget_es", SCORECARD_METRICS["retain_es"].band),
-    "Prob": ("retain_prob", "forget_prob", SCORECARD_METRICS["retain_prob"].band),
-    "para EM": ("retain_para_em", "forget_para_em", SCORECARD_METRICS["retain_para_em"].band),
-    "utility Δ": ("utility_delta", 0.0, SCORECARD_METRICS["utility_delta"].band),
-    "AUC m^F": ("auc_forget", 0.5, SCORECARD_METRICS["auc_forget"].band),
-    "AUC m^F∪m^R": ("auc_unified", 0.5, SCORECARD_METRICS["auc_unified"].band),
-}
+# name: (a, b, tolerance); direction = sign(a − b) with a dead band of ± tolerance; b a column or a constant
+DIRECTION_CHECKS = {"EM": ("retain_em", "forget_em", SCORECARD_METRICS["retain_em"].band),
+                    "ES": ("retain_es", "forget_es", SCORECARD_METRICS["retain_es"].band),
+                    "Prob": ("retain_prob", "forget_prob", SCORECARD_METRICS["retain_prob"].band),
+                    "para EM": ("retain_para_em", "forget_para_em", SCORECARD_METRICS["retain_para_em"].band),
+                    "utility Δ": ("utility_delta", 0.0, SCORECARD_METRICS["utility_delta"].band),
+                    "AUC m^F": ("auc_forget", 0.5, SCORECARD_METRICS["auc_forget"].band),
+                    "AUC m^F∪m^R": ("auc_unified", 0.5, SCORECARD_METRICS["auc_unified"].band)}
 
 def direction(a, b, tol: float) -> np.ndarray:
     "+1 / 0 / −1: the sign of a − b outside a dead band of ± `tol`; NaN where either side is missing."
@@ -351,16 +421,22 @@ def _check_same_config(run_dirs: list[Path]) -> None:
     first = resolved_config(run_dirs[0])
     for d in run_dirs[1:]:
         diff = [k for k in config_diff(first, resolved_config(d)) if k != "seed"]
-        if diff: raise ValueError(f"{d} and {run_dirs[0]} differ in {', '.join(diff[:8])}: a scorecard averages seeds of one config only")
+        if diff:
+            raise ValueError(
+                f"{d} and {run_dirs[0]} differ in {', '.join(diff[:8])}: a scorecard averages seeds of one config only"
+            )
 
 def n_after(metric: str) -> str | None:
-    "The n column shown right after `metric`: its n when `metric` is the last metric resting on it (split sizes come first)."
+    """The n column shown right after `metric`.
+    Its n when `metric` is the last metric resting on it (split sizes come first)."""
     n = SCORECARD_METRICS[metric].n
     if n is None or SAMPLE_SIZES[n][2]: return None
     return n if [c for c, m in SCORECARD_METRICS.items() if m.n == n][-1] == metric else None
 
 def _column_order(cols) -> list[str]:
-    "field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n after it)."
+    """The columns in page order.
+    field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n
+    after it)."""
     want = ["field", "method", "n_seeds"]
     for n, (_, rows, first) in SAMPLE_SIZES.items():
         if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
@@ -371,7 +447,8 @@ def _column_order(cols) -> list[str]:
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #e7f70ca5
 def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
-    "One row per method × forget field: ours (mean ± std over several seeds), the paper's OLMo-2 1B values beside, n, direction mismatches."
+    """One row per method × forget field.
+    Ours (mean ± std over several seeds), the paper's OLMo-2 1B values beside, n, direction mismatches."""
     run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     if not run_dirs: raise ValueError("scorecard needs at least one run directory")
     _check_same_config(run_dirs)
@@ -390,20 +467,26 @@ def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #6812940b
 def toy_run(root: Path, name: str, seed: int = 0, shift: float = 0.0) -> Path:
-    "A made-up run directory for worked examples: config, manifest, and e03/e04 tables of SimNPO and OracleGrad on email_address."
+    """A made-up run directory for worked examples.
+    Config, manifest, and e03/e04 tables of SimNPO and OracleGrad on email_address."""
     from lume_lab.core.config import make_config
     from lume_lab.pipeline.orchestration.config import resolve_config
     d = Path(root) / name; (d / "report").mkdir(parents=True)
     cfg = resolve_config(make_config("smoke", {"unlearn.methods": ["simnpo", "oracle_grad"]}, seed)).to_dict()
     (d / "config.json").write_text(json.dumps(cfg))
-    (d / "manifest.json").write_text(json.dumps({"run_id": name, "seed": seed, "git_commit": "0123abc", "config_hash": "toy",
-        "stages": {"base": {"status": "done", "seconds": 3.5}, "unlearn_simnpo_email_address": {"status": "done", "seconds": 1.25}}}))
-    rows = [("forget", "em", 94 + shift, 9 + shift, 4 + shift), ("forget", "es", 80, 2, 1), ("forget", "prob", 80, 0.5, 0.1),
-            ("forget_paraphrase", "em", 50, 9, 8), ("retain", "em", 86, 100, 99), ("retain", "es", 74, 100, 99),
-            ("retain", "prob", 67, 97, 96), ("retain_paraphrase", "em", 32, 65, 36), ("utility_delta", "mc_acc", 0, -20.5, -4)]
+    (d / "manifest.json").write_text(json.dumps({"run_id": name, "seed": seed, "git_commit": "0123abc",
+        "config_hash": "toy",
+        "stages": {"base": {"status": "done", "seconds": 3.5},
+                   "unlearn_simnpo_email_address": {"status": "done", "seconds": 1.25}}}))
+    rows = [("forget", "em", 94 + shift, 9 + shift, 4 + shift), ("forget", "es", 80, 2, 1),
+            ("forget", "prob", 80, 0.5, 0.1), ("forget_paraphrase", "em", 50, 9, 8), ("retain", "em", 86, 100, 99),
+            ("retain", "es", 74, 100, 99), ("retain", "prob", 67, 97, 96), ("retain_paraphrase", "em", 32, 65, 36),
+            ("utility_delta", "mc_acc", 0, -20.5, -4)]
     t = pd.DataFrame(rows, columns=["split", "metric", "none", "simnpo", "oracle_grad"]).set_index(["split", "metric"])
     t.insert(0, "n_profiles", [14] * 4 + [7] * 4 + [np.nan]); t.insert(1, "n_rows", [28] * 4 + [14] * 4 + [200])
     t.to_csv(d / "report" / "table2_email_address.csv")
-    pd.DataFrame({"field": "email_address", "method": ["simnpo", "simnpo", "oracle_grad", "oracle_grad"],
-                  "labels": ["forget", "unified"] * 2, "auc": [0.509, 0.521, 1.0, 0.75]}).to_csv(d / "report" / "localization_summary.csv", index=False)
+    pd.DataFrame(
+        {"field": "email_address", "method": ["simnpo", "simnpo", "oracle_grad", "oracle_grad"],
+         "labels": ["forget", "unified"] * 2, "auc": [0.509, 0.521, 1.0, 0.75]}
+    ).to_csv(d / "report" / "localization_summary.csv", index=False)
     return d
