@@ -151,101 +151,59 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id", default=None, help="run directory name under runs/ (default: the preset)")
     one = r.add_mutually_exclusive_group()
     one.add_argument("--seed", type=int, default=0)
-    one.add_argument(
-        "--seeds", default=None, metavar="0,1,2",
-        help="one run per seed (a sweep): runs/<run-id>/seed=N/, run id default <preset>_seeds"
-    )
+    one.add_argument("--seeds", default=None, metavar="0,1,2",
+                     help="one run per seed (a sweep): runs/<run-id>/seed=N/, run id default <preset>_seeds")
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override, repeatable")
-    r.add_argument(
-        "--only",
-        nargs="*",
-        default=None,
-        help="experiment name prefixes to run (e.g. e00); default: the main chain; all: every experiment, the "
-             "companions PISTOL (e07), LUME (e08) and the dose-response (e11) included",
-    )
+    r.add_argument("--only", nargs="*", default=None,
+                   help="experiment name prefixes to run (e.g. e00); default: the main chain; all: every experiment, "
+                        "the companions PISTOL (e07), LUME (e08) and the dose-response (e11) included")
     r.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
-    r.add_argument(
-        "--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1"
-    )
-    r.add_argument(
-        "--launcher", default="torchrun", choices=LAUNCHERS,
-        help="accelerate on GPUs, torchrun on CPU (default torchrun)"
-    )
-    r.add_argument(
-        "--fsdp2",
-        action="store_true",
-        help="with --num-processes >= 2: shard the model over the processes in the injection and unlearning stages "
-             "(FSDP2) instead of replicating it (DDP)",
-    )
-    r.add_argument(
-        "--workers", type=int, default=None, help="with --seeds: how many seeds run at once (submitit local executor)"
-    )
-    r.add_argument(
-        "--reuse",
-        nargs="+",
-        default=None,
-        metavar="RUN",
-        help="adopt finished stages with identical inputs from these runs (run ids, run directories, or folders of "
-             "runs such as runs/)",
-    )
-    w = sub.add_parser(
-        "sweep", help="run a sweep spec (YAML): override grid × seeds, one run per point in runs/<sweep>/<point>/"
-    )
+    r.add_argument("--num-processes", type=int, default=1,
+                   help="processes per training stage (injection, unlearning); default 1")
+    r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS,
+                   help="accelerate on GPUs, torchrun on CPU (default torchrun)")
+    r.add_argument("--fsdp2", action="store_true",
+                   help="with --num-processes >= 2: shard the model over the processes in the injection and unlearning "
+                        "stages (FSDP2) instead of replicating it (DDP)")
+    r.add_argument("--workers", type=int, default=None,
+                   help="with --seeds: how many seeds run at once (submitit local executor)")
+    r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
+                   help="adopt finished stages with identical inputs from these runs (run ids, run directories, or "
+                        "folders of runs such as runs/)")
+    w = sub.add_parser("sweep", help="run a sweep spec (YAML): override grid × seeds, "
+                                     "one run per point in runs/<sweep>/<point>/")
     w.add_argument("spec", help="the sweep spec, e.g. sweeps/mask_coverage.yaml")
     w.add_argument("--workers", type=int, default=None, help="points at once (overrides executor.workers)")
-    w.add_argument(
-        "--runs-root", default=None, help="where sweeps live (default: <repo>/runs); the sweep is <runs-root>/<name>/"
-    )
-    w.add_argument(
-        "--dry-run", action="store_true",
-        help="validate, print the points and the executor's parameters; submit nothing"
-    )
-    w.add_argument(
-        "--reuse", nargs="+", default=None, metavar="RUN",
-        help="runs whose finished stages the points may adopt (besides each other's), e.g. --reuse mini"
-    )
-    st = sub.add_parser(
-        "stage", help="run one training stage of an existing run (the entry point `accelerate launch` starts)"
-    )
+    w.add_argument("--runs-root", default=None,
+                   help="where sweeps live (default: <repo>/runs); the sweep is <runs-root>/<name>/")
+    w.add_argument("--dry-run", action="store_true",
+                   help="validate, print the points and the executor's parameters; submit nothing")
+    w.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
+                   help="runs whose finished stages the points may adopt (besides each other's), e.g. --reuse mini")
+    st = sub.add_parser("stage",
+                        help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
     st.add_argument("name", help="stage name, e.g. inject_masked or unlearn_npo_phone_number")
-    st.add_argument("--run-id", required=True)
-    st.add_argument("--runs-root", default=None)
-    st.add_argument(
-        "--fsdp2", action="store_true",
-        help="an injection or unlearning stage shards the model over the job's processes (FSDP2)"
-    )
+    st.add_argument("--run-id", required=True); st.add_argument("--runs-root", default=None)
+    st.add_argument("--fsdp2", action="store_true",
+                    help="an injection or unlearning stage shards the model over the job's processes (FSDP2)")
     sub.add_parser("presets", help="list the presets and their main sizes")
-    cf = sub.add_parser(
-        "config",
-        help="print the resolved config.json of a preset and --set overrides, with where each non-default value came "
-             "from",
-    )
+    cf = sub.add_parser("config", help="print the resolved config.json of a preset and --set overrides, with where "
+                                       "each non-default value came from")
     cf.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
     cf.add_argument("--seed", type=int, default=None)
     cf.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override, repeatable")
-    cf.add_argument(
-        "--all", action="store_true",
-        help="list every field with its source, not only the values that differ from the defaults"
-    )
-    add_results_arguments(
-        sub.add_parser("results", help="write docs/results/<name>.md from run directories (or a sweep directory)")
-    )
+    cf.add_argument("--all", action="store_true",
+                    help="list every field with its source, not only the values that differ from the defaults")
+    add_results_arguments(sub.add_parser(
+        "results", help="write docs/results/<name>.md from run directories (or a sweep directory)"))
     s = sub.add_parser("status", help="stage table of a run")
-    s.add_argument("run_id")
-    s.add_argument("--runs-root", default=None)
-    add_export_arguments(
-        sub.add_parser(
-            "export",
-            help="write a run's testbed for any unlearning framework: model, splits, masks, open-unlearning configs",
-        )
-    )
-    add_score_arguments(
-        sub.add_parser(
-            "score",
-            help="score an unlearned checkpoint of a run's testbed model as external:NAME, through the stages a method "
-                 "goes through",
-        )
-    )
+    s.add_argument("run_id"); s.add_argument("--runs-root", default=None)
+    add_export_arguments(sub.add_parser(
+        "export", help="write a run's testbed for any unlearning framework: model, splits, masks, "
+                      "open-unlearning configs"))
+    add_score_arguments(sub.add_parser(
+        "score", help="score an unlearned checkpoint of a run's testbed model as external:NAME, through the stages a "
+                      "method goes through"))
     return p
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #91ced58f
@@ -281,9 +239,8 @@ def _main(argv: list[str] | None = None) -> int:
         if getattr(a, "workers", None) is not None and a.workers < 1:
             raise ConfigError(f"--workers must be an int >= 1 (how many run at once), got {a.workers}")
         if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
-            raise ConfigError(
-                "--only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain"
-            )
+            raise ConfigError("--only needs at least one experiment (e.g. --only e00 e01); "
+                              "leave it out for the main chain")
         if a.cmd == "presets": print(presets_text())
         elif a.cmd == "config": print(config_report(a.preset, parse_overrides(a.set), a.seed, a.all), end="")
         elif a.cmd == "results": return results_main(a)
@@ -304,10 +261,8 @@ def _main(argv: list[str] | None = None) -> int:
             if a.dry_run: print(describe_sweep(sweep)); return 0
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
         elif a.workers is not None and a.seeds is None:
-            raise ConfigError(
-                f"--workers applies only with --seeds (how many seeds run at once); got --workers {a.workers} for one "
-                "run"
-            )
+            raise ConfigError(f"--workers applies only with --seeds (how many seeds run at once); "
+                              f"got --workers {a.workers} for one run")
         elif a.seeds is not None:
             if (a.num_processes, a.launcher, a.fsdp2) != (1, "torchrun", False):   # never silently one process
                 raise ConfigError(

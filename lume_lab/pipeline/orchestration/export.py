@@ -225,63 +225,38 @@ def open_unlearning_configs(store: RunStore, fields: list[str], root: Path) -> d
     from lume_lab.pipeline.orchestration.config import method_hparams
     root, c = Path(root).resolve(), store.config
     hp = method_hparams(c, "grad_ascent")
-    files = {
-        "configs/model/LUME_testbed.yaml": _yaml(
-            {
-                "model_args": {
-                    "pretrained_model_name_or_path": str(root / "model"), "attn_implementation": "eager",
-                    "torch_dtype": c.model.dtype
-                },
-                "tokenizer_args": {"pretrained_model_name_or_path": str(root / "model")},
-                "template_args": prompt_format()["open_unlearning_template_args"],
-            }
-        )
-    }
+    files = {"configs/model/LUME_testbed.yaml": _yaml({
+        "model_args": {"pretrained_model_name_or_path": str(root / "model"), "attn_implementation": "eager",
+                       "torch_dtype": c.model.dtype},
+        "tokenizer_args": {"pretrained_model_name_or_path": str(root / "model")},
+        "template_args": prompt_format()["open_unlearning_template_args"]})}
     for f in fields:
-        for split, handler, extra in (
-            ("forget", "QADataset", {}), ("retain", "QADataset", {}), ("holdout", "QADataset", {}),
-            ("forget_idk", "QAwithIdkDataset", {"idk_path": str(root / "data" / "idk.jsonl"), "return_original": True})
-        ):
+        for split, handler, extra in (("forget", "QADataset", {}), ("retain", "QADataset", {}),
+                                      ("holdout", "QADataset", {}),
+                                      ("forget_idk", "QAwithIdkDataset",
+                                       {"idk_path": str(root / "data" / "idk.jsonl"), "return_original": True})):
             data = f"{split.removesuffix('_idk')}_{f}.jsonl"
-            files[f"configs/data/datasets/LUME_QA_{split}_{f}.yaml"] = _yaml(
-                {
-                    f"LUME_QA_{split}_{f}": {
-                        "handler": handler,
-                        "args": {
-                            "hf_args": {"path": "json", "data_files": str(root / "data" / data), "split": "train"},
-                            "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len,
-                            **extra
-                        },
-                    }
-                }
-            )
-        for exp, trainer, forget in (
-            (f, "GradAscent", f"LUME_QA_forget_{f}"), (f"{f}_idk", "DPO", f"LUME_QA_forget_idk_{f}")
-        ):
-            head = (
-                f"# @package _global_\n# lume_lab run {store.run_id}: unlearn forget_{f} of the exported testbed model "
-                "(written from open-unlearning's documented schema; not run by lume_lab)\n"
-            )
-            files[f"configs/experiment/unlearn/lume/{exp}.yaml"] = head + _yaml(
-                {
-                    "defaults": [
-                        {"override /model": "LUME_testbed"}, {"override /trainer": trainer},
-                        {"override /data": "unlearn"}, {"override /data/datasets@data.forget": forget},
-                        {"override /data/datasets@data.retain": f"LUME_QA_retain_{f}"}, {"override /eval": None}
-                    ],  # TOFU's evaluation would download TOFU
-                    "data": {"anchor": "forget"},
-                    "trainer": {
-                        "args": {
-                            "per_device_train_batch_size": hp["batch_size"], "gradient_accumulation_steps": 1,
-                            "learning_rate": hp["lr"], "num_train_epochs": hp["epochs"],
-                            "weight_decay": hp.get("weight_decay", 0.0), "bf16": False, "bf16_full_eval": False,
-                            "optim": "adamw_torch", "do_eval": False, "eval_on_start": False, "eval_strategy": "no",
-                            "report_to": "none", "seed": c.seed
-                        }
-                    },
-                    "task_name": "???",
-                }
-            )
+            files[f"configs/data/datasets/LUME_QA_{split}_{f}.yaml"] = _yaml({f"LUME_QA_{split}_{f}": {
+                "handler": handler, "args": {
+                    "hf_args": {"path": "json", "data_files": str(root / "data" / data), "split": "train"},
+                    "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len, **extra}}})
+        for exp, trainer, forget in ((f, "GradAscent", f"LUME_QA_forget_{f}"),
+                                     (f"{f}_idk", "DPO", f"LUME_QA_forget_idk_{f}")):
+            head = (f"# @package _global_\n# lume_lab run {store.run_id}: unlearn forget_{f} of the exported testbed "
+                    "model (written from open-unlearning's documented schema; not run by lume_lab)\n")
+            files[f"configs/experiment/unlearn/lume/{exp}.yaml"] = head + _yaml({
+                # TOFU's evaluation (`override /eval`) would download TOFU
+                "defaults": [{"override /model": "LUME_testbed"}, {"override /trainer": trainer},
+                             {"override /data": "unlearn"}, {"override /data/datasets@data.forget": forget},
+                             {"override /data/datasets@data.retain": f"LUME_QA_retain_{f}"}, {"override /eval": None}],
+                "data": {"anchor": "forget"},
+                "trainer": {"args": {"per_device_train_batch_size": hp["batch_size"], "gradient_accumulation_steps": 1,
+                                     "learning_rate": hp["lr"], "num_train_epochs": hp["epochs"],
+                                     "weight_decay": hp.get("weight_decay", 0.0), "bf16": False,
+                                     "bf16_full_eval": False, "optim": "adamw_torch", "do_eval": False,
+                                     "eval_on_start": False, "eval_strategy": "no", "report_to": "none",
+                                     "seed": c.seed}},
+                "task_name": "???"})
     return files
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #1e2613f5
@@ -348,9 +323,8 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
     fields = resolve_fields(store, fields)
     out = Path(out).expanduser().resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(
-            f"--out {str(out)!r} exists and is not an empty directory; choose a new folder (an export never overwrites)"
-        )
+        raise ConfigError(f"--out {str(out)!r} exists and is not an empty directory; "
+                          "choose a new folder (an export never overwrites)")
     work = out.parent / f".{out.name}.partial"
     if work.exists(): shutil.rmtree(work)                     # an earlier export interrupted: start over
     work.mkdir(parents=True)
@@ -371,20 +345,13 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
         (work / "open-unlearning" / rel).write_text(text)
     (work / "open-unlearning" / "README.md").write_text(open_unlearning_readme(store, fields, out))
     man = {
-        "run_id": run_id,
-        "config_hash": store.manifest.get("config_hash"),
-        "run_git_commit": store.manifest.get("git_commit"),
-        "export_git_commit": git_commit(),
-        "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": package_versions(),
-        "seed": store.config.seed,
-        "preset": store.config.preset,
-        "fields": fields,
-        "model": "model/: the testbed model (injected, instruction-tuned, merged: what e03 unlearns); model_control/: "
-                 "the unmasked control",
-        "dtype": store.config.model.dtype,
-        "splits": sizes.to_dict("records"),
-        "prompt_format": prompt_format(),
+        "run_id": run_id, "config_hash": store.manifest.get("config_hash"),
+        "run_git_commit": store.manifest.get("git_commit"), "export_git_commit": git_commit(),
+        "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": package_versions(),
+        "seed": store.config.seed, "preset": store.config.preset, "fields": fields,
+        "model": "model/: the testbed model (injected, instruction-tuned, merged: what e03 unlearns); "
+                 "model_control/: the unmasked control",
+        "dtype": store.config.model.dtype, "splits": sizes.to_dict("records"), "prompt_format": prompt_format(),
         "seconds": round(time.perf_counter() - t0, 2),
     }
     atomic_write_json(work / "manifest.json", man)

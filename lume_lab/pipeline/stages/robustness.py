@@ -235,77 +235,46 @@ def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> lis
     c, r, rows, field = store.config, store.config.robustness, [], src.field
     n_forget = ref[ref.split == "forget"].profile_id.nunique()
     m = src.label
-    unl = stage_robust_scores(store, src)
-    q = stage_quantization(store, src)
+    unl = stage_robust_scores(store, src); q = stage_quantization(store, src)
     rows.append(_em_row(m, "forget_em", unl))
     for bits in r.quant_bits:
         qe = q["examples"][q["examples"].bits == bits]
-        rows.append(
-            _recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed)
-        )
+        rows.append(_recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r,
+                                  c.seed))
         rows.append(_em_row(m, f"quant{bits}_forget_em", qe))
         s = q["survival"][q["survival"].bits == bits].set_index("region")
         for region in ("forget", "other_masks"):
-            rows.append(
-                {
-                    "method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"], "lo": None,
-                    "hi": None, "n": int(s.loc[region, "changed"]),
-                    "note": "share of changed weights that leave their bucket"
-                }
-            )
+            rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"],
+                         "lo": None, "hi": None, "n": int(s.loc[region, "changed"]),
+                         "note": "share of changed weights that leave their bucket"})
     if r.q4_1_offsets:
         q41 = stage_q4_1(store, src)
         for o in r.q4_1_offsets:
             qe = q41[q41.offset == o]
-            rows.append(
-                _recovery_row(
-                    m, f"q4_1_off{o}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed
-                )
-            )
+            rows.append(_recovery_row(m, f"q4_1_off{o}_recovery", _per_profile(ref), _per_profile(unl),
+                                      _per_profile(qe), r, c.seed))
             rows.append(_em_row(m, f"q4_1_off{o}_forget_em", qe))
     for attack in r.attacks:
         if attack == "forget_half" and n_forget < MIN_RELEARN_PROFILES:
-            warnings.warn(
-                f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half needs; "
-                "skipped"
-            )
-            rows.append(
-                {
-                    "method": m, "test": f"relearn_{attack}_recovery", "value": None, "lo": None, "hi": None,
-                    "n": n_forget, "note": f"skipped: {n_forget} forget profiles < {MIN_RELEARN_PROFILES}"
-                }
-            )
+            warnings.warn(f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half "
+                          "needs; skipped")
+            rows.append({"method": m, "test": f"relearn_{attack}_recovery", "value": None, "lo": None, "hi": None,
+                         "n": n_forget, "note": f"skipped: {n_forget} forget profiles < {MIN_RELEARN_PROFILES}"})
             continue
         after = stage_relearning(store, src, attack)
         ids = list(after.profile_id.unique())
-        rows.append(
-            _recovery_row(
-                m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids), _per_profile(unl).reindex(ids),
-                _per_profile(after), r, c.seed
-            )
-        )
+        rows.append(_recovery_row(m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids),
+                                  _per_profile(unl).reindex(ids), _per_profile(after), r, c.seed))
     w = stage_weightspace(store, src)
     d = w["distances"].set_index("region")
-    rows.append(
-        {
-            "method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None,
-            "n": int(d.loc["forget", "weights"]), "note": ""
-        }
-    )
+    rows.append({"method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None,
+                 "n": int(d.loc["forget", "weights"]), "note": ""})
     out = d.loc[["unowned", "unmasked"]]
-    rows.append(
-        {
-            "method": m, "test": "l2_outside", "value": float((out.l2**2).sum() ** 0.5), "lo": None, "hi": None,
-            "n": int(out.weights.sum()), "note": ""
-        }
-    )
+    rows.append({"method": m, "test": "l2_outside", "value": float((out.l2**2).sum() ** 0.5), "lo": None, "hi": None,
+                 "n": int(out.weights.sum()), "note": ""})
     for k, v in lmc_barrier(w["lmc"]).items():
-        rows.append(
-            {
-                "method": m, "test": f"lmc_barrier_{k}", "value": v, "lo": None, "hi": None,
-                "n": len(w["lmc"].alpha.unique()), "note": "answer NLL"
-            }
-        )
+        rows.append({"method": m, "test": f"lmc_barrier_{k}", "value": v, "lo": None, "hi": None,
+                     "n": len(w["lmc"].alpha.unique()), "note": "answer NLL"})
     return rows
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #e268573c

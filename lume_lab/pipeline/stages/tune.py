@@ -82,22 +82,15 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     point trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
-    if max_ppl_ratio is not None and (
-        utility_fn is None
-        or isinstance(max_ppl_ratio, bool)
-        or not isinstance(max_ppl_ratio, (int, float))
-        or not max_ppl_ratio >= 1
-    ):  # `not >=`: NaN fails too
-        raise ValueError(
-            f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} (utility_fn "
-            f"{'given' if utility_fn else 'None'})"
-        )
+    if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool)
+                                      or not isinstance(max_ppl_ratio, (int, float))
+                                      or not max_ppl_ratio >= 1):   # `not >=`: NaN fails too
+        raise ValueError(f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} "
+                         f"(utility_fn {'given' if utility_fn else 'None'})")
     # unknown keys and bad values fail here
     steps = [matched_steps(spec.resolve({**(base or {}), **pt}), reference_rows) for pt in points]
-    if not forget or not retain:
-        raise ValueError(
-            f"the validation forget ({len(forget)}) and retain ({len(retain)}) splits must both be non-empty"
-        )
+    if not forget or not retain: raise ValueError(f"the validation forget ({len(forget)}) and retain ({len(retain)}) "
+                                                  "splits must both be non-empty")
     em = em_fn or (lambda m, rows: _em(m, tokenizer, rows, batch_size))
     model = make_model()
     before = {"forget": em(model, forget), "retain": em(model, retain)}
@@ -108,8 +101,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     ppl_before = None if utility_fn is None else float(utility_fn(model))
     rows = []
     for i, pt in enumerate(progress_bar(points, f"tune {method}", disable=not progress)):
-        model = model if i == 0 else make_model()
-        t0 = time.perf_counter()
+        model = model if i == 0 else make_model(); t0 = time.perf_counter()
         hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
         unl, log = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
         after = {"forget": em(unl, forget), "retain": em(unl, retain)}
@@ -119,22 +111,13 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
             ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
             util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
                     "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
-        rows.append(
-            {
-                "method": method,
-                "point": i,
-                **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
-                # matched, or the point's own
-                **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
-                "em_forget_before": before["forget"],
-                "em_forget_after": after["forget"],
-                "em_retain_before": before["retain"],
-                "em_retain_after": after["retain"],
-                **_score(before, after),
-                **util,
-                "seconds": time.perf_counter() - t0,
-            }
-        )
+        rows.append({"method": method, "point": i,
+                     **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
+                     # steps: matched, or the point's own
+                     **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
+                     "em_forget_before": before["forget"], "em_forget_after": after["forget"],
+                     "em_retain_before": before["retain"], "em_retain_after": after["retain"], **_score(before, after),
+                     **util, "seconds": time.perf_counter() - t0})
         del unl
     return pd.DataFrame(rows)
 
