@@ -33,9 +33,8 @@ def parse_overrides(items: list[str] | None) -> dict:
         if "=" not in it: raise ConfigError(f"--set expects field=value (e.g. pii.n_groups=4), got {it!r}")
         k, v = it.split("=", 1)
         if k.strip() in ("seed", "preset"):   # the flags set these: an override would be dropped or mislabel the run
-            raise ConfigError(
-                f"{k.strip()} is not a --set field; use --{k.strip()} (or --seeds 0,1,2 for several seeds)"
-            )
+            raise ConfigError(f"{k.strip()} is not a --set field; use --{k.strip()} (or --seeds 0,1,2 for several "
+                              "seeds)")
         try: out[k.strip()] = json.loads(v)
         except json.JSONDecodeError: out[k.strip()] = v
     return out
@@ -137,9 +136,8 @@ def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None)
     store = open_run(run_id, root=runs_root)
     entries = stage_entries(store)
     if name not in entries:
-        raise ValueError(
-            f"stage must be one of the launchable stages of run {run_id!r}: {', '.join(entries)}; got {name!r}"
-        )
+        raise ValueError(f"stage must be one of the launchable stages of run {run_id!r}: {', '.join(entries)}; "
+                         f"got {name!r}")
     return entries[name](store)
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #fcf36f8e

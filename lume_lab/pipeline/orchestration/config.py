@@ -156,9 +156,8 @@ def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, 
     """The resolved config of `preset` + `overrides` + `seed`, and the source of each value that differs from the
     defaults (of every value with `all_fields`)."""
     cfg = resolve_config(make_config(preset, overrides, seed))
-    default, keys = (
-        dotted_leaves(RunConfig()), (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {})))
-    )
+    default, keys = (dotted_leaves(RunConfig()),
+                     (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {}))))
     return cfg, {k: _value_source(k, preset, *keys, seed is not None) for k, v in dotted_leaves(cfg).items()
                  if all_fields or k not in default or default[k] != v}
 
@@ -188,9 +187,8 @@ def format_config_sources(cfg: RunConfig, sources: dict[str, str], all_fields: b
         + "\n"
     )
 
-def config_report(
-    preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None, all_fields: bool = False
-) -> str:
+def config_report(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None,
+                  all_fields: bool = False) -> str:
     """What `lume-lab config` prints: each non-default value of the resolved config and where it came from (every value
     with `all_fields`)."""
     return format_config_sources(*config_sources(preset, overrides, seed, all_fields), all_fields=all_fields)

@@ -23,18 +23,15 @@ ENV_PROCESSES, ENV_LAUNCHER = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER"   # 
 def check_launch(num_processes: Any, launcher: Any, fsdp2: Any = False) -> tuple[int, str]:
     "Validated (num_processes, launcher); a `ConfigError` names the setting and the allowed values."
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-        raise ConfigError(
-            f"num_processes must be an int >= 1 (processes per launched training stage), got {num_processes!r}"
-        )
+        raise ConfigError("num_processes must be an int >= 1 (processes per launched training stage), "
+                          f"got {num_processes!r}")
     if launcher not in LAUNCHERS:
-        raise ConfigError(
-            f"launcher must be one of {', '.join(LAUNCHERS)} (torchrun on CPU, accelerate on GPUs), got {launcher!r}"
-        )
+        raise ConfigError(f"launcher must be one of {', '.join(LAUNCHERS)} (torchrun on CPU, accelerate on GPUs), "
+                          f"got {launcher!r}")
     if not isinstance(fsdp2, bool): raise ConfigError(f"fsdp2 must be True or False, got {fsdp2!r}")
     if fsdp2 and num_processes < 2:
-        raise ConfigError(
-            f"fsdp2 shards the model over the processes of a job: it needs num_processes >= 2, got {num_processes}"
-        )
+        raise ConfigError("fsdp2 shards the model over the processes of a job: it needs num_processes >= 2, "
+                          f"got {num_processes}")
     return num_processes, launcher
 
 def launch_settings() -> tuple[int, str]:

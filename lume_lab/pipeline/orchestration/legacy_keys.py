@@ -25,9 +25,8 @@ _ATTRIBUTION_STAGE_VERSION, _REMIND_CI_VERSION, _DOSE_VERSION, _ROBUST_VERSION =
 _CI_LEVEL, _MIN_SPLIT_PROFILES, _TUNE_UTILITY_TEXTS, _UTILITY_TEXTS = 0.95, 10, 200, 300
 _EVALUATE_COLUMNS = ["split", "metric", "value", "n_profiles", "n_rows"]
 _LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
-_LATE_FIELDS = {
-    "localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None, "inject.grouped": False
-}
+_LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None,
+                "inject.grouped": False}
 # inject fields the control never read
 _MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")
 # and the one the masked model never read
@@ -36,9 +35,8 @@ _PISTOL_FINETUNE_KEYS = (
     "questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs", "finetune_check_every",
     "finetune_target", "max_new_tokens"
 )
-_PISTOL_UNLEARN_KEYS = (
-    "questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens"
-)
+_PISTOL_UNLEARN_KEYS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows",
+                        "max_new_tokens")
 _DEGREE_EDGES = ("A-B", "A-C")
 _RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")
 
@@ -169,9 +167,8 @@ def _has_control(cfg: RunConfig, method: str) -> bool: return cfg.unlearn.contro
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #18f41e6d
 def _world(c, f):
-    return {
-        "v": _STAGE_VERSIONS["world"], "world": _world_key(c), "content_types": c.pii.content_types, "seed": c.seed
-    }, []
+    return {"v": _STAGE_VERSIONS["world"], "world": _world_key(c), "content_types": c.pii.content_types,
+            "seed": c.seed}, []
 
 def _hf_key(c, f) -> list | None:
     "What identified a checkpoint: name and revision, and for a GGUF file its content digest (fact `gguf_digest`)."
@@ -236,14 +233,12 @@ def _testbed(c, f):
     }, ["pii", "instruct_masked"]
 
 def _extraction(c, f, stage):
-    return {
-        "v": _STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens, "min_share": c.testbed.min_share
-    }, ["pii", stage]
+    return {"v": _STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens,
+            "min_share": c.testbed.min_share}, ["pii", stage]
 
 def _reachability(c, f, stage):
-    key = {
-        "v": _STAGE_VERSIONS["reachability"], "n_fresh": 2, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens
-    }
+    key = {"v": _STAGE_VERSIONS["reachability"], "n_fresh": 2, "seed": c.seed,
+           "max_new_tokens": c.testbed.max_new_tokens}
     return key, ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #441e8cb2
@@ -428,9 +423,8 @@ def _external_checkpoint(c, f, name, field):
     return key, ["testbed", "masks", "instruct_masked"] + (["instruct_unmasked"] if f.get("control") else [])
 
 def _external_result(c, f, name, kind, field):
-    return _source_result(
-        c, kind, f"external:{name}", field, f"external_{name}_checkpoint_{field}", f"external_{name}_"
-    )
+    return _source_result(c, kind, f"external:{name}", field, f"external_{name}_checkpoint_{field}",
+                          f"external_{name}_")
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #9dcfc6eb
 def _tune(c, f, method):

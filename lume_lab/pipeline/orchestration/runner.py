@@ -79,9 +79,8 @@ def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | N
             progress_bar=progress, cwd=str(cwd or nb_path.parent), config=kernel_config(), extra_arguments=KERNEL_ARGS
         )
     except DeadKernelError:
-        raise NotebookRunError(
-            f"{nb_path.name}: the kernel died (killed, or out of memory)\n  executed notebook: {out_path}"
-        ) from None
+        raise NotebookRunError(f"{nb_path.name}: the kernel died (killed, or out of memory)\n  executed notebook: "
+                               f"{out_path}") from None
     except PapermillExecutionError as e:
         src = nbformat.read(str(nb_path), as_version=4).cells
         idx = next((i for i, c in enumerate(src) if c.source == e.source), e.cell_index)
@@ -95,9 +94,8 @@ def experiments_dir() -> Path:
     "Folder of the experiment notebooks (`nbs/experiments` of the lume_lab checkout)."
     r = repo_root() or repo_root(package_dir())
     if r is None or not (r / "nbs" / "experiments").exists():
-        raise FileNotFoundError(
-            "experiment notebooks not found: lume_lab must be installed from its repository (pip install -e .)"
-        )
+        raise FileNotFoundError("experiment notebooks not found: lume_lab must be installed from its repository (pip "
+                                "install -e .)")
     return r / "nbs" / "experiments"
 
 # PISTOL and LUME (other papers' datasets), the dose-response: run on request
@@ -210,9 +208,8 @@ def plan_text(preset: str, names: list[str]) -> str:
 class ChainProgress:
     "One line per finished experiment of a chain: its time, elapsed, % of the run and ETA (from EXPERIMENT_COSTS)."
     def __init__(self, preset: str, names: list[str], clock=time.monotonic):
-        self.names, self.exp, self.clock, self.t0, self.done = (
-            list(names), expected_seconds(preset, names), clock, clock(), []
-        )
+        self.names, self.exp, self.clock, self.t0, self.done = (list(names), expected_seconds(preset, names), clock,
+                                                                clock(), [])
         self.took = {}
 
     def share(self) -> float:

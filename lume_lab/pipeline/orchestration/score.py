@@ -40,9 +40,8 @@ def check_score(store: RunStore, checkpoint, name: str, field: str | None = None
     return field
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #a3931476
-def score_row(
-    label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: pd.DataFrame | None, res: dict | None
-) -> pd.DataFrame:
+def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: pd.DataFrame | None,
+              res: dict | None) -> pd.DataFrame:
     "One scorecard row (`pipeline.presentation.scorecard` columns) of `label` on `field` from its stages' tables."
     from lume_lab.analysis.resurfacing import leakage_table
     from lume_lab.metrics.evaluate import table2
@@ -121,9 +120,8 @@ def add_export_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--out", required=True,
         help="a new folder: model/, model_control/, data/, masks/, open-unlearning/, manifest.json"
     )
-    p.add_argument(
-        "--field", nargs="+", default=None, help="forget fields to export (default: every field the run unlearns)"
-    )
+    p.add_argument("--field", nargs="+", default=None,
+                   help="forget fields to export (default: every field the run unlearns)")
     p.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
     return p
 

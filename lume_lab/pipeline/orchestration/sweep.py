@@ -67,9 +67,8 @@ def sweep_points(grid: dict | None = None, points: list | None = None, seeds: li
     if grid is not None and points is not None: problems.append("give either grid or points, not both")
     if grid is not None and _check_field_values("grid", grid, problems):
         if not grid:
-            problems.append(
-                "grid is empty: give at least one field and its values, e.g. grid: {inject.mask_fraction: [0.05, 0.1]}"
-            )
+            problems.append("grid is empty: give at least one field and its values, e.g. grid: {inject.mask_fraction: "
+                            "[0.05, 0.1]}")
         problems += [
             f"grid[{k!r}] must be a non-empty list of values, got {v!r}"
             for k, v in grid.items()
@@ -108,9 +107,8 @@ EXECUTOR_KINDS = ("local", "slurm")
 _GENERIC = submitit.AutoExecutor._typed_parameters()
 _LOCAL_OPTIONS = ("workers", "threads", "timeout_min", "gpus_per_node")
 _SLURM_OWN = ("workers", "threads", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "stderr_to_stdout")
-_SLURM_SKIP = {
-    "job_name", "time", "mem", "nodes", "ntasks_per_node", "array_parallelism", "num_gpus", "map_count", *_SLURM_OWN
-}
+_SLURM_SKIP = {"job_name", "time", "mem", "nodes", "ntasks_per_node", "array_parallelism", "num_gpus", "map_count",
+               *_SLURM_OWN}
 
 def executor_options(kind: str) -> list[str]:
     """Options an `executor` block of `kind` accepts:
@@ -143,9 +141,8 @@ def executor_spec(block: dict | None, name: str, workers: int | None = None) -> 
         raise ConfigError(f"executor.kind must be one of {', '.join(EXECUTOR_KINDS)}; got {kind!r}")
     allowed = executor_options(kind)
     if bad := [k for k in block if k not in allowed]:
-        raise ConfigError(
-            f"unknown {kind} executor option(s) {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}"
-        )
+        raise ConfigError(f"unknown {kind} executor option(s) {', '.join(map(repr, bad))}; allowed: "
+                          f"{', '.join(allowed)}")
     if workers is not None: block["workers"] = workers
     num = lambda v, kind=int: isinstance(v, kind) and not isinstance(v, bool)
     problems = [
@@ -167,9 +164,8 @@ def executor_spec(block: dict | None, name: str, workers: int | None = None) -> 
     if problems: raise ConfigError("invalid executor:\n  - " + "\n  - ".join(problems))
     params = {"name": f"lume-{name}"}
     if kind == "local":
-        params.update(
-            timeout_min=block.get("timeout_min", 7 * 24 * 60), gpus_per_node=block.get("gpus_per_node", _visible_gpus())
-        )
+        params.update(timeout_min=block.get("timeout_min", 7 * 24 * 60),
+                      gpus_per_node=block.get("gpus_per_node", _visible_gpus()))
     else:
         params.update(
             {k if k in _GENERIC else f"slurm_{k}": v for k, v in block.items() if k not in ("workers", "threads")}
@@ -219,9 +215,8 @@ def _check_spec(s: dict, problems: list) -> None:
         problems.append(f"unknown sweep key(s) {', '.join(map(repr, bad))}; allowed: {', '.join(SPEC_KEYS)}")
     name = s.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        problems.append(
-            f"name must be a non-empty name of letters, digits, '.', '_', '-' (the folder runs/<name>), got {name!r}"
-        )
+        problems.append("name must be a non-empty name of letters, digits, '.', '_', '-' (the folder runs/<name>), "
+                        f"got {name!r}")
     if s.get("preset", "mini") not in PRESETS:
         problems.append(f"preset must be one of {', '.join(PRESETS)}; got {s.get('preset')!r}")
     _check_field_values("set", s.get("set") or {}, problems)
@@ -284,9 +279,8 @@ def _existing_conflicts(d: Path, points: list[Point]) -> list[str]:
     return out
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #59877f3f
-def load_sweep(
-    spec: str | Path | dict, root: str | Path | None = None, workers: int | None = None, reuse: list | None = None
-) -> Sweep:
+def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers: int | None = None,
+               reuse: list | None = None) -> Sweep:
     """Read and validate a sweep spec (every point's config included) without writing anything;
     one `ConfigError` lists every problem. `workers` overrides the executor's; `reuse` adds runs to the spec's `reuse`
     (`lume-lab sweep --reuse`)."""
@@ -309,9 +303,8 @@ def load_sweep(
     # `grid:` with nothing after it is an empty grid, not no grid
     empty = lambda k: {} if k == "grid" else []
     try:
-        raw = sweep_points(
-            *(empty(k) if k in s and s[k] is None else s.get(k) for k in ("grid", "points")), s.get("seeds")
-        )
+        raw = sweep_points(*(empty(k) if k in s and s[k] is None else s.get(k) for k in ("grid", "points")),
+                           s.get("seeds"))
     except ConfigError as e:
         problems.append(str(e).removeprefix("invalid sweep:\n  - "))
         raw = []
@@ -570,9 +563,8 @@ def _plot_data(df: pd.DataFrame, sweep: Sweep) -> tuple[pd.DataFrame, dict]:
     meta = {"point", "seed", "source", *sweep.swept, *(k for p in sweep.points for k in p.overrides)}
     numeric = [c for c in df.select_dtypes("number") if c not in meta]
     x = pl.get("x", next((k for k in sweep.swept if k != "seed"), None))
-    y = pl.get(
-        "y", next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None)
-    )
+    y = pl.get("y",
+               next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None))
     hue = pl.get("hue", next((c for c in ("model", "method") if c in df and df[c].nunique() > 1), None))
     xs = pd.to_numeric(df[x], errors="coerce") if x else None
     logx = pl.get("logx", bool(x and xs.notna().all() and len(xs) and (xs > 0).all() and xs.max() / xs.min() >= 50))

@@ -37,9 +37,8 @@ def stage_attribution(store: RunStore, field: str) -> pd.DataFrame:
         )
         t.insert(0, "field", field); t.to_csv(out / "aucs.csv", index=False)
     return pd.read_csv(
-        store.stage(
-            f"attribution_{field}", fn, reads=["attribution", "seed"], deps=["testbed", "instruct_masked", "masks"]
-        )
+        store.stage(f"attribution_{field}", fn, reads=["attribution", "seed"],
+                    deps=["testbed", "instruct_masked", "masks"])
         / "aucs.csv"
     )
 

@@ -31,9 +31,8 @@ def stage_world(store: RunStore):
     c = store.config
     # `world.utility_texts` sizes only the utility scorer: the corpus never reads it
     reads = section_fields(c, "world", drop=("utility_texts",)) + ["pii.content_types", "seed"]
-    d = store.stage(
-        "world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types), reads=reads
-    )
+    d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types),
+                    reads=reads)
     return load_world(d)
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #c59e25ea
@@ -46,9 +45,8 @@ def check_checkpoint(cfg: RunConfig):
     p = cfg.model.name_or_path
     where = f"model.name_or_path {p!r}" + (f" (revision {cfg.model.revision!r})" if cfg.model.revision else "")
     if Path(p).expanduser().is_dir() and not (Path(p).expanduser() / "config.json").exists():
-        raise ConfigError(
-            f"{where} is a directory without config.json: not a Hugging Face checkpoint (save one with save_pretrained)"
-        )
+        raise ConfigError(f"{where} is a directory without config.json: not a Hugging Face checkpoint (save one with "
+                          "save_pretrained)")
     try:
         g = gguf_kwargs(p)   # a GGUF file: its package and the `gguf` reader must be installed
     except ImportError as e: raise ConfigError(f"{where}: {e}") from None
@@ -129,9 +127,8 @@ def stage_base(store: RunStore) -> Path:
             "base", lambda out: make(out, c), reads=SOURCE_READS + ["model.dtype"], inputs=_source_inputs(c),
             deps=["tokenizer"]
         )
-    return store.stage(
-        "base", lambda out: _pretrain_base(out, store), reads=["model", "pretrain", "seed"], deps=["world", "tokenizer"]
-    )
+    return store.stage("base", lambda out: _pretrain_base(out, store), reads=["model", "pretrain", "seed"],
+                       deps=["world", "tokenizer"])
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #34572dca
 def prepare_base(store: RunStore) -> Path:
@@ -200,9 +197,8 @@ def stage_lume(store: RunStore):
     c = store.config
     def fn(out):
         bios = (
-            world_public_bios(
-                c.world.n_public_people, c.seed, c.world.heldout_fraction, content_types=c.pii.content_types
-            )
+            world_public_bios(c.world.n_public_people, c.seed, c.world.heldout_fraction,
+                              content_types=c.pii.content_types)
             if "public" in c.lume.tasks
             else None
         )

@@ -84,9 +84,8 @@ def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
     def fn(out):
         M, facts = dose_mask(store, point)
         model, tok = load_stage_model(store, "instruct_masked")
-        unl, log = spec.run(
-            model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=point.seed, ground_truth_mask=M
-        )
+        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=point.seed,
+                            ground_truth_mask=M)
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
         (out / "mask.json").write_text(json.dumps(facts))
     # the name holds the kind, seed and field, but the level only to 6 significant digits
@@ -102,9 +101,8 @@ def dose_source(store: RunStore, point: DosePoint, field: str) -> ModelSource:
     stage_dose_unlearn(store, point, field)
     name = dose_stage(point, field)
     load = lambda: load_method_stage(store, DOSE_METHOD, name)
-    return ModelSource(
-        point.label, field, name, load, lambda: _weights(store.path(name) / "model", load), prefix=f"{point.label}_"
-    )
+    return ModelSource(point.label, field, name, load, lambda: _weights(store.path(name) / "model", load),
+                       prefix=f"{point.label}_")
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #f6af9bd7
 MEASURE_COLUMNS = ["method", "measure", "value", "lo", "hi", "n"]
@@ -118,9 +116,8 @@ def _table2(df: pd.DataFrame, split: str, metric: str):
     )
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #3bd01e45
-def model_measures(
-    store: RunStore, src: ModelSource, loc: pd.DataFrame, leaks: dict | None, ref: pd.DataFrame | None
-) -> pd.DataFrame:
+def model_measures(store: RunStore, src: ModelSource, loc: pd.DataFrame, leaks: dict | None,
+                   ref: pd.DataFrame | None) -> pd.DataFrame:
     """The measures of `src`: Table 2 (`evaluate_source`), the `forget` row of localization summary `loc`, and, when
     `ref` (`none`'s per-example scores) is given, e10's rows (`robustness_rows`) and the leak rates of `leaks`
     ({'before', 'after'})."""
@@ -128,9 +125,8 @@ def model_measures(
     from lume_lab.pipeline.stages.robustness import robustness_rows
 
     ev, m, rows = evaluate_source(store, src), src.label, []
-    for name, split, metric in (
-        ("forget_em", "forget", "em"), ("retain_em", "retain", "em"), ("utility_delta", "utility_delta", "mc_acc")
-    ):
+    for name, split, metric in (("forget_em", "forget", "em"), ("retain_em", "retain", "em"),
+                                ("utility_delta", "utility_delta", "mc_acc")):
         v, n = _table2(ev, split, metric)
         rows.append({"method": m, "measure": name, "value": v, "n": n})
     lf = loc[(loc.labels == "forget") & (loc.method == m)]
@@ -217,8 +213,7 @@ def dose_summary(table: pd.DataFrame) -> pd.DataFrame:
     g = t.groupby(keys + ["measure"], sort=False).value
     wide = g.mean().unstack("measure"); sd = g.std().unstack("measure").add_suffix("_sd")
     cols = [m for m in SUMMARY_MEASURES if m in wide.columns]
-    facts = table.groupby(keys, sort=False).agg(
-        precision=("precision", "mean"), recall=("recall", "mean"), seeds=("seed", "nunique")
-    )
+    facts = table.groupby(keys, sort=False).agg(precision=("precision", "mean"), recall=("recall", "mean"),
+                                                seeds=("seed", "nunique"))
     out = facts.join(wide[cols]).join(sd[[f"{m}_sd" for m in cols]])
     return out[["precision", "recall", "seeds"] + [c for m in cols for c in (m, f"{m}_sd")]].reset_index()

@@ -155,9 +155,8 @@ def check_checkpoint_dir(path, reference, what: str = "the testbed model") -> di
     if missing := sorted(set(ref_shapes) - set(shapes)):
         raise ConfigError(f"checkpoint {str(path)!r} lacks {len(missing)} parameter(s) of {what}, e.g. {missing[:3]}")
     if extra := sorted(set(shapes) - set(ref_shapes)):
-        raise ConfigError(
-            f"checkpoint {str(path)!r} has {len(extra)} parameter(s) {what} does not have, e.g. {extra[:3]}"
-        )
+        raise ConfigError(f"checkpoint {str(path)!r} has {len(extra)} parameter(s) {what} does not have, e.g. "
+                          f"{extra[:3]}")
     if bad := [n for n in ref_shapes if shapes[n] != ref_shapes[n]]:
         diff = [
             k
@@ -274,9 +273,8 @@ def stage_external_checkpoint(store: RunStore, name: str, field: str, checkpoint
     check_checkpoint_dir(checkpoint, store.path("instruct_masked") / "model")
     if control is not None:
         check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
-    inputs = {
-        "checkpoint": checkpoint_digest(checkpoint), "control": None if control is None else checkpoint_digest(control)
-    }
+    inputs = {"checkpoint": checkpoint_digest(checkpoint),
+              "control": None if control is None else checkpoint_digest(control)}
     def fn(out):
         info = {
             "name": name, "label": external_label(name), "field": field,
@@ -292,9 +290,8 @@ def stage_external_checkpoint(store: RunStore, name: str, field: str, checkpoint
             _warn_if_unchanged(name, field, info["control"]["precision"], "control")
         (out / "checkpoint.json").write_text(json.dumps(info, indent=1))
     deps = ["testbed", "masks", "instruct_masked"] + (["instruct_unmasked"] if control is not None else [])
-    return store.stage(
-        checkpoint_stage(name, field), fn, reads=["model.dtype", "pii.n_groups"], inputs=inputs, deps=deps
-    )
+    return store.stage(checkpoint_stage(name, field), fn, reads=["model.dtype", "pii.n_groups"], inputs=inputs,
+                       deps=deps)
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #5bf3b2cf
 def external_source(store: RunStore, name: str, field: str) -> ModelSource:
@@ -305,13 +302,11 @@ def external_source(store: RunStore, name: str, field: str) -> ModelSource:
     from lume_lab.models.lm import load_model
     st = checkpoint_stage(name, field)
     if not store.is_done(st):
-        raise StageError(
-            f"run {store.run_id!r} has no external checkpoint {name!r} on {field!r}: score it first (lume-lab score)"
-        )
+        raise StageError(f"run {store.run_id!r} has no external checkpoint {name!r} on {field!r}: "
+                         "score it first (lume-lab score)")
     d, dtype = store.path(st), store.config.model.dtype
-    W = lambda sub, ref: RoundedToReference(
-        SafetensorsStateDict(d / sub), SafetensorsStateDict(store.path(ref) / "model")
-    )
+    W = lambda sub, ref: RoundedToReference(SafetensorsStateDict(d / sub),
+                                            SafetensorsStateDict(store.path(ref) / "model"))
     load = lambda: (load_model(d / "model", dtype=dtype)[0].eval(), AutoTokenizer.from_pretrained(str(d / "model")))
     ctl = (lambda: W("control", "instruct_unmasked")) if (d / "control").is_dir() else None
     return ModelSource(

@@ -65,9 +65,8 @@ def nonmember_docs(cfg: RunConfig) -> list[dict]:
             texts = [
                 next(
                     d["text"]
-                    for d in render_documents(
-                        p, cfg.pii.content_types, random.Random(f"lume-nonmember:{cfg.seed}:{p['profile_id']}")
-                    )
+                    for d in render_documents(p, cfg.pii.content_types,
+                                              random.Random(f"lume-nonmember:{cfg.seed}:{p['profile_id']}"))
                     if d["content_type"] == "wiki"
                 )
                 for p in held[:k]
@@ -181,9 +180,8 @@ def _cut_right(tok, text: str, n: int) -> str:
     return text if len(ids) <= n else tok.decode(ids[:n])
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #94df71e2
-def score_lume(
-    model, tok, cfg: RunConfig, rows: list[dict], members: list[dict], nonmembers: list[dict], world
-) -> pd.DataFrame:
+def score_lume(model, tok, cfg: RunConfig, rows: list[dict], members: list[dict], nonmembers: list[dict],
+               world) -> pd.DataFrame:
     "Long table (task, split, metric, value, n) of one model: regurgitation, knowledge, MIA AUCs, utility."
     from lume_lab.metrics.knowledge import knowledge_scores, regurgitation_scores
     from lume_lab.metrics.mia import ATTACKS, mia_auc, mia_scores

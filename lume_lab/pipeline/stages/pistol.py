@@ -124,9 +124,8 @@ def finetune_qa(model, tokenizer, rows: list[dict], pcfg, seed: int, max_new_tok
     log, done = [], 0
     while done < pcfg.finetune_epochs:
         hp["epochs"] = min(pcfg.finetune_check_every, pcfg.finetune_epochs - done)
-        model, steps = unlearn_loop(
-            model, tokenizer, rows, None, descent_step, hp, seed=seed + done, desc="pistol finetune"
-        )
+        model, steps = unlearn_loop(model, tokenizer, rows, None, descent_step, hp, seed=seed + done,
+                                    desc="pistol finetune")
         done += hp["epochs"]
         r1 = rouge_scores(model, tokenizer, rows, max_new_tokens=max_new_tokens or pcfg.max_new_tokens)["rouge1"]
         log.append(
@@ -210,9 +209,8 @@ def choose_lr(grid: pd.DataFrame, floor: float) -> dict:
     return {"lr": float(g.retain_rouge1.idxmax()), "floor_met": False}
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #7bf144ba
-_UNLEARN_FIELDS = (
-    "questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens"
-)
+_UNLEARN_FIELDS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows",
+                   "max_new_tokens")
 
 def _protocol(*extra: str) -> list[str]:
     """The `pistol` fields an unlearning stage reads, as the paths it declares (the fine-tuned model's own come through
@@ -376,8 +374,7 @@ def plot_ds(table: pd.DataFrame, by: str, order: list[str], title: str):
         t.assign(source=f"{n} (paper)", DS=t[f"ds {n} (paper)"]) for n in PAPER_MODELS
     ]
     d = pd.concat(long, ignore_index=True)[["method", by, "source", "DS"]]
-    g = sns.catplot(
-        data=d, x="method", y="DS", hue=by, hue_order=order, col="source", kind="bar", height=3, aspect=1.2, sharey=True
-    )
+    g = sns.catplot(data=d, x="method", y="DS", hue=by, hue_order=order, col="source", kind="bar", height=3, aspect=1.2,
+                    sharey=True)
     g.set_xticklabels(rotation=30); g.figure.suptitle(title, y=1.04)
     return g.figure

@@ -98,9 +98,8 @@ def load_remind_inputs(store: RunStore, field: str) -> list[dict]:
     return [json.loads(l) for l in (stage_remind_inputs(store, field) / "examples.jsonl").read_text().splitlines()]
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #b1583eca
-SCORE_COLUMNS = [
-    "model", "input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n", "n_per_class"
-]
+SCORE_COLUMNS = ["model", "input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n",
+                 "n_per_class"]
 
 def score_model(
     model, tokenizer, examples: list[dict], label: str, *, n_splits: int, seed: int, scaler: str,
@@ -156,9 +155,8 @@ def detector_scores(
     bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed, oof=recs)
     if oof is not None:
         oof += [
-            dict(
-                r, model=label, input=inp, detector="remind_" + r["classifier"] if "classifier" in r else r["baseline"]
-            )
+            dict(r, model=label, input=inp,
+                 detector="remind_" + r["classifier"] if "classifier" in r else r["baseline"])
             for r in recs
         ]
     sc = pd.concat(
@@ -225,9 +223,8 @@ def _too_few_folds(c, field: str, n_splits: int, orig: pd.Series, out: Path) -> 
     return False
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #94777d7e
-def _score_models(
-    store: RunStore, field: str, loaders: dict, exs: list[dict], n_splits: int, sizes: pd.DataFrame, out: Path
-) -> None:
+def _score_models(store: RunStore, field: str, loaders: dict, exs: list[dict], n_splits: int, sizes: pd.DataFrame,
+                  out: Path) -> None:
     "Features, scores and out-of-fold probabilities (`score_model`) of every model `loaders` names, written to `out`."
     from lume_lab.models.accel import progress
 
@@ -272,9 +269,8 @@ def remind_source(store: RunStore, src) -> pd.DataFrame | None:
         if not _too_few_folds(c, src.field, n_splits, orig, out):
             _score_models(store, src.field, {src.label: lambda: src.load()[0]}, exs, n_splits, sizes, out)
     reads = remind_reads(c) + ["seed", "testbed.max_new_tokens"]
-    d = store.stage(
-        src.result_stage("remind"), fn, reads=reads, deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage]
-    )
+    d = store.stage(src.result_stage("remind"), fn, reads=reads,
+                    deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
 def load_remind_features(store: RunStore, field: str) -> pd.DataFrame:
@@ -407,18 +403,16 @@ def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame
     )
     def fn(out):
         if (store.path(dep) / "oof.parquet").exists():          # the probabilities REMIND saved: the bootstrap only
-            ci, sep = oof_intervals(
-                pd.read_parquet(store.path(dep) / "oof.parquet"), scores, seed=c.seed, n_boot=c.remind.n_boot
-            )
+            ci, sep = oof_intervals(pd.read_parquet(store.path(dep) / "oof.parquet"), scores, seed=c.seed,
+                                    n_boot=c.remind.n_boot)
             ci.to_csv(out / "intervals.csv", index=False); sep.to_csv(out / "separation.csv", index=False)
             return
         # a stage cached before: refit, as REMIND did
         feats = pd.read_csv(store.path(dep) / "features.csv", dtype={"profile_id": str})
         ci, sep = remind_intervals(feats, n_splits=int(scores.n_splits.iloc[0]), seed=c.seed, scaler=c.remind.scaler,
                                    rf_trees=c.remind.rf_trees, n_boot=c.remind.n_boot)
-        both = scores[scores.protocol == "fair"].merge(
-            ci, on=["model", "input", "detector", "comparison"], suffixes=("", "_ci")
-        )
+        both = scores[scores.protocol == "fair"].merge(ci, on=["model", "input", "detector", "comparison"],
+                                                       suffixes=("", "_ci"))
         if len(both) != len(ci) or not np.allclose(both.auc, both.auc_ci, rtol=0, atol=1e-9):
             warnings.warn(
                 f"{name}: the AUCs recomputed from {dep}/features.csv differ from {dep}/scores.csv (another sklearn?); "

@@ -61,9 +61,8 @@ def attempt_rows(store: RunStore, field: str) -> tuple[list[dict], pd.DataFrame]
     ids = sorted({r["profile_id"] for r in forget})
     prof = {p["profile_id"]: p for p in load_pii(store)["profiles"]}
     first = forget if c.resurface.extraction_prompts else []
-    rows, n = attack_set(
-        [prof[i] for i in ids], field, c.resurface.attempts, c.seed, paraphrases=c.resurface.paraphrases, first=first
-    )
+    rows, n = attack_set([prof[i] for i in ids], field, c.resurface.attempts, c.seed,
+                         paraphrases=c.resurface.paraphrases, first=first)
     known = {q["prompt"] for q in first}
     n_first = [sum(r["prompt"] in known for r in rows if r["profile_id"] == i) for i in ids]
     return rows, pd.DataFrame(
@@ -84,9 +83,8 @@ def _loader(store: RunStore, label: str, field: str):
             lambda m: spec.load(store.path(unlearn_name(label, field)), lambda: m, tok, store.config.model.dtype))
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #eb095045
-def _resurface_stage(
-    store: RunStore, label: str, field: str, name: str, load, rewrap, deps: list[str]
-) -> dict[str, pd.DataFrame]:
+def _resurface_stage(store: RunStore, label: str, field: str, name: str, load, rewrap,
+                     deps: list[str]) -> dict[str, pd.DataFrame]:
     """Attack the model `load()` returns (prompted as `rewrap(model)`), as stage `name`:
     leaked profiles before and after."""
     from lume_lab.analysis.resurfacing import leakage_attempts, leaked_profiles, sampling_config

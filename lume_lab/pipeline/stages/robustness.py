@@ -36,18 +36,16 @@ def robust_labels(cfg) -> list[str]:
 def none_source(store: RunStore, field: str) -> ModelSource:
     "The testbed model before unlearning as a `ModelSource` labelled `none`."
     load = lambda: load_stage_model(store, "instruct_masked")
-    return ModelSource(
-        "none", field, "instruct_masked", load, lambda: _weights(store.path("instruct_masked") / "model", load)
-    )
+    return ModelSource("none", field, "instruct_masked", load,
+                       lambda: _weights(store.path("instruct_masked") / "model", load))
 
 def robust_sources(store: RunStore, field: str) -> list[ModelSource]:
     "`none`, each weight-changing method (its unlearning stage run first), then each checkpoint scored on `field`."
     from lume_lab.pipeline.stages.external import external_sources
     methods = robust_labels(store.config)[1:]
     for m in methods: stage_unlearn(store, m, field)
-    return [
-        none_source(store, field), *(method_source(store, m, field) for m in methods), *external_sources(store, [field])
-    ]
+    return [none_source(store, field), *(method_source(store, m, field) for m in methods),
+            *external_sources(store, [field])]
 
 def _splits(store: RunStore, field: str) -> dict[str, list[dict]]:
     from lume_lab.inject.testbed import field_splits
@@ -176,9 +174,8 @@ def stage_weightspace(store: RunStore, src: ModelSource) -> dict[str, pd.DataFra
     from lume_lab.models.ops import qa_nll
     c = store.config
     if src.label == "none":
-        raise ValueError(
-            "weight-space diagnostics compare an unlearned model with the testbed model: 'none' has nothing to compare"
-        )
+        raise ValueError("weight-space diagnostics compare an unlearned model with the testbed model: "
+                         "'none' has nothing to compare")
     sp, owner = _splits(store, src.field), stage_masks(store)
     def fn(out):
         base, tok = load_stage_model(store, "instruct_masked")
@@ -188,9 +185,8 @@ def stage_weightspace(store: RunStore, src: ModelSource) -> dict[str, pd.DataFra
         weight_distances(before, after, regions).to_csv(out / "distances.csv", index=False)
         losses = {k: (lambda m, k=k: qa_nll(m, tok, sp[k])) for k in ("forget", "retain") if sp[k]}
         lmc_curve(base, before, after, losses, c.robustness.lmc_alphas).to_csv(out / "lmc.csv", index=False)
-    d = store.stage(
-        src.result_stage("robust_weights"), fn, reads=_reads("robustness.lmc_alphas"), deps=_deps(src) + ["masks"]
-    )
+    d = store.stage(src.result_stage("robust_weights"), fn, reads=_reads("robustness.lmc_alphas"),
+                    deps=_deps(src) + ["masks"])
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("distances", "lmc")}
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #580dbf20

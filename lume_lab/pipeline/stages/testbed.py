@@ -99,9 +99,8 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
         save_model(model, tok, out / "model")
         log.to_csv(out / "log.csv", index=False)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return launched_stage(
-        store, name, fn, reads=inject_reads(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else [])
-    )
+    return launched_stage(store, name, fn, reads=inject_reads(c, masked),
+                          deps=["world", "pii", "base"] + (["masks"] if masked else []))
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #1e78e57b
 def stage_instruct(store: RunStore, masked: bool = True) -> Path:
@@ -112,9 +111,8 @@ def stage_instruct(store: RunStore, masked: bool = True) -> Path:
         model, tok = load_stage_model(store, src)
         merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
-    return launched_stage(
-        store, "instruct_masked" if masked else "instruct_unmasked", fn, reads=["instruct", "seed"], deps=["pii", src]
-    )
+    return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, reads=["instruct", "seed"],
+                          deps=["pii", src])
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #6cec6204
 def stage_testbed(store: RunStore):
@@ -141,9 +139,8 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
         mem = memorized_profiles(extraction_table(model, tok, rows, c.testbed.max_new_tokens), c.testbed.min_share)
         extraction_rates(mem, ["field", "group", "role", "side"]).to_csv(out / "extraction_rates.csv", index=False)
         mem.to_csv(out / "memorized.csv", index=False)
-    d = store.stage(
-        f"extraction_{stage}", fn, reads=["testbed.max_new_tokens", "testbed.min_share"], deps=["pii", stage]
-    )
+    d = store.stage(f"extraction_{stage}", fn, reads=["testbed.max_new_tokens", "testbed.min_share"],
+                    deps=["pii", stage])
     return pd.read_csv(d / "memorized.csv")
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #90c1929c
@@ -164,9 +161,8 @@ def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh:
         ext.to_csv(out / "answers.csv", index=False)
         reachability(ext).to_csv(out / "reachability.csv", index=False)
     deps = ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
-    d = store.stage(
-        f"reachability_{stage}", fn, reads=["testbed.max_new_tokens", "seed"], inputs={"n_fresh": n_fresh}, deps=deps
-    )
+    d = store.stage(f"reachability_{stage}", fn, reads=["testbed.max_new_tokens", "seed"], inputs={"n_fresh": n_fresh},
+                    deps=deps)
     return pd.read_csv(d / "reachability.csv")
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #c8bfc979

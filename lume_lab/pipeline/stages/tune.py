@@ -173,9 +173,8 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
         )
         res.to_csv(out / "grid.csv", index=False)
     # the method's row is read but for the grid's keys; `ref` comes from the testbed's and forget_fields' files
-    reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + [
-        "seed", "testbed.require_memorized", "unlearn.tune_max_ppl_ratio"
-    ]
+    reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + ["seed", "testbed.require_memorized",
+                                                                "unlearn.tune_max_ppl_ratio"]
     d = store.stage(
         f"tune_{method}", fn, reads=reads,
         inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS}, deps=deps

@@ -30,9 +30,8 @@ __all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'LOCALIZATION_READS', 'input
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
 INPUT_PROVIDERS = {
-    "ground_truth_mask": (
-        lambda store: ground_truth_forget_mask(stage_masks(store), forget_groups(store.config)), ("masks",), stage_masks
-    ),
+    "ground_truth_mask": (lambda store: ground_truth_forget_mask(stage_masks(store), forget_groups(store.config)),
+                          ("masks",), stage_masks),
     "neutral_texts": (lambda store: corpus_texts(load_world(store.path("world")))[:2000], ("world",), stage_world),
 }
 
@@ -138,13 +137,11 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     deps = ["testbed", src] + ensure_inputs(store, method)
     names = field_split_names(field)
     def fn(out):
-        warn_small_splits(
-            {names[k]: sp[k] for k in ("forget", "retain")}, f"unlearning {method}" + (" (control)" if control else "")
-        )
+        warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")},
+                          f"unlearning {method}" + (" (control)" if control else ""))
         model, tok = load_stage_model(store, src)
-        unl, log = spec.run(
-            model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed, **method_inputs(store, method)
-        )
+        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed,
+                            **method_inputs(store, method))
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
     # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`
     return launched_stage(store, unlearn_name(method, field, control), fn, reads=[f"unlearn.hparams.{method}", "seed"],
@@ -154,9 +151,8 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
     """(model, tokenizer) after unlearning, read back by the method's `spec.load` (ULD: the testbed model with its
     assistant)."""
-    return load_method_stage(
-        store, method, unlearn_name(method, field, control), "instruct_unmasked" if control else "instruct_masked"
-    )
+    return load_method_stage(store, method, unlearn_name(method, field, control),
+                             "instruct_unmasked" if control else "instruct_masked")
 
 def load_method_stage(store: RunStore, method: str, stage: str, src: str = "instruct_masked"):
     """(model, tokenizer) that `method`'s spec saved in `stage`, run from the model of stage `src` (e11's dose points
@@ -225,18 +221,16 @@ def reference_utility(store: RunStore) -> dict:
         model, tok = load_stage_model(store, "instruct_masked")
         (out / "utility.json").write_text(
             json.dumps(
-                utility_scores(
-                    model, tok, load_world(store.path("world")), max_heldout=store.config.world.utility_texts
-                )
+                utility_scores(model, tok, load_world(store.path("world")),
+                               max_heldout=store.config.world.utility_texts)
             )
         )
     d = store.stage("utility_reference", fn, reads=["world.utility_texts"], deps=["world", "instruct_masked"])
     return json.loads((d / "utility.json").read_text())
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #9a623212
-def _evaluate_stage(
-    store: RunStore, label: str, field: str, load, deps: list[str], name: str | None = None
-) -> pd.DataFrame:
+def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str],
+                    name: str | None = None) -> pd.DataFrame:
     """Table 2 rows of the model `load()` returns on `field`, cached as stage `name` (default
     `evaluate_<label>_<field>`)."""
     from lume_lab.metrics.evaluate import COLUMNS, evaluate
@@ -297,9 +291,8 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
     forget = stage_testbed(store)[name]
     warn_small_splits({name: forget}, "localization")
     sizes = localization_sizes(forget, load_pii(store)["profiles"]["group"], c.pii.n_groups)
-    W = lambda stage: _weights(
-        store.path(stage) / "model", lambda: load_base(store) if stage == "base" else load_stage_model(store, stage)
-    )
+    W = lambda stage: _weights(store.path(stage) / "model",
+                               lambda: load_base(store) if stage == "base" else load_stage_model(store, stage))
     pre, inj, inj_ctrl = W("base"), W("instruct_masked"), W("instruct_unmasked")
     runs = []
     for s in sources:
