@@ -126,9 +126,8 @@ def stage_entries(store: RunStore) -> dict[str, Callable[[RunStore], Path]]:
     from lume_lab.pipeline.stages.external import external_source, scored_externals
     from lume_lab.pipeline.stages.resurface import resurface_source
     for n, f in scored_externals(store):
-        out[external_source(store, n, f).result_stage("resurface")] = lambda s, n=n, f=f: resurface_source(
-            s, external_source(s, n, f)
-        )
+        out[external_source(store, n, f).result_stage("resurface")] = (
+            lambda s, n=n, f=f: resurface_source(s, external_source(s, n, f)))
     return out
 
 def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None) -> Path:

@@ -185,9 +185,8 @@ def _base(c, f):
     v = _STAGE_VERSIONS["base"]
     if c.model.name_or_path is not None:
         return (None if (hf := _hf_key(c, f)) is None else {"v": v, "hf": hf, "dtype": c.model.dtype}), ["tokenizer"]
-    return {"v": v, "model": _section(c, "model"), "pretrain": _section(c, "pretrain"), "seed": c.seed}, [
-        "world", "tokenizer"
-    ]
+    return ({"v": v, "model": _section(c, "model"), "pretrain": _section(c, "pretrain"), "seed": c.seed},
+            ["world", "tokenizer"])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c9e74429
 # utility_<name>: the model scored
@@ -263,9 +262,8 @@ def _evaluate_key(c):
     }
 
 def _evaluate(c, f, label, field):
-    return _evaluate_key(c), ["testbed", "world", "instruct_masked"] + (
-        [] if label == "none" else [_unlearn_name(label, field)]
-    )
+    return (_evaluate_key(c),
+            ["testbed", "world", "instruct_masked"] + ([] if label == "none" else [_unlearn_name(label, field)]))
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #03524ad8
 def _localization_key(c):
@@ -277,16 +275,14 @@ def _localization_key(c):
 def _localization(c, f, field):
     ms = list(c.unlearn.methods)
     deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [_unlearn_name(m, field) for m in ms]
-    return {**_localization_key(c), "methods": ms}, deps + [
-        _unlearn_name(m, field, True) for m in ms if _has_control(c, m)
-    ]
+    return ({**_localization_key(c), "methods": ms},
+            deps + [_unlearn_name(m, field, True) for m in ms if _has_control(c, m)])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #dd31aab5
 def _remind_key(c): return _section(c, "remind", drop=("n_boot",))
 def _remind_inputs(c, f, field):
-    return {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "field": field, "seed": c.seed}, [
-        "testbed", "pii", "base"
-    ]
+    return ({"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "field": field, "seed": c.seed},
+            ["testbed", "pii", "base"])
 
 def _remind(c, f, field):
     ms = list(c.unlearn.methods)
@@ -294,9 +290,8 @@ def _remind(c, f, field):
         "v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "methods": ms, "seed": c.seed,
         "max_new_tokens": c.testbed.max_new_tokens
     }
-    return key, [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [
-        _unlearn_name(m, field) for m in ms
-    ]
+    return (key, [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"]
+            + [_unlearn_name(m, field) for m in ms])
 
 def _remind_ablation(c, f, field):
     m = "npo" if "npo" in c.unlearn.methods else c.unlearn.methods[0]
@@ -323,9 +318,8 @@ def _resurface(c, f, label, field):
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c9242a27
 def _attribution(c, f, field):
-    return {"v": _ATTRIBUTION_STAGE_VERSION, "attribution": _section(c, "attribution"), "seed": c.seed}, [
-        "testbed", "instruct_masked", "masks"
-    ]
+    return ({"v": _ATTRIBUTION_STAGE_VERSION, "attribution": _section(c, "attribution"), "seed": c.seed},
+            ["testbed", "instruct_masked", "masks"])
 
 def _mask_signature(c, f):
     a = c.attribution

@@ -228,9 +228,8 @@ class ChainProgress:
         )
         known, unmeasured = [n for n in rest if self.exp[n] is not None], [n for n in rest if self.exp[n] is None]
         if not known: return f"unknown ({', '.join(unmeasured)} unmeasured)"
-        return duration(pace * sum(self.exp[n] for n in known)) + (
-            f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else ""
-        )
+        return (duration(pace * sum(self.exp[n] for n in known))
+                + (f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else ""))
 
     def finished(self, name: str, seconds: float) -> str:
         self.done.append(name); self.took[name] = seconds

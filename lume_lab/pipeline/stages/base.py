@@ -169,9 +169,8 @@ def stage_utility(store: RunStore, name: str = "base", model_stage: str = "base"
     def fn(out):
         model, tok = load_stage_model(store, model_stage)   # a dependency of the stage: the model scored
         with torch.no_grad():
-            utility_table(model, tok, load_world(store.path("world")), name, max_heldout=c.world.utility_texts).to_csv(
-                out / "utility.csv", index=False
-            )
+            utility_table(model, tok, load_world(store.path("world")), name,
+                          max_heldout=c.world.utility_texts).to_csv(out / "utility.csv", index=False)
     c = store.config
     d = store.stage(f"utility_{name}", fn, reads=["world.utility_texts"], deps=["world", model_stage])
     return pd.read_csv(d / "utility.csv")

@@ -43,9 +43,8 @@ class DosePoint:
 def dose_points(cfg) -> list[DosePoint]:
     "Every point of `cfg.dose`: each precision, then each recall, at each seed."
     d = cfg.dose
-    return [DosePoint("precision", q, s) for q in d.precisions for s in d.seeds] + [
-        DosePoint("recall", r, s) for r in d.recalls for s in d.seeds
-    ]
+    return ([DosePoint("precision", q, s) for q in d.precisions for s in d.seeds]
+            + [DosePoint("recall", r, s) for r in d.recalls for s in d.seeds])
 
 def dose_fields(store: RunStore) -> list[str]:
     "`dose.fields`, or the first forget field e03 unlearns; a listed field that e03 cannot unlearn is refused."
@@ -172,12 +171,8 @@ def dose_table(store: RunStore, field: str) -> pd.DataFrame:
         facts = json.loads((store.path(src.stage) / "mask.json").read_text())
         leaks = resurface_source(store, src) if attacks else None
         m = model_measures(store, src, localization_source(store, src), leaks, ref)
-        out.append(
-            m.assign(
-                field=field, kind=p.kind, level=p.level_name, seed=p.seed, precision=facts["precision"],
-                recall=facts["recall"]
-            )
-        )
+        out.append(m.assign(field=field, kind=p.kind, level=p.level_name, seed=p.seed, precision=facts["precision"],
+                            recall=facts["recall"]))
     return pd.concat(out, ignore_index=True)
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #6c64a093

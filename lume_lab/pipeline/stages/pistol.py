@@ -370,9 +370,8 @@ def plot_ds(table: pd.DataFrame, by: str, order: list[str], title: str):
     returns the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
     t = table[table.method != "none"]
-    long = [t.assign(source="ours", DS=t.ds)] + [
-        t.assign(source=f"{n} (paper)", DS=t[f"ds {n} (paper)"]) for n in PAPER_MODELS
-    ]
+    long = ([t.assign(source="ours", DS=t.ds)]
+            + [t.assign(source=f"{n} (paper)", DS=t[f"ds {n} (paper)"]) for n in PAPER_MODELS])
     d = pd.concat(long, ignore_index=True)[["method", by, "source", "DS"]]
     g = sns.catplot(data=d, x="method", y="DS", hue=by, hue_order=order, col="source", kind="bar", height=3, aspect=1.2,
                     sharey=True)

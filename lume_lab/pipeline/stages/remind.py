@@ -42,9 +42,8 @@ def remind_examples(store: RunStore, field: str) -> pd.DataFrame:
     names = field_split_names(field)
     cols = ["prompt", "question", "answer", "profile_id"]
     def frame(rows, cls, inp):
-        return pd.DataFrame([{k: r[k] for k in cols} for r in rows], columns=cols).assign(
-            **{"class": cls, "input": inp}
-        )
+        return pd.DataFrame([{k: r[k] for k in cols} for r in rows],
+                            columns=cols).assign(**{"class": cls, "input": inp})
     mem = pd.read_csv(store.path("testbed") / "memorized.csv")
     memorized = mem.memorized | (not c.testbed.require_memorized)   # as the testbed's splits: smoke takes every profile
     kept = set(mem[(mem.role == "testbed") & (mem.side == "retain") & (mem.field == field) & memorized].profile_id)
@@ -252,9 +251,8 @@ def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
     def fn(out):
         if not _too_few_folds(c, field, n_splits, orig, out):
             _score_models(store, field, loaders, exs, n_splits, sizes, out)
-    deps = [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [
-        unlearn_name(m, field) for m in run_methods(c)
-    ]
+    deps = ([f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"]
+            + [unlearn_name(m, field) for m in run_methods(c)])
     reads = remind_reads(c) + ["unlearn.methods", "seed", "testbed.max_new_tokens"]   # unlearn.methods: `run_methods`
     d = store.stage(f"remind_{field}", fn, reads=reads, deps=deps)
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
@@ -354,9 +352,8 @@ def remind_intervals(features: pd.DataFrame, *, n_splits: int, seed: int, scaler
         ]
         sep += [ci_separation(rs, bt, k).assign(model=m, input=inp, classifier=k) for k in CLASSIFIERS]
     sep = pd.concat(sep, ignore_index=True)
-    return pd.concat(ci, ignore_index=True)[CI_COLUMNS], sep[
-        ["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]
-    ]
+    return (pd.concat(ci, ignore_index=True)[CI_COLUMNS],
+            sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]])
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #8d56371b
 def oof_intervals(oof: pd.DataFrame, scores: pd.DataFrame, *, seed: int, n_boot: int = 1000,
@@ -385,9 +382,8 @@ def oof_intervals(oof: pd.DataFrame, scores: pd.DataFrame, *, seed: int, n_boot:
         )
         sep += [ci_separation(rs, bt, k).assign(model=m, input=inp, classifier=k) for k in CLASSIFIERS]
     sep = pd.concat(sep, ignore_index=True)
-    return ci.reset_index(drop=True), sep[
-        ["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]
-    ]
+    return (ci.reset_index(drop=True),
+            sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]])
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #9cff8f9c
 def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame, pd.DataFrame] | None:

@@ -99,11 +99,8 @@ def stage_quantization(store: RunStore, src: ModelSource) -> dict[str, pd.DataFr
         regions = weight_regions(owner, forget_groups(c), {n: b[n].shape for n in names})
         ex, surv = [], []
         for bits in r.quant_bits:
-            ex.append(
-                example_scores(quantize_model(model, bits, r.group_size), tok, sp, c.testbed.max_new_tokens).assign(
-                    bits=bits
-                )
-            )
+            ex.append(example_scores(quantize_model(model, bits, r.group_size), tok, sp,
+                                     c.testbed.max_new_tokens).assign(bits=bits))
             surv.append(bucket_survival(b, a, bits, r.group_size, regions))
         pd.concat(ex).to_csv(out / "examples.csv", index=False)
         pd.concat(surv).to_csv(out / "survival.csv", index=False)

@@ -334,11 +334,9 @@ def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
         table, summary = localization_frames(store, src.field, [src])
         table.to_csv(out / "aucs.csv", index=False)
         summary.assign(**(src.summary_columns() if src.summary_columns else {})).to_csv(
-            out / "summary.csv", index=False
-        )
-    deps = ["base", "instruct_masked", "instruct_unmasked", "masks", src.stage] + (
-        [src.control_stage] if src.control_stage else []
-    )
+            out / "summary.csv", index=False)
+    deps = (["base", "instruct_masked", "instruct_unmasked", "masks", src.stage]
+            + ([src.control_stage] if src.control_stage else []))
     return pd.read_csv(
         store.stage(
             src.result_stage("localization"), fn, reads=LOCALIZATION_READS, inputs={"sizes": LOCALIZATION_SIZES},
