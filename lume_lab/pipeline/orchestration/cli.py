@@ -12,11 +12,12 @@ from ...core.config import DEFAULT_PRESET, PRESETS, PRESET_DESCRIPTIONS, ConfigE
 from ...core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
 from ...unlearn.registry import BUILTIN_METHODS
 from .config import config_report, open_resolved, resolve_config
-from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration, experiment_notebooks, plan_text,
-                                      run_notebook)
+from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration,
+                                                    experiment_notebooks, plan_text, run_notebook)
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
 from ..presentation.results import add_results_arguments, results_main
-from .sweep import describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep, seeds_spec
+from .sweep import (describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep,
+                                                   seeds_spec)
 from .export import export_run
 from .score import add_export_arguments, add_score_arguments, score_main
 
@@ -32,50 +33,59 @@ def parse_overrides(items: list[str] | None) -> dict:
         if "=" not in it: raise ConfigError(f"--set expects field=value (e.g. pii.n_groups=4), got {it!r}")
         k, v = it.split("=", 1)
         if k.strip() in ("seed", "preset"):   # the flags set these: an override would be dropped or mislabel the run
-            raise ConfigError(f"{k.strip()} is not a --set field; use --{k.strip()} (or --seeds 0,1,2 for several seeds)")
+            raise ConfigError(f"{k.strip()} is not a --set field; use --{k.strip()} (or --seeds 0,1,2 for several "
+                              "seeds)")
         try: out[k.strip()] = json.loads(v)
         except json.JSONDecodeError: out[k.strip()] = v
     return out
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #793296bf
 def _base_done(run_dir: Path) -> bool:
-    "Whether the run's base stage is done (then its checkpoint resolved once; a report-only or resumed run needs no hub)."
+    """Whether the run's base stage is done (then its checkpoint resolved once; a report-only or resumed run needs no
+    hub)."""
     m = run_dir / "manifest.json"
     return m.exists() and json.loads(m.read_text()).get("stages", {}).get("base", {}).get("status") == "done"
 
 REPORT_EXPERIMENT = "e99"   # writes the final page itself; after every other experiment run_pipeline rewrites it
 
 def _rewrite_page(store: RunStore, pending: list[str]) -> Path | None:
-    "The run's page with the experiments still to come marked 'not yet run'; a failure is printed, never raised (the run goes on)."
+    """The run's page with the experiments still to come marked 'not yet run';
+    a failure is printed, never raised (the run goes on)."""
     from lume_lab.pipeline.presentation.report import write_report
     try: return write_report([store.dir], pending=[p for p in pending if not p.startswith(REPORT_EXPERIMENT)])
     except Exception as e: print(f"  (report page not rewritten: {type(e).__name__}: {e})", flush=True)
 
+# %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #b0dea6aa
 def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
                  only: list[str] | None = None, root: str | None = None, progress: bool = False,
                  num_processes: int = 1, launcher: str = "torchrun", reuse: list | None = None, fsdp2: bool = False,
                  on_experiment: Callable[[str, RunStore], None] | None = None) -> Path:
-    """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment notebooks,
-    printing the plan, one line per experiment and per finished stage, and rewriting the report page after each.
-    `progress`: papermill's per-cell bar. `on_experiment(name, store)` is called after each experiment (and its page).
-    `num_processes` > 1 runs the training stages as multi-process jobs with `launcher` (`pipeline.orchestration.launch`); `fsdp2`
-    shards the model in the injection and unlearning stages (FSDP2) instead of replicating it.
-    `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes are adopted, not recomputed."""
+    """Resolve and validate the config, write it once to `runs/<run_id>/config.json`, then execute the experiment
+    notebooks, printing the plan, one line per experiment and per finished stage, and rewriting the report page after
+    each. `progress`: papermill's per-cell bar. `on_experiment(name, store)` is called after each experiment (and its
+    page). `num_processes` > 1 runs the training stages as multi-process jobs with `launcher`
+    (`pipeline.orchestration.launch`); `fsdp2` shards the model in the injection and unlearning stages (FSDP2) instead
+    of replicating it. `reuse`: runs (ids, directories, or folders of runs) whose finished stages with identical hashes
+    are adopted, not recomputed."""
     cfg = resolve_config(make_config(preset, overrides, seed))
     check_launch(num_processes, launcher, fsdp2)
     run_id = run_id or preset
     nbs = experiment_notebooks(only)
     reuse_sources(reuse or [], runs_root(root))             # a missing source is refused before anything is written
     if not _base_done(runs_root(root) / run_id):            # a checkpoint that does not load fails here, not in e00
-        from lume_lab.pipeline.stages.base import check_checkpoint   # (here: `lume-lab presets` and `status` need no transformers)
+        # (here: `lume-lab presets` and `status` need no transformers)
+        from lume_lab.pipeline.stages.base import check_checkpoint
         check_checkpoint(cfg)
     set_launch_env(num_processes, launcher, fsdp2)          # inherited by the papermill kernels
-    store = open_resolved(run_id, cfg, root)                # creates the run, upgrades an older one, or refuses a different config
-    store.set_reuse(reuse or [])                            # for this invocation's stages (the kernels read it from the manifest)
+    # creates the run, upgrades an older one, or refuses a different config
+    store = open_resolved(run_id, cfg, root)
+    # for this invocation's stages (the kernels read it from the manifest)
+    store.set_reuse(reuse or [])
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}
     names = [nb.stem for nb in nbs]
     print(f"lume-lab run: run {run_id}, preset {preset}, config {config_hash(cfg)} → {store.dir}", flush=True)
-    print(plan_text(preset, names), flush=True)              # the chain (what --only's prefixes selected) and its expected time
+    # the chain (what --only's prefixes selected) and its expected time
+    print(plan_text(preset, names), flush=True)
     track = ChainProgress(preset, names)
     for i, nb in enumerate(nbs):
         t = time.perf_counter()
@@ -100,19 +110,24 @@ def stage_entries(store: RunStore) -> dict[str, Callable[[RunStore], Path]]:
     from lume_lab.pipeline.stages.testbed import stage_inject, stage_instruct
     from lume_lab.pipeline.stages.unlearn import runs_control, stage_unlearn, unlearn_name
     c = store.config
-    out = {"inject_masked": lambda s: stage_inject(s, True), "inject_unmasked": lambda s: stage_inject(s, False),
-           "instruct_masked": lambda s: stage_instruct(s, True), "instruct_unmasked": lambda s: stage_instruct(s, False),
-           "instruct_floor": stage_instruct_floor}
+    out = {
+        "inject_masked": lambda s: stage_inject(s, True), "inject_unmasked": lambda s: stage_inject(s, False),
+        "instruct_masked": lambda s: stage_instruct(s, True), "instruct_unmasked": lambda s: stage_instruct(s, False),
+        "instruct_floor": stage_instruct_floor
+    }
     for m in c.unlearn.methods or []:
         for f in c.unlearn.forget_fields:
             out[unlearn_name(m, f)] = lambda s, m=m, f=f: stage_unlearn(s, m, f)
             if runs_control(c, m): out[unlearn_name(m, f, True)] = lambda s, m=m, f=f: stage_unlearn(s, m, f, True)
     for f in c.unlearn.forget_fields:
-        for label in resurface_labels(c): out[f"resurface_{label}_{f}"] = lambda s, l=label, f=f: stage_resurface(s, l, f)
-    from lume_lab.pipeline.stages.external import external_source, scored_externals   # checkpoints scored with `lume-lab score`
+        for label in resurface_labels(c):
+            out[f"resurface_{label}_{f}"] = lambda s, l=label, f=f: stage_resurface(s, l, f)
+    # checkpoints scored with `lume-lab score`
+    from lume_lab.pipeline.stages.external import external_source, scored_externals
     from lume_lab.pipeline.stages.resurface import resurface_source
     for n, f in scored_externals(store):
-        out[external_source(store, n, f).result_stage("resurface")] = lambda s, n=n, f=f: resurface_source(s, external_source(s, n, f))
+        out[external_source(store, n, f).result_stage("resurface")] = (
+            lambda s, n=n, f=f: resurface_source(s, external_source(s, n, f)))
     return out
 
 def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None) -> Path:
@@ -120,7 +135,8 @@ def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None)
     store = open_run(run_id, root=runs_root)
     entries = stage_entries(store)
     if name not in entries:
-        raise ValueError(f"stage must be one of the launchable stages of run {run_id!r}: {', '.join(entries)}; got {name!r}")
+        raise ValueError(f"stage must be one of the launchable stages of run {run_id!r}: {', '.join(entries)}; "
+                         f"got {name!r}")
     return entries[name](store)
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #fcf36f8e
@@ -132,39 +148,62 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id", default=None, help="run directory name under runs/ (default: the preset)")
     one = r.add_mutually_exclusive_group()
     one.add_argument("--seed", type=int, default=0)
-    one.add_argument("--seeds", default=None, metavar="0,1,2", help="one run per seed (a sweep): runs/<run-id>/seed=N/, run id default <preset>_seeds")
+    one.add_argument("--seeds", default=None, metavar="0,1,2",
+                     help="one run per seed (a sweep): runs/<run-id>/seed=N/, run id default <preset>_seeds")
     r.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override, repeatable")
-    r.add_argument("--only", nargs="*", default=None, help="experiment name prefixes to run (e.g. e00); default: the main chain; all: every experiment, the companions PISTOL (e07), LUME (e08) and the dose-response (e11) included")
+    r.add_argument("--only", nargs="*", default=None,
+                   help="experiment name prefixes to run (e.g. e00); default: the main chain; all: every experiment, "
+                        "the companions PISTOL (e07), LUME (e08) and the dose-response (e11) included")
     r.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
-    r.add_argument("--num-processes", type=int, default=1, help="processes per training stage (injection, unlearning); default 1")
-    r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS, help="accelerate on GPUs, torchrun on CPU (default torchrun)")
-    r.add_argument("--fsdp2", action="store_true", help="with --num-processes >= 2: shard the model over the processes in the injection and unlearning stages (FSDP2) instead of replicating it (DDP)")
-    r.add_argument("--workers", type=int, default=None, help="with --seeds: how many seeds run at once (submitit local executor)")
+    r.add_argument("--num-processes", type=int, default=1,
+                   help="processes per training stage (injection, unlearning); default 1")
+    r.add_argument("--launcher", default="torchrun", choices=LAUNCHERS,
+                   help="accelerate on GPUs, torchrun on CPU (default torchrun)")
+    r.add_argument("--fsdp2", action="store_true",
+                   help="with --num-processes >= 2: shard the model over the processes in the injection and unlearning "
+                        "stages (FSDP2) instead of replicating it (DDP)")
+    r.add_argument("--workers", type=int, default=None,
+                   help="with --seeds: how many seeds run at once (submitit local executor)")
     r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
-                   help="adopt finished stages with identical inputs from these runs (run ids, run directories, or folders of runs such as runs/)")
-    w = sub.add_parser("sweep", help="run a sweep spec (YAML): override grid × seeds, one run per point in runs/<sweep>/<point>/")
+                   help="adopt finished stages with identical inputs from these runs (run ids, run directories, or "
+                        "folders of runs such as runs/)")
+    w = sub.add_parser("sweep", help="run a sweep spec (YAML): override grid × seeds, "
+                                     "one run per point in runs/<sweep>/<point>/")
     w.add_argument("spec", help="the sweep spec, e.g. sweeps/mask_coverage.yaml")
     w.add_argument("--workers", type=int, default=None, help="points at once (overrides executor.workers)")
-    w.add_argument("--runs-root", default=None, help="where sweeps live (default: <repo>/runs); the sweep is <runs-root>/<name>/")
-    w.add_argument("--dry-run", action="store_true", help="validate, print the points and the executor's parameters; submit nothing")
+    w.add_argument("--runs-root", default=None,
+                   help="where sweeps live (default: <repo>/runs); the sweep is <runs-root>/<name>/")
+    w.add_argument("--dry-run", action="store_true",
+                   help="validate, print the points and the executor's parameters; submit nothing")
     w.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="runs whose finished stages the points may adopt (besides each other's), e.g. --reuse mini")
-    st = sub.add_parser("stage", help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
+    st = sub.add_parser("stage",
+                        help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
     st.add_argument("name", help="stage name, e.g. inject_masked or unlearn_npo_phone_number")
     st.add_argument("--run-id", required=True); st.add_argument("--runs-root", default=None)
-    st.add_argument("--fsdp2", action="store_true", help="an injection or unlearning stage shards the model over the job's processes (FSDP2)")
+    st.add_argument("--fsdp2", action="store_true",
+                    help="an injection or unlearning stage shards the model over the job's processes (FSDP2)")
     sub.add_parser("presets", help="list the presets and their main sizes")
-    cf = sub.add_parser("config", help="print the resolved config.json of a preset and --set overrides, with where each non-default value came from")
+    cf = sub.add_parser("config", help="print the resolved config.json of a preset and --set overrides, with where "
+                                       "each non-default value came from")
     cf.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of {', '.join(PRESETS)} (default {DEFAULT_PRESET})")
     cf.add_argument("--seed", type=int, default=None)
     cf.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="config override, repeatable")
-    cf.add_argument("--all", action="store_true", help="list every field with its source, not only the values that differ from the defaults")
-    add_results_arguments(sub.add_parser("results", help="write docs/results/<name>.md from run directories (or a sweep directory)"))
-    s = sub.add_parser("status", help="stage table of a run"); s.add_argument("run_id"); s.add_argument("--runs-root", default=None)
-    add_export_arguments(sub.add_parser("export", help="write a run's testbed for any unlearning framework: model, splits, masks, open-unlearning configs"))
-    add_score_arguments(sub.add_parser("score", help="score an unlearned checkpoint of a run's testbed model as external:NAME, through the stages a method goes through"))
+    cf.add_argument("--all", action="store_true",
+                    help="list every field with its source, not only the values that differ from the defaults")
+    add_results_arguments(sub.add_parser(
+        "results", help="write docs/results/<name>.md from run directories (or a sweep directory)"))
+    s = sub.add_parser("status", help="stage table of a run")
+    s.add_argument("run_id"); s.add_argument("--runs-root", default=None)
+    add_export_arguments(sub.add_parser(
+        "export", help="write a run's testbed for any unlearning framework: model, splits, masks, "
+                      "open-unlearning configs"))
+    add_score_arguments(sub.add_parser(
+        "score", help="score an unlearned checkpoint of a run's testbed model as external:NAME, through the stages a "
+                      "method goes through"))
     return p
 
+# %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #91ced58f
 def presets_text() -> str:
     "What `lume-lab presets` prints: each preset's one-line description (from its file), then their headline sizes."
     w = max(map(len, PRESETS))
@@ -177,12 +216,19 @@ def presets_table():
     rows = []
     for name in PRESETS:
         c = make_config(name)
-        rows.append({"preset": name, "model": c.model.name_or_path or f"tiny OLMo-2 {c.model.num_layers}L×{c.model.hidden_size}",
-                     "groups": c.pii.n_groups, "profiles/group": c.pii.profiles_per_group,
-                     "mask fraction": c.inject.mask_fraction, "pretrain steps": c.pretrain.steps if c.model.name_or_path is None else "—",
-                     "inject steps": c.inject.steps, "methods": len(c.unlearn.methods or BUILTIN_METHODS)})
+        rows.append(
+            {
+                "preset": name,
+                "model": c.model.name_or_path or f"tiny OLMo-2 {c.model.num_layers}L×{c.model.hidden_size}",
+                "groups": c.pii.n_groups, "profiles/group": c.pii.profiles_per_group,
+                "mask fraction": c.inject.mask_fraction,
+                "pretrain steps": c.pretrain.steps if c.model.name_or_path is None else "—",
+                "inject steps": c.inject.steps, "methods": len(c.unlearn.methods or BUILTIN_METHODS)
+            }
+        )
     return pd.DataFrame(rows)
 
+# %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #3b14f4df
 def _main(argv: list[str] | None = None) -> int:
     "Parse `argv`, run the command, return the exit status (`main` adds the closed-pipe handling)."
     a = _parser().parse_args(argv)
@@ -190,7 +236,8 @@ def _main(argv: list[str] | None = None) -> int:
         if getattr(a, "workers", None) is not None and a.workers < 1:
             raise ConfigError(f"--workers must be an int >= 1 (how many run at once), got {a.workers}")
         if getattr(a, "only", None) == []:   # `--only` and nothing after it: never silently the whole chain
-            raise ConfigError("--only needs at least one experiment (e.g. --only e00 e01); leave it out for the main chain")
+            raise ConfigError("--only needs at least one experiment (e.g. --only e00 e01); "
+                              "leave it out for the main chain")
         if a.cmd == "presets": print(presets_text())
         elif a.cmd == "config": print(config_report(a.preset, parse_overrides(a.set), a.seed, a.all), end="")
         elif a.cmd == "results": return results_main(a)
@@ -202,23 +249,32 @@ def _main(argv: list[str] | None = None) -> int:
         elif a.cmd == "stage":
             if a.fsdp2: os.environ[ENV_FSDP2] = "1"             # read by the injection and unlearning code of this rank
             print(run_stage_entry(a.name, a.run_id, a.runs_root))
-            from lume_lab.models.accel import end_process_group     # (here: `presets` and `status` import no transformers)
-            end_process_group()                                   # a rank of a launched job: leave no gloo threads behind
+            # (here: `presets` and `status` import no transformers)
+            from lume_lab.models.accel import end_process_group
+            # a rank of a launched job: leave no gloo threads behind
+            end_process_group()
         elif a.cmd == "sweep":
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
         elif a.workers is not None and a.seeds is None:
-            raise ConfigError(f"--workers applies only with --seeds (how many seeds run at once); got --workers {a.workers} for one run")
+            raise ConfigError(f"--workers applies only with --seeds (how many seeds run at once); "
+                              f"got --workers {a.workers} for one run")
         elif a.seeds is not None:
             if (a.num_processes, a.launcher, a.fsdp2) != (1, "torchrun", False):   # never silently one process
-                raise ConfigError("--seeds runs every seed as a one-process run; --num-processes, --launcher and --fsdp2 apply to "
-                                  "one run: start `lume-lab run --seed N` per seed with them")
-            spec = seeds_spec(a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id, 1 if a.workers is None else a.workers, a.reuse)
+                raise ConfigError(
+                    "--seeds runs every seed as a one-process run; --num-processes, --launcher and --fsdp2 apply to "
+                    "one run: start `lume-lab run --seed N` per seed with them"
+                )
+            spec = seeds_spec(
+                a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id,
+                1 if a.workers is None else a.workers, a.reuse
+            )
             return int((run_seeds(spec, run_pipeline, a.runs_root).status == "failed").any())
         else: run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
                            num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse, fsdp2=a.fsdp2)
-    except (ConfigError, NotebookRunError, StageError, FileNotFoundError, ValueError) as e:   # StageError: a stage whose inputs are not done
+    # StageError: a stage whose inputs are not done
+    except (ConfigError, NotebookRunError, StageError, FileNotFoundError, ValueError) as e:
         print(f"lume-lab: error: {e}", file=sys.stderr); return 2
     return 0
 
@@ -227,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     "`lume-lab` console script: `_main`, ending quietly with exit status 0 when the reader of its output has gone."
     try:
         try: return _main(argv)
-        finally: sys.stdout.flush()          # a closed pipe shows here, inside the handler, not in Python's flush at exit
+        # a closed pipe shows here, inside the handler, not in Python's flush at exit
+        finally: sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # what is still buffered goes nowhere
         return 0

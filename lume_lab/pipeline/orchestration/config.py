@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy, datetime, json
 from pathlib import Path
 
-from ...core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash,
-                                  dotted_leaves, make_config, set_fields, validate)
+from ...core.config import (DEFAULT_PRESET, PRESETS, ConfigError, RunConfig, config_diff, config_from_dict,
+                                  config_hash, dotted_leaves, make_config, set_fields, validate)
 from ...core.store import RunStore, atomic_write_json, open_run, runs_root as _runs_root
 from ...unlearn.registry import BUILTIN_METHODS, get_spec
 
@@ -34,27 +34,34 @@ def config_methods(cfg: RunConfig) -> list[str]:
     return methods + [m for m in AUXILIARY_METHODS if m not in methods]
 
 def method_hparams(cfg: RunConfig, method: str) -> dict:
-    "The resolved hyperparameters of `method` as the run's `config.json` holds them: a lookup, nothing is resolved again."
+    """The resolved hyperparameters of `method` as the run's `config.json` holds them:
+    a lookup, nothing is resolved again."""
     if method not in cfg.unlearn.hparams:
-        raise ConfigError(f"this run's config resolved no hyperparameters for {method!r} (it has {', '.join(cfg.unlearn.hparams)}); "
-                          f"add it to unlearn.methods when the run is created")
+        raise ConfigError(
+            f"this run's config resolved no hyperparameters for {method!r} (it has {', '.join(cfg.unlearn.hparams)}); "
+            f"add it to unlearn.methods when the run is created"
+        )
     return dict(cfg.unlearn.hparams[method])
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #55d669be
-def _normal(cfg: RunConfig) -> RunConfig: return config_from_dict(json.loads(json.dumps(cfg.to_dict())))  # as config.json reads back
+# as config.json reads back
+def _normal(cfg: RunConfig) -> RunConfig: return config_from_dict(json.loads(json.dumps(cfg.to_dict())))
 
 def _preset_rows(preset: str) -> dict[str, dict]:
     "The `unlearn.hparams.<method>` rows of a preset file, by method."
     return {k.split(".", 2)[2]: v for k, v in PRESETS[preset].items() if k.startswith("unlearn.hparams.")}
 
 def resolve_config(cfg: RunConfig) -> RunConfig:
-    "`cfg` with `unlearn.methods` explicit and every method's hyperparameters resolved; one `ConfigError` lists every problem."
-    from lume_lab.unlearn import localized_graddiff   # registers the e09 method (not a built-in); here, not at the top: torch
+    """`cfg` with `unlearn.methods` explicit and every method's hyperparameters resolved;
+    one `ConfigError` lists every problem."""
+    # registers the e09 method (not a built-in); here, not at the top: torch
+    from lume_lab.unlearn import localized_graddiff
     cfg = validate(copy.deepcopy(cfg))
     methods, rows, problems, hparams = config_methods(cfg), _preset_rows(cfg.preset), [], {}
     problems += [f"unlearn.hparams sets {m!r}, which is not in unlearn.methods ({', '.join(run_methods(cfg))})"
                  for m, row in cfg.unlearn.hparams.items() if m not in methods and row != rows.get(m)]
-    for m in cfg.robustness.methods or []:   # the attacked methods a run unlearns (a preset's list meets a narrower unlearn.methods)
+    # the attacked methods a run unlearns (a preset's list meets a narrower unlearn.methods)
+    for m in cfg.robustness.methods or []:
         try: get_spec(m)
         except ValueError as e: problems.append(f"robustness.methods: {e}")
     for m in methods:
@@ -64,19 +71,22 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
         except ValueError as e:
             where = "unlearn.methods" if m not in cfg.unlearn.hparams and m not in rows else f"unlearn.hparams.{m}"
             problems.append(f"{where}: {e}"); continue
-        problems += [f"unlearn.hparams.{m}: {p}" for p in spec.model_problems(hparams[m], cfg.model.num_layers)]  # a layer the model lacks
+        # a layer the model lacks
+        problems += [f"unlearn.hparams.{m}: {p}" for p in spec.model_problems(hparams[m], cfg.model.num_layers)]
     if problems: raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     cfg.unlearn.methods, cfg.unlearn.hparams = run_methods(cfg), hparams
     return _normal(cfg)
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #5c26e181
 def upgrade_config(saved: RunConfig) -> RunConfig:
-    "A saved config as today's code resolves it; `saved` itself where it no longer resolves (a method since removed, say)."
+    """A saved config as today's code resolves it;
+    `saved` itself where it no longer resolves (a method since removed, say)."""
     try: return resolve_config(saved)
     except ConfigError: return saved
 
 def same_config(saved: RunConfig, config: RunConfig) -> bool:
-    "Whether a run whose `config.json` reads back as `saved` is the run `config` asks for (the same once `saved` is upgraded)."
+    """Whether a run whose `config.json` reads back as `saved` is the run `config` asks for (the same once `saved` is
+    upgraded)."""
     return config_hash(saved) == config_hash(config) or config_hash(upgrade_config(saved)) == config_hash(config)
 
 def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None) -> RunStore:
@@ -86,14 +96,23 @@ def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None
     if path.exists():
         saved = config_from_dict(json.loads(path.read_text()))
         if not same_config(saved, config):
-            raise ConfigError(f"run {run_id!r} exists with a different config ({path}); differing fields: "
-                              f"{', '.join(config_diff(upgrade_config(saved), config)[:8])}. Use another run id, or open it without a config to read it")
+            raise ConfigError(
+                f"run {run_id!r} exists with a different config ({path}); differing fields: "
+                f"{', '.join(config_diff(upgrade_config(saved), config)[:8])}. Use another run id, or open it without "
+                "a config to read it"
+            )
         if config_hash(saved) != config_hash(config):
             if not (orig := path.with_name("config.orig.json")).exists(): orig.write_text(path.read_text())
             atomic_write_json(path, config.to_dict())
             store = open_run(run_id, root=root)
-            store.manifest.update(config=config.to_dict(), config_hash=config_hash(config), config_upgraded={
-                "from_hash": config_hash(saved), "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+            store.manifest.update(
+                config=config.to_dict(),
+                config_hash=config_hash(config),
+                config_upgraded={
+                    "from_hash": config_hash(saved),
+                    "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                },
+            )
             store._save()
     store = open_run(run_id, config, root)
     from lume_lab.pipeline.orchestration.legacy_keys import migrate_keys     # here: only an older run needs it
@@ -101,18 +120,25 @@ def open_resolved(run_id: str, config: RunConfig, root: str | Path | None = None
     return store
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #cf34cee3
-BY_HAND_PRESET = "smoke"   # a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
+# a new run opened by hand (or by nbdev-test) in an experiment notebook: minutes, not the CLI's mini
+BY_HAND_PRESET = "smoke"
 
-def open_experiment(run_id: str, runs_root: str | Path | None = None, preset: str | None = None, overrides: dict | None = None,
-                    seed: int | None = None, default_preset: str = BY_HAND_PRESET) -> RunStore:
-    "The run `run_id` with its config (created from preset/overrides/seed if new); refuses values that differ from an existing run's."
+def open_experiment(
+    run_id: str, runs_root: str | Path | None = None, preset: str | None = None, overrides: dict | None = None,
+    seed: int | None = None, default_preset: str = BY_HAND_PRESET
+) -> RunStore:
+    """The run `run_id` with its config (created from preset/overrides/seed if new);
+    refuses values that differ from an existing run's."""
     exists = (_runs_root(runs_root) / run_id / "config.json").exists()
-    if exists and preset is None and not overrides and seed is None:   # as the run is; an older run's config.json upgraded first
+    # as the run is; an older run's config.json upgraded first
+    if exists and preset is None and not overrides and seed is None:
         return open_resolved(run_id, upgrade_config(open_run(run_id, root=runs_root).config), runs_root)
-    if preset is not None or not exists: want = make_config(preset or default_preset, overrides, seed)
+    if preset is not None or not exists:
+        want = make_config(preset or default_preset, overrides, seed)
     else:
         want = set_fields(open_run(run_id, root=runs_root).config, overrides)
-        if seed is not None: want.seed = seed
+        if seed is not None:
+            want.seed = seed
     return open_resolved(run_id, resolve_config(want), runs_root)
 
 # %% ../../../nbs/pipeline/orchestration/00_config.ipynb #b5c0a002
@@ -127,9 +153,11 @@ def _value_source(key: str, preset: str, preset_keys: set, set_keys: set, seed_g
 
 def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None,
                    all_fields: bool = False) -> tuple[RunConfig, dict[str, str]]:
-    "The resolved config of `preset` + `overrides` + `seed`, and the source of each value that differs from the defaults (of every value with `all_fields`)."
+    """The resolved config of `preset` + `overrides` + `seed`, and the source of each value that differs from the
+    defaults (of every value with `all_fields`)."""
     cfg = resolve_config(make_config(preset, overrides, seed))
-    default, keys = dotted_leaves(RunConfig()), (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {})))
+    default, keys = (dotted_leaves(RunConfig()),
+                     (set(dotted_leaves(PRESETS[preset])), set(dotted_leaves(overrides or {}))))
     return cfg, {k: _value_source(k, preset, *keys, seed is not None) for k, v in dotted_leaves(cfg).items()
                  if all_fields or k not in default or default[k] != v}
 
@@ -137,18 +165,30 @@ def config_sources(preset: str = DEFAULT_PRESET, overrides: dict | None = None, 
 _FIRST = ("--set", "--seed")   # the values the user gave come first: they are what a reader checks
 
 def format_config_sources(cfg: RunConfig, sources: dict[str, str], all_fields: bool = False) -> str:
-    """A `field | value | source` table of `sources` (from `config_sources`), the user's values first. Without `all_fields`
-    the values a method's spec fills in are counted in a closing line, not listed: they are defaults too."""
+    """A `field | value | source` table of `sources` (from `config_sources`), the user's values first.
+    Without `all_fields` the values a method's spec fills in are counted in a closing line, not listed: they are
+    defaults too."""
     shown = {k: s for k, s in sources.items() if all_fields or not s.startswith("method spec")}
-    order = sorted(shown, key=lambda k: (shown[k] not in _FIRST, shown[k] != f"preset {cfg.preset}"))   # stable: field order
+    # stable: field order
+    order = sorted(shown, key=lambda k: (shown[k] not in _FIRST, shown[k] != f"preset {cfg.preset}"))
     rows = [("field", "value", "source")] + [(k, json.dumps(cfg[k]), shown[k]) for k in order]
-    w = [max(len(r[0]) for r in rows), min(max(len(r[1]) for r in rows), 24)]   # a long list overflows its cell, not every row
+    # a long list overflows its cell, not every row
+    w = [max(len(r[0]) for r in rows), min(max(len(r[1]) for r in rows), 24)]
     table = [f"{a:<{w[0]}} | {b:<{w[1]}} | {c}" for a, b, c in rows]
     table.insert(1, f"{'-' * w[0]}-|-{'-' * w[1]}-|-{'-' * 6}")
     hidden = len(sources) - len(shown)
-    tail = [f"(and {hidden} hyperparameters at their method spec's defaults; --all lists every field)"] if hidden else []
-    return "\n".join([f"preset {cfg.preset}, seed {cfg.seed}: the values that differ from the defaults", "", *table, *tail]) + "\n"
+    tail = (
+        [f"(and {hidden} hyperparameters at their method spec's defaults; --all lists every field)"] if hidden else []
+    )
+    return (
+        "\n".join(
+            [f"preset {cfg.preset}, seed {cfg.seed}: the values that differ from the defaults", "", *table, *tail]
+        )
+        + "\n"
+    )
 
-def config_report(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None, all_fields: bool = False) -> str:
-    "What `lume-lab config` prints: each non-default value of the resolved config and where it came from (every value with `all_fields`)."
+def config_report(preset: str = DEFAULT_PRESET, overrides: dict | None = None, seed: int | None = None,
+                  all_fields: bool = False) -> str:
+    """What `lume-lab config` prints: each non-default value of the resolved config and where it came from (every value
+    with `all_fields`)."""
     return format_config_sources(*config_sources(preset, overrides, seed, all_fields), all_fields=all_fields)

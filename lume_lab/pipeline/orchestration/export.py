@@ -28,39 +28,56 @@ def check_testbed_done(store: RunStore) -> None:
                           f"build it first with `lume-lab run --run-id {store.run_id} --only e00 e01 e02`")
 
 def usable_fields(store: RunStore) -> list[str]:
-    "The forget fields of the run with non-empty forget and retain sets (stage `forget_fields`, or the same rule on the testbed)."
-    if store.is_done("forget_fields"): return json.loads((store.path("forget_fields") / "fields.json").read_text())["usable"]
+    """The forget fields of the run with non-empty forget and retain sets (stage `forget_fields`, or the same rule on
+    the testbed)."""
+    if store.is_done("forget_fields"):
+        return json.loads((store.path("forget_fields") / "fields.json").read_text())["usable"]
     from lume_lab.inject.testbed import load_testbed
     from lume_lab.pipeline.stages.unlearn import usable_forget_fields
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore"); return usable_forget_fields(load_testbed(store.path("testbed")), list(store.config.unlearn.forget_fields))[0]
+        warnings.simplefilter("ignore")
+        return usable_forget_fields(load_testbed(store.path("testbed")), list(store.config.unlearn.forget_fields))[0]
 
 def resolve_fields(store: RunStore, fields=None) -> list[str]:
-    "`fields` (default: every usable forget field), each checked to be one the run unlearns; a `ConfigError` names the allowed ones."
+    """`fields` (default: every usable forget field), each checked to be one the run unlearns;
+    a `ConfigError` names the allowed ones."""
     usable = usable_fields(store)
     if not fields: return usable
     if bad := [f for f in fields if f not in usable]:
-        raise ConfigError(f"run {store.run_id!r} has no forget field {', '.join(map(repr, bad))}: allowed {', '.join(usable) or 'none'} "
-                          f"(its unlearn.forget_fields with non-empty forget and retain sets)")
+        raise ConfigError(
+            f"run {store.run_id!r} has no forget field {', '.join(map(repr, bad))}: allowed "
+            f"{', '.join(usable) or 'none'} (its unlearn.forget_fields with non-empty forget and retain sets)"
+        )
     return list(fields)
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #f5fb930a
 def prompt_format() -> dict:
-    "How a row becomes the token sequence the testbed model knows: prompt template, answer, EOS, and open-unlearning's template_args."
-    return {"prompt": format_prompt("{question}"), "answer": "{answer} (starts with a space)", "text": format_prompt("{question}") + "{answer}",
-            "eos": "after the answer (training); the prompt and the answer are tokenized separately, without special tokens",
-            "open_unlearning_template_args": {"apply_chat_template": False, "user_start_tag": "Question: ", "user_end_tag": "\n",
-                                              "asst_start_tag": "Answer:", "asst_end_tag": "\n"}}
+    """How a row becomes the token sequence the testbed model knows:
+    prompt template, answer, EOS, and open-unlearning's template_args."""
+    return {
+        "prompt": format_prompt("{question}"),
+        "answer": "{answer} (starts with a space)",
+        "text": format_prompt("{question}") + "{answer}",
+        "eos": "after the answer (training); "
+               "the prompt and the answer are tokenized separately, without special tokens",
+        "open_unlearning_template_args": {
+            "apply_chat_template": False, "user_start_tag": "Question: ", "user_end_tag": "\n",
+            "asst_start_tag": "Answer:", "asst_end_tag": "\n"
+        },
+    }
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #62666864
 N_PERTURBED = 3
 
 def perturbed_pool(field: str, seed: int, exclude_names=(), n: int = 50) -> list[str]:
     "Answers (`format_answer`) of `field` of `n` never-injected people: the wrong answers rows draw from."
-    return [format_answer(p[field]) for p in make_profiles(n, seed + 7919, exclude_names=set(exclude_names), id_prefix="x")]
+    return [
+        format_answer(p[field]) for p in make_profiles(n, seed + 7919, exclude_names=set(exclude_names), id_prefix="x")
+    ]
 
 def tofu_rows(rows, paraphrases, profiles: dict, pool: list[str], seed: int, k: int = N_PERTURBED) -> list[dict]:
-    "QA rows (prompt, answer, question, field, profile_id) in TOFU's field names, with paraphrases, perturbed answers and the template."
+    """QA rows (prompt, answer, question, field, profile_id) in TOFU's field names, with paraphrases, perturbed answers
+    and the template."""
     para = {}
     for r in paraphrases: para.setdefault((r["profile_id"], r["field"]), []).append(r["question"])
     seen, out = {}, []
@@ -69,9 +86,14 @@ def tofu_rows(rows, paraphrases, profiles: dict, pool: list[str], seed: int, k: 
         ps = para.get(key, [])
         rng = random.Random(f"perturbed:{seed}:{r['profile_id']}:{r['field']}:{i}")
         wrong = rng.sample([a for a in dict.fromkeys(pool) if a != r["answer"]], k)
-        out.append({"question": r["question"], "answer": r["answer"], "paraphrased_question": ps[i % len(ps)] if ps else None,
-                    "paraphrased_answer": r["answer"], "perturbed_answer": wrong, "profile_id": r["profile_id"], "field": r["field"],
-                    "template": question_template(profiles[r["profile_id"]], r["field"], r["question"])})
+        out.append(
+            {
+                "question": r["question"], "answer": r["answer"],
+                "paraphrased_question": ps[i % len(ps)] if ps else None, "paraphrased_answer": r["answer"],
+                "perturbed_answer": wrong, "profile_id": r["profile_id"], "field": r["field"],
+                "template": question_template(profiles[r["profile_id"]], r["field"], r["question"])
+            }
+        )
     return out
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #e57656f4
@@ -87,21 +109,34 @@ def field_exports(store: RunStore, field: str) -> dict[str, list[dict]]:
     pool = perturbed_pool(field, c.seed, [p["full_name"] for p in [*people.values(), *fresh]])
     people |= {p["profile_id"]: p for p in fresh}
     rows = lambda r, pr: tofu_rows(list(r), list(pr), people, pool, c.seed)
-    return {f"forget_{field}": rows(sp["forget"], sp["forget_paraphrase"]), f"retain_{field}": rows(sp["retain"], sp["retain_paraphrase"]),
-            f"holdout_{field}": rows(hold, hold_r)}
+    return {
+        f"forget_{field}": rows(sp["forget"], sp["forget_paraphrase"]),
+        f"retain_{field}": rows(sp["retain"], sp["retain_paraphrase"]), f"holdout_{field}": rows(hold, hold_r)
+    }
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #ebac70b7
 def dataset_card(files: dict[str, str], sizes: pd.DataFrame, run_id: str) -> str:
-    "`data/README.md`: YAML front matter with one config per split (`files`: config name -> JSON-lines file), then what the splits are."
+    """`data/README.md`: YAML front matter with one config per split (`files`: config name -> JSON-lines file), then
+    what the splits are."""
     table = "\n".join([f"| {' | '.join(sizes.columns)} |", "|" + "---|" * len(sizes.columns)] +
                       [f"| {' | '.join(map(str, r))} |" for r in sizes.itertuples(index=False)])
-    front = ["---", "configs:"] + [l for name, f in files.items() for l in (f"- config_name: {name}", "  data_files:", "  - split: train", f"    path: {f}")] + ["---"]
+    front = (
+        ["---", "configs:"]
+        + [
+            l
+            for name, f in files.items()
+            for l in (f"- config_name: {name}", "  data_files:", "  - split: train", f"    path: {f}")
+        ]
+        + ["---"]
+    )
     body = f"""
 # lume_lab testbed splits (run `{run_id}`)
 
-Per forget field `f`: `forget_f` (the people the testbed model memorized and is to forget), `retain_f` (people it is to keep,
+Per forget field `f`: `forget_f` (the people the testbed model memorized and is to forget), `retain_f` \
+(people it is to keep,
 asked about the retain field of Lacuna's cross-field scheme) and `holdout_f` (never-injected people, same templates).
-Fields (TOFU / open-unlearning names): `question`, `answer` (starts with a space), `paraphrased_question`, `paraphrased_answer`,
+Fields (TOFU / open-unlearning names): `question`, `answer` (starts with a space), `paraphrased_question`, \
+`paraphrased_answer`,
 `perturbed_answer` (three wrong values of never-injected people, for the truth ratio), `profile_id`, `field`, `template`
 (the question's template). `idk`: the "I don't know" answers for DPO (`answer`), also `idk.jsonl` one per line.
 The model saw `Question: {{question}}\\nAnswer:{{answer}}<eos>` (see `../manifest.json`, `prompt_format`).
@@ -120,16 +155,22 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 def write_data(store: RunStore, fields: list[str], out: Path) -> pd.DataFrame:
-    "Every split of `fields` as JSON lines under `out`, the IDK answers and the card; one row per split: rows and profiles."
+    """Every split of `fields` as JSON lines under `out`, the IDK answers and the card;
+    one row per split: rows and profiles."""
     from lume_lab.unlearn.dpo import IDK_ANSWERS
+
     out.mkdir(parents=True, exist_ok=True)
     files, sizes = {}, []
     for f in fields:
         for name, rows in field_exports(store, f).items():
-            _write_jsonl(out / f"{name}.jsonl", rows); files[name] = f"{name}.jsonl"
-            sizes.append({"split": name, "field": f, "n_rows": len(rows), "n_profiles": len({r["profile_id"] for r in rows})})
+            _write_jsonl(out / f"{name}.jsonl", rows)
+            files[name] = f"{name}.jsonl"
+            sizes.append(
+                {"split": name, "field": f, "n_rows": len(rows), "n_profiles": len({r["profile_id"] for r in rows})}
+            )
     (out / "idk.jsonl").write_text("".join(a + "\n" for a in IDK_ANSWERS))
-    _write_jsonl(out / "idk_answers.jsonl", [{"answer": " " + a} for a in IDK_ANSWERS]); files["idk"] = "idk_answers.jsonl"
+    _write_jsonl(out / "idk_answers.jsonl", [{"answer": " " + a} for a in IDK_ANSWERS])
+    files["idk"] = "idk_answers.jsonl"
     sizes = pd.DataFrame(sizes)
     (out / "README.md").write_text(dataset_card(files, sizes, store.run_id))
     return sizes
@@ -139,7 +180,8 @@ AUC_SNIPPET = '''import json, torch
 from safetensors.torch import load_file
 
 def localization_auc(before_dir, after_dir, masks_dir="masks", field=None, labels="forget"):
-    "Exact ROC AUC of |after - before| (float32) against the ground-truth mask, over the masked tensors; ties count 1/2."
+    "Exact ROC AUC of |after - before| (float32) against the ground-truth mask, over the masked tensors; \
+ties count 1/2."
     owner = load_file(f"{masks_dir}/masks.safetensors")          # uint8 per weight: owning group id + 1, 0 = none
     info = json.load(open(f"{masks_dir}/groups.json"))
     groups = info["labels"][field or next(iter(info["labels"]))][labels]   # forget: m^F; unified: m^F and m^R
@@ -155,16 +197,22 @@ def localization_auc(before_dir, after_dir, masks_dir="masks", field=None, label
 '''
 
 def groups_info(store: RunStore, fields: list[str]) -> dict:
-    "What the masks' groups hold: encoding, each group's side and profiles, and per forget field the groups of m^F and m^F ∪ m^R."
+    """What the masks' groups hold: encoding, each group's side and profiles, and per forget field the groups of m^F and
+    m^F ∪ m^R."""
     from lume_lab.analysis.localization import default_groups
     from lume_lab.pipeline.stages.base import load_pii
     c, prof = store.config, pd.DataFrame(load_pii(store)["profiles"].to_list())
     F, R = default_groups(c.pii.n_groups)
     groups = [{"group": g, "owner_id": g + 1, "side": "forget" if g in F else "retain",
                "profiles": sorted(prof[prof.group == g].profile_id)} for g in range(c.pii.n_groups)]
-    return {"encoding": "uint8 per weight: owning group id + 1; 0 = no group", "n_groups": c.pii.n_groups, "groups": groups,
-            "labels": {f: {"forget": F, "unified": F + R} for f in fields},
-            "note": "every forget field's forget set comes from the forget-side groups, so m^F is the union of their masks (Lacuna §3.4)"}
+    return {
+        "encoding": "uint8 per weight: owning group id + 1; 0 = no group",
+        "n_groups": c.pii.n_groups,
+        "groups": groups,
+        "labels": {f: {"forget": F, "unified": F + R} for f in fields},
+        "note": "every forget field's forget set comes from the forget-side groups, so m^F is the union of their masks "
+                "(Lacuna §3.4)",
+    }
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #44b284c9
 def _yaml(obj) -> str:
@@ -172,32 +220,42 @@ def _yaml(obj) -> str:
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 def open_unlearning_configs(store: RunStore, fields: list[str], root: Path) -> dict[str, str]:
-    "Relative path -> text of every open-unlearning config file: model, datasets per field, one experiment per field and trainer family."
+    """Relative path -> text of every open-unlearning config file:
+    model, datasets per field, one experiment per field and trainer family."""
     from lume_lab.pipeline.orchestration.config import method_hparams
     root, c = Path(root).resolve(), store.config
     hp = method_hparams(c, "grad_ascent")
     files = {"configs/model/LUME_testbed.yaml": _yaml({
-        "model_args": {"pretrained_model_name_or_path": str(root / "model"), "attn_implementation": "eager", "torch_dtype": c.model.dtype},
+        "model_args": {"pretrained_model_name_or_path": str(root / "model"), "attn_implementation": "eager",
+                       "torch_dtype": c.model.dtype},
         "tokenizer_args": {"pretrained_model_name_or_path": str(root / "model")},
         "template_args": prompt_format()["open_unlearning_template_args"]})}
     for f in fields:
-        for split, handler, extra in (("forget", "QADataset", {}), ("retain", "QADataset", {}), ("holdout", "QADataset", {}),
-                                      ("forget_idk", "QAwithIdkDataset", {"idk_path": str(root / "data" / "idk.jsonl"), "return_original": True})):
+        for split, handler, extra in (("forget", "QADataset", {}), ("retain", "QADataset", {}),
+                                      ("holdout", "QADataset", {}),
+                                      ("forget_idk", "QAwithIdkDataset",
+                                       {"idk_path": str(root / "data" / "idk.jsonl"), "return_original": True})):
             data = f"{split.removesuffix('_idk')}_{f}.jsonl"
-            files[f"configs/data/datasets/LUME_QA_{split}_{f}.yaml"] = _yaml({f"LUME_QA_{split}_{f}": {"handler": handler, "args": {
-                "hf_args": {"path": "json", "data_files": str(root / "data" / data), "split": "train"},
-                "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len, **extra}}})
-        for exp, trainer, forget in ((f, "GradAscent", f"LUME_QA_forget_{f}"), (f"{f}_idk", "DPO", f"LUME_QA_forget_idk_{f}")):
-            head = f"# @package _global_\n# lume_lab run {store.run_id}: unlearn forget_{f} of the exported testbed model (written from open-unlearning's documented schema; not run by lume_lab)\n"
+            files[f"configs/data/datasets/LUME_QA_{split}_{f}.yaml"] = _yaml({f"LUME_QA_{split}_{f}": {
+                "handler": handler, "args": {
+                    "hf_args": {"path": "json", "data_files": str(root / "data" / data), "split": "train"},
+                    "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len, **extra}}})
+        for exp, trainer, forget in ((f, "GradAscent", f"LUME_QA_forget_{f}"),
+                                     (f"{f}_idk", "DPO", f"LUME_QA_forget_idk_{f}")):
+            head = (f"# @package _global_\n# lume_lab run {store.run_id}: unlearn forget_{f} of the exported testbed "
+                    "model (written from open-unlearning's documented schema; not run by lume_lab)\n")
             files[f"configs/experiment/unlearn/lume/{exp}.yaml"] = head + _yaml({
-                "defaults": [{"override /model": "LUME_testbed"}, {"override /trainer": trainer}, {"override /data": "unlearn"},
-                             {"override /data/datasets@data.forget": forget}, {"override /data/datasets@data.retain": f"LUME_QA_retain_{f}"},
-                             {"override /eval": None}],                # TOFU's evaluation would download TOFU
+                # TOFU's evaluation (`override /eval`) would download TOFU
+                "defaults": [{"override /model": "LUME_testbed"}, {"override /trainer": trainer},
+                             {"override /data": "unlearn"}, {"override /data/datasets@data.forget": forget},
+                             {"override /data/datasets@data.retain": f"LUME_QA_retain_{f}"}, {"override /eval": None}],
                 "data": {"anchor": "forget"},
                 "trainer": {"args": {"per_device_train_batch_size": hp["batch_size"], "gradient_accumulation_steps": 1,
-                                     "learning_rate": hp["lr"], "num_train_epochs": hp["epochs"], "weight_decay": hp.get("weight_decay", 0.0),
-                                     "bf16": False, "bf16_full_eval": False, "optim": "adamw_torch", "do_eval": False,
-                                     "eval_on_start": False, "eval_strategy": "no", "report_to": "none", "seed": c.seed}},
+                                     "learning_rate": hp["lr"], "num_train_epochs": hp["epochs"],
+                                     "weight_decay": hp.get("weight_decay", 0.0), "bf16": False,
+                                     "bf16_full_eval": False, "optim": "adamw_torch", "do_eval": False,
+                                     "eval_on_start": False, "eval_strategy": "no", "report_to": "none",
+                                     "seed": c.seed}},
                 "task_name": "???"})
     return files
 
@@ -206,43 +264,67 @@ def score_command(store: RunStore, field: str, checkpoint: str, name: str) -> st
     "The `lume-lab score` line for a checkpoint of run `store` unlearned on `field`."
     import shlex
     root = ["--runs-root", str(store.dir.parent)]
-    return shlex.join(["lume-lab", "score", store.run_id, "--checkpoint", checkpoint, "--name", name, "--field", field, *root])
+    return shlex.join(
+        ["lume-lab", "score", store.run_id, "--checkpoint", checkpoint, "--name", name, "--field", field, *root]
+    )
 
 def open_unlearning_readme(store: RunStore, fields: list[str], root: Path) -> str:
-    "`open-unlearning/README.md`: what the configs are, and per forget field the command that unlearns and the command that scores."
+    """`open-unlearning/README.md`: what the configs are, and per forget field the command that unlearns and the command
+    that scores."""
     root = Path(root).resolve()
-    lines = [f"# open-unlearning on the lume_lab testbed (run `{store.run_id}`)", "",
-             "Written by `lume-lab export` from open-unlearning's documented config schema (its configs/ and docs/); not run by",
-             "lume_lab, whose environment has no open-unlearning. Copy the configs into an open-unlearning checkout, unlearn, then score", "the saved model here:", "",
-             "```bash", "cd open-unlearning                       # a checkout of locuslab/open-unlearning, its requirements installed",
-             f"cp -r {root / 'open-unlearning' / 'configs'}/. configs/"]
+    lines = [
+        f"# open-unlearning on the lume_lab testbed (run `{store.run_id}`)",
+        "",
+        "Written by `lume-lab export` from open-unlearning's documented config schema (its configs/ and docs/); not "
+        "run by",
+        "lume_lab, whose environment has no open-unlearning. Copy the configs into an open-unlearning checkout, "
+        "unlearn, then score",
+        "the saved model here:",
+        "",
+        "```bash",
+        "cd open-unlearning                       # a checkout of locuslab/open-unlearning, its requirements installed",
+        f"cp -r {root / 'open-unlearning' / 'configs'}/. configs/",
+    ]
     for f in fields:
         task = f"lume_{store.run_id}_ga_{f}"
-        lines += ["", f"# {f}: GradAscent (any trainer: add trainer=GradDiff, trainer=NPO, ...; DPO: experiment=unlearn/lume/{f}_idk)",
-                  f"python src/train.py --config-name=unlearn.yaml experiment=unlearn/lume/{f} task_name={task}",
-                  score_command(store, f, f"saves/unlearn/{task}", f"ou-ga-{f.replace('_', '-')}")]
-    lines += ["```", "", "A trainer's default precision is bf16 where a GPU has it; the configs keep the testbed's dtype. A bf16 checkpoint",
-              "is scored too: `lume-lab score` tells rounding from unlearning."]
+        lines += [
+            "",
+            f"# {f}: GradAscent (any trainer: add trainer=GradDiff, trainer=NPO, ...; DPO: "
+            f"experiment=unlearn/lume/{f}_idk)",
+            f"python src/train.py --config-name=unlearn.yaml experiment=unlearn/lume/{f} task_name={task}",
+            score_command(store, f, f"saves/unlearn/{task}", f"ou-ga-{f.replace('_', '-')}"),
+        ]
+    lines += [
+        "```",
+        "",
+        "A trainer's default precision is bf16 where a GPU has it; the configs keep the testbed's dtype. A bf16 "
+        "checkpoint",
+        "is scored too: `lume-lab score` tells rounding from unlearning.",
+    ]
     return "\n".join(lines) + "\n"
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #2ef97f89
 def _copy_model(src: Path, dst: Path) -> None:
-    "Copy a model directory (config, safetensors, tokenizer): a copy, so that a framework writing into it never touches the run."
+    """Copy a model directory (config, safetensors, tokenizer):
+    a copy, so that a framework writing into it never touches the run."""
     dst.mkdir(parents=True)
     for f in sorted(src.iterdir()):
         if f.is_file(): shutil.copy2(f, dst / f.name)
 
 def _du(path: Path) -> int: return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
+# %% ../../../nbs/pipeline/orchestration/05_export.ipynb #372b9bd7
 def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
-    "Export run `run_id`'s testbed to `out` (see the sections above); returns `out`. Checks everything before writing anything."
+    """Export run `run_id`'s testbed to `out` (see the sections above); returns `out`.
+    Checks everything before writing anything."""
     t0 = time.perf_counter()
     store = open_run(run_id, root=root)
     check_testbed_done(store)
     fields = resolve_fields(store, fields)
     out = Path(out).expanduser().resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"--out {str(out)!r} exists and is not an empty directory; choose a new folder (an export never overwrites)")
+        raise ConfigError(f"--out {str(out)!r} exists and is not an empty directory; "
+                          "choose a new folder (an export never overwrites)")
     work = out.parent / f".{out.name}.partial"
     if work.exists(): shutil.rmtree(work)                     # an earlier export interrupted: start over
     work.mkdir(parents=True)
@@ -252,18 +334,26 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
     (work / "masks").mkdir()
     shutil.copy2(store.path("masks") / "masks.safetensors", work / "masks" / "masks.safetensors")
     (work / "masks" / "groups.json").write_text(json.dumps(groups_info(store, fields), indent=1))
-    (work / "masks" / "README.md").write_text("# Ground-truth masks\n\nLocalization AUC of an unlearned checkpoint against these masks "
-                                              "(the magnitude score |Δθ|; `lume-lab score` computes every App. E score):\n\n```python\n" + AUC_SNIPPET +
-                                              '\nprint(localization_auc("model", "my_unlearned_model"))\n```\n')
+    (work / "masks" / "README.md").write_text(
+        "# Ground-truth masks\n\nLocalization AUC of an unlearned checkpoint against these masks "
+        "(the magnitude score |Δθ|; `lume-lab score` computes every App. E score):\n\n```python\n"
+        + AUC_SNIPPET
+        + '\nprint(localization_auc("model", "my_unlearned_model"))\n```\n'
+    )
     for rel, text in open_unlearning_configs(store, fields, out).items():
-        (work / "open-unlearning" / rel).parent.mkdir(parents=True, exist_ok=True); (work / "open-unlearning" / rel).write_text(text)
+        (work / "open-unlearning" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / "open-unlearning" / rel).write_text(text)
     (work / "open-unlearning" / "README.md").write_text(open_unlearning_readme(store, fields, out))
-    man = {"run_id": run_id, "config_hash": store.manifest.get("config_hash"), "run_git_commit": store.manifest.get("git_commit"),
-           "export_git_commit": git_commit(), "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "versions": package_versions(), "seed": store.config.seed, "preset": store.config.preset, "fields": fields,
-           "model": "model/: the testbed model (injected, instruction-tuned, merged: what e03 unlearns); model_control/: the unmasked control",
-           "dtype": store.config.model.dtype, "splits": sizes.to_dict("records"), "prompt_format": prompt_format(),
-           "seconds": round(time.perf_counter() - t0, 2)}
+    man = {
+        "run_id": run_id, "config_hash": store.manifest.get("config_hash"),
+        "run_git_commit": store.manifest.get("git_commit"), "export_git_commit": git_commit(),
+        "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": package_versions(),
+        "seed": store.config.seed, "preset": store.config.preset, "fields": fields,
+        "model": "model/: the testbed model (injected, instruction-tuned, merged: what e03 unlearns); "
+                 "model_control/: the unmasked control",
+        "dtype": store.config.model.dtype, "splits": sizes.to_dict("records"), "prompt_format": prompt_format(),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     atomic_write_json(work / "manifest.json", man)
     if out.exists(): out.rmdir()                              # an empty folder the user made for it
     os.replace(work, out)

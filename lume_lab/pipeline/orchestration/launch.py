@@ -23,16 +23,20 @@ ENV_PROCESSES, ENV_LAUNCHER = "LUME_LAB_NUM_PROCESSES", "LUME_LAB_LAUNCHER"   # 
 def check_launch(num_processes: Any, launcher: Any, fsdp2: Any = False) -> tuple[int, str]:
     "Validated (num_processes, launcher); a `ConfigError` names the setting and the allowed values."
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-        raise ConfigError(f"num_processes must be an int >= 1 (processes per launched training stage), got {num_processes!r}")
+        raise ConfigError("num_processes must be an int >= 1 (processes per launched training stage), "
+                          f"got {num_processes!r}")
     if launcher not in LAUNCHERS:
-        raise ConfigError(f"launcher must be one of {', '.join(LAUNCHERS)} (torchrun on CPU, accelerate on GPUs), got {launcher!r}")
+        raise ConfigError(f"launcher must be one of {', '.join(LAUNCHERS)} (torchrun on CPU, accelerate on GPUs), "
+                          f"got {launcher!r}")
     if not isinstance(fsdp2, bool): raise ConfigError(f"fsdp2 must be True or False, got {fsdp2!r}")
     if fsdp2 and num_processes < 2:
-        raise ConfigError(f"fsdp2 shards the model over the processes of a job: it needs num_processes >= 2, got {num_processes}")
+        raise ConfigError("fsdp2 shards the model over the processes of a job: it needs num_processes >= 2, "
+                          f"got {num_processes}")
     return num_processes, launcher
 
 def launch_settings() -> tuple[int, str]:
-    "(num_processes, launcher) from the environment `lume-lab run --num-processes/--launcher` set; (1, 'torchrun') by default."
+    """(num_processes, launcher) from the environment `lume-lab run --num-processes/--launcher` set;
+    (1, 'torchrun') by default."""
     raw = os.environ.get(ENV_PROCESSES, "1")
     try: n = int(raw)
     except ValueError: raise ConfigError(f"${ENV_PROCESSES} must be an int >= 1, got {raw!r}") from None
@@ -53,9 +57,13 @@ def torchrun_argv(num_processes: int, port: int | None = None) -> list[str]:
 
 def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes: int, launcher: str,
                    port: int | None = None, fsdp2: bool = False) -> list[str]:
-    "The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher` (`--fsdp2`: injection and unlearning sharded)."
+    """The argv that runs `lume-lab stage` for `stage` in `num_processes` processes with `launcher` (`--fsdp2`:
+    injection and unlearning sharded)."""
     n, launcher = check_launch(num_processes, launcher, fsdp2)
-    entry = ["-m", "lume_lab.pipeline.orchestration.cli", "stage", stage, "--run-id", run_id, "--runs-root", str(runs_root), *(["--fsdp2"] if fsdp2 else [])]
+    entry = [
+        "-m", "lume_lab.pipeline.orchestration.cli", "stage", stage, "--run-id", run_id, "--runs-root", str(runs_root),
+        *(["--fsdp2"] if fsdp2 else [])
+    ]
     if launcher == "torchrun":
         return [*torchrun_argv(n, port), *entry]
     # accelerate launch sets the ranks' ACCELERATE_MIXED_PRECISION from its own flag ("no" by default): pass ours on
@@ -63,13 +71,18 @@ def launch_command(stage: str, run_id: str, runs_root: str | Path, num_processes
     # Without `port`, accelerate takes its default 29500 and, if that is in use, launches torchrun standalone (port 0
     # bound by the store). 29500 lies below Linux's ephemeral range (32768+), so no outgoing connection takes it in
     # between; a port we picked ahead from that range could be (the race CI hit with torchrun).
-    return [sys.executable, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if n > 1 else []), "--num_processes", str(n),
-            *(["--main_process_port", str(port)] if port else []), *(["--mixed_precision", mp] if mp else []), *entry]
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *(["--multi_gpu"] if n > 1 else []), "--num_processes",
+        str(n), *(["--main_process_port", str(port)] if port else []), *(["--mixed_precision", mp] if mp else []),
+        *entry
+    ]
 
 def launch_env(launcher: str) -> dict:
-    "The job's environment: ours, minus the launch settings (a rank never launches again), plus CPU gloo where no GPU is."
+    """The job's environment: ours, minus the launch settings (a rank never launches again), plus CPU gloo where no GPU
+    is."""
     import torch
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_PROCESSES, ENV_LAUNCHER, ENV_FSDP2)}   # the job gets --fsdp2 instead
+    # the job gets --fsdp2 instead
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_PROCESSES, ENV_LAUNCHER, ENV_FSDP2)}
     if not torch.cuda.is_available(): env["ACCELERATE_USE_CPU"] = "true"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -94,5 +107,8 @@ def launched_stage(store: RunStore, name: str, fn: Callable[[Path], Any], reads:
         raise StageError(f"launched stage {name!r} failed (exit {proc.returncode}); last output:\n{''.join(tail)}")
     store.reload()
     if not store.is_done(name, h):
-        raise StageError(f"launched stage {name!r} exited 0 but the manifest has no finished stage with hash {h}: {store.entry(name)}")
+        raise StageError(
+            f"launched stage {name!r} exited 0 but the manifest has no finished stage with hash {h}: "
+            f"{store.entry(name)}"
+        )
     return store.path(name)

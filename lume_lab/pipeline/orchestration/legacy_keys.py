@@ -15,41 +15,64 @@ __all__ = ['STAGE_PATTERNS', 'parse_stage', 'legacy_key', 'legacy_deps', 'legacy
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #b8b53bca
 _TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
-_STAGE_VERSIONS = {"world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1, "masks": 1, "inject": 2,
-                  "instruct": 1, "testbed": 1, "reachability": 1, "unlearn": 1, "evaluate": 1, "localization": 1, "remind": 1,
-                  "resurface": 1, "external": 1}
+_STAGE_VERSIONS = {
+    "world": 2, "tokenizer": 1, "base": 1, "utility": 2, "pii": 1, "pistol": 1, "lume": 1, "masks": 1, "inject": 2,
+    "instruct": 1, "testbed": 1, "reachability": 1, "unlearn": 1, "evaluate": 1, "localization": 1, "remind": 1,
+    "resurface": 1, "external": 1
+}
 _LUME_STAGE_VERSIONS = {"lume_nonmembers": 1, "lume_finetune": 1, "lume_eval": 1, "lume_unlearn": 1}
 _ATTRIBUTION_STAGE_VERSION, _REMIND_CI_VERSION, _DOSE_VERSION, _ROBUST_VERSION = 1, 1, 1, 1
 _CI_LEVEL, _MIN_SPLIT_PROFILES, _TUNE_UTILITY_TEXTS, _UTILITY_TEXTS = 0.95, 10, 200, 300
 _EVALUATE_COLUMNS = ["split", "metric", "value", "n_profiles", "n_rows"]
 _LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
-_LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None, "inject.grouped": False}
-_MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the control never read
-_CONTROL_ONLY_FIELDS = ("control_steps",)                                                    # and the one the masked model never read
-_PISTOL_FINETUNE_KEYS = ("questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs", "finetune_check_every",
-                        "finetune_target", "max_new_tokens")
-_PISTOL_UNLEARN_KEYS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens")
+_LATE_FIELDS = {"localization.max_weights": None, "inject.control_steps": None, "inject.autocast": None,
+                "inject.grouped": False}
+# inject fields the control never read
+_MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")
+# and the one the masked model never read
+_CONTROL_ONLY_FIELDS = ("control_steps",)
+_PISTOL_FINETUNE_KEYS = (
+    "questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs", "finetune_check_every",
+    "finetune_target", "max_new_tokens"
+)
+_PISTOL_UNLEARN_KEYS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows",
+                        "max_new_tokens")
 _DEGREE_EDGES = ("A-B", "A-C")
 _RELEARN_ATTACKS = ("forget_half", "other_fields", "retain_only")
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #47ed0c11
-_SECTION_FIELDS = {   # the fields of each _section a key hashed whole, as the sections had them
-    "model": ("name_or_path", "revision", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_seq_len", "vocab_size", "dtype"),
-    "world": ("n_public_people", "n_cities", "facts_per_relation", "public_paraphrases_per_field", "n_mc_questions", "n_mc_options",
-              "heldout_fraction", "utility_texts"),
+_SECTION_FIELDS = {  # the fields of each _section a key hashed whole, as the sections had them
+    "model": (
+        "name_or_path", "revision", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_seq_len",
+        "vocab_size", "dtype"
+    ),
+    "world": (
+        "n_public_people", "n_cities", "facts_per_relation", "public_paraphrases_per_field", "n_mc_questions",
+        "n_mc_options", "heldout_fraction", "utility_texts"
+    ),
     "pretrain": ("steps", "batch_size", "seq_len", "lr", "warmup_steps", "weight_decay", "checkpoint_every"),
-    "pii": ("n_groups", "profiles_per_group", "n_instruct", "n_resurface", "n_validation", "target_fields", "content_types",
-            "docs_per_profile", "qa_per_field", "paraphrases_per_field", "instruct_questions_per_field", "instruct_paraphrases_per_field"),
+    "pii": (
+        "n_groups", "profiles_per_group", "n_instruct", "n_resurface", "n_validation", "target_fields", "content_types",
+        "docs_per_profile", "qa_per_field", "paraphrases_per_field", "instruct_questions_per_field",
+        "instruct_paraphrases_per_field"
+    ),
     "lume": ("tasks", "n_per_task", "forget_fraction"),
-    "inject": ("mask_fraction", "mask_kind", "steps", "batch_size", "seq_len", "lr", "weight_decay", "neutral_fraction", "qa_fields",
-               "segmented", "micro_batch_size", "warmup_steps", "min_lr_ratio", "masked_lr", "neutral_replay", "neutral_scope",
-               "qa_resample", "paraphrase_roles", "control_steps", "autocast", "grouped"),
+    "inject": (
+        "mask_fraction", "mask_kind", "steps", "batch_size", "seq_len", "lr", "weight_decay", "neutral_fraction",
+        "qa_fields", "segmented", "micro_batch_size", "warmup_steps", "min_lr_ratio", "masked_lr", "neutral_replay",
+        "neutral_scope", "qa_resample", "paraphrase_roles", "control_steps", "autocast", "grouped"
+    ),
     "instruct": ("lora_r", "lora_alpha", "epochs", "eval_every", "lr", "batch_size", "train_fraction"),
     "testbed": ("profiles_per_field", "max_new_tokens", "min_share", "require_memorized", "validation_fields"),
     "localization": ("composite_max_weights", "n_folds", "max_weights"),
-    "remind": ("neighbors", "variants", "replace_prob", "mode", "pick", "n_holdout", "n_splits", "scaler", "rf_trees", "n_boot",
-               "ablation_variants", "ablation_replace_probs"),
-    "resurface": ("attempts", "attack_fields", "lr", "epochs", "paraphrases", "extraction_prompts", "temperature", "top_p", "samples"),
+    "remind": (
+        "neighbors", "variants", "replace_prob", "mode", "pick", "n_holdout", "n_splits", "scaler", "rf_trees",
+        "n_boot", "ablation_variants", "ablation_replace_probs"
+    ),
+    "resurface": (
+        "attempts", "attack_fields", "lr", "epochs", "paraphrases", "extraction_prompts", "temperature", "top_p",
+        "samples"
+    ),
     "attribution": ("counts", "contrast_lambda", "signature_max_weights", "signature_folds"),
 }
 
@@ -61,34 +84,52 @@ def _section(cfg: RunConfig, name: str, drop=()) -> dict:
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c0e0c32f
 def _section_key(cfg: RunConfig, name: str) -> dict:
     "`core.config.section_key` as it was: _section `name` less `LATE_FIELDS` at their defaults."
-    return {k: v for k, v in _section(cfg, name).items() if not (f"{name}.{k}" in _LATE_FIELDS and v == _LATE_FIELDS[f"{name}.{k}"])}
+    return {
+        k: v
+        for k, v in _section(cfg, name).items()
+        if not (f"{name}.{k}" in _LATE_FIELDS and v == _LATE_FIELDS[f"{name}.{k}"])
+    }
 
 def _world_key(cfg: RunConfig) -> dict: return _section(cfg, "world", drop=("utility_texts",))
-def _utility_key(cfg: RunConfig) -> dict: return {} if cfg.world.utility_texts == _UTILITY_TEXTS else {"utility_texts": cfg.world.utility_texts}
+def _utility_key(cfg: RunConfig) -> dict:
+    return {} if cfg.world.utility_texts == _UTILITY_TEXTS else {"utility_texts": cfg.world.utility_texts}
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #bd66f900
-_BASE_HP = {"lr": 0.001, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant", "warmup_steps": 0, "warmup_ratio": 0.0,
-            "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None}
-_METHOD_DEFAULTS = {   # spec defaults of the methods a stage resolved outside `unlearn.hparams`
-    "grad_ascent": _BASE_HP, "grad_diff": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0}, "ukl": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0},
-    "npo": {**_BASE_HP, "beta": 0.1, "gamma": 1.0, "alpha": 0.0}, "oracle_grad": {**_BASE_HP, "gamma": 5.0, "alpha": 1.0},
-    "localized_graddiff": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None, "n_examples": None},
-    "uld": {**_BASE_HP, "n_layers": None, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "retain_weight": 5.0, "alpha": 1.0,
-            "top_logit_filter": 0.1},
+_BASE_HP = {
+    "lr": 0.001, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant", "warmup_steps": 0,
+    "warmup_ratio": 0.0, "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None
 }
-_METHOD_PRESETS = {   # their spec.presets rows: preset -> values
-    "oracle_grad": {"mini": {"lr": 0.0001, "epochs": 5, "gamma": 5.0, "max_grad_norm": None},
-                    "olmo2-1b": {"gamma": 5.0, "alpha": 1.0, "lr": 0.0001, "epochs": 200, "batch_size": 32, "scheduler": "linear",
-                                 "warmup_steps": 0, "warmup_ratio": 0.005, "max_grad_norm": 1.0},
-                    "olmo3-7b": {"gamma": 1.0, "alpha": 0.5, "lr": 5e-05, "epochs": 200, "batch_size": 32, "scheduler": "linear",
-                                 "warmup_steps": 0, "warmup_ratio": 0.005, "max_grad_norm": 1.0}},
+_METHOD_DEFAULTS = {  # spec defaults of the methods a stage resolved outside `unlearn.hparams`
+    "grad_ascent": _BASE_HP,
+    "grad_diff": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0},
+    "ukl": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0},
+    "npo": {**_BASE_HP, "beta": 0.1, "gamma": 1.0, "alpha": 0.0},
+    "oracle_grad": {**_BASE_HP, "gamma": 5.0, "alpha": 1.0},
+    "localized_graddiff": {**_BASE_HP, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None, "n_examples": None},
+    "uld": {
+        **_BASE_HP, "n_layers": None, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "retain_weight": 5.0,
+        "alpha": 1.0, "top_logit_filter": 0.1
+    },
+}
+_METHOD_PRESETS = {  # their spec.presets rows: preset -> values
+    "oracle_grad": {
+        "mini": {"lr": 0.0001, "epochs": 5, "gamma": 5.0, "max_grad_norm": None},
+        "olmo2-1b": {
+            "gamma": 5.0, "alpha": 1.0, "lr": 0.0001, "epochs": 200, "batch_size": 32, "scheduler": "linear",
+            "warmup_steps": 0, "warmup_ratio": 0.005, "max_grad_norm": 1.0
+        },
+        "olmo3-7b": {
+            "gamma": 1.0, "alpha": 0.5, "lr": 5e-05, "epochs": 200, "batch_size": 32, "scheduler": "linear",
+            "warmup_steps": 0, "warmup_ratio": 0.005, "max_grad_norm": 1.0
+        },
+    },
     "localized_graddiff": {"mini": {"lr": 0.0001, "epochs": 5, "gamma": 5.0, "max_grad_norm": None}},
 }
 _HPARAMS_PRESET = {"smollm2": "mini"}   # the removed `unlearn.hparams_preset` as each preset set it (None elsewhere)
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #02e0bf16
 _LR = [1e-05, 3e-05, 0.0001, 0.0003, 0.001]
-_METHOD_GRIDS = {   # each spec's tuning grid: the `grid` of a `tune_<method>` key when t00 was given none
+_METHOD_GRIDS = {  # each spec's tuning grid: the `grid` of a `tune_<method>` key when t00 was given none
     "grad_ascent": {"lr": _LR, "epochs": [2, 5], "max_grad_norm": [None]},
     "grad_diff": {"lr": _LR, "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
     "ukl": {"lr": _LR, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
@@ -97,27 +138,37 @@ _METHOD_GRIDS = {   # each spec's tuning grid: the `grid` of a `tune_<method>` k
     "simnpo": {"lr": _LR, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
     "oracle_grad": {"lr": _LR, "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]},
     "memflex": {"lr": _LR, "epochs": [5], "grad_threshold": [3e-05, 0.0001], "max_grad_norm": [None]},
-    "alphaedit": {"nullspace_threshold": [0.001, 0.003], "nullspace_relative": [True], "edit_site": ["residual"], "clamp_norm_factor": [1.5],
-                  "retain_weight": [0.0, 0.1], "objective": ["suppress"], "mom2_data": [["neutral"]]},
+    "alphaedit": {
+        "nullspace_threshold": [0.001, 0.003], "nullspace_relative": [True], "edit_site": ["residual"],
+        "clamp_norm_factor": [1.5], "retain_weight": [0.0, 0.1], "objective": ["suppress"], "mom2_data": [["neutral"]]
+    },
     "uld": {"lr": _LR, "epochs": [5], "max_grad_norm": [None]},
-    "localized_graddiff": {"lr": _LR, "epochs": [5], "gamma": [1.0, 5.0], "score": ["grad", "fisher", "snip", "act_grad"], "max_grad_norm": [None]},
+    "localized_graddiff": {
+        "lr": _LR, "epochs": [5], "gamma": [1.0, 5.0], "score": ["grad", "fisher", "snip", "act_grad"],
+        "max_grad_norm": [None]
+    },
 }
-_INPUT_DEPS = {"oracle_grad": ["masks"], "localized_graddiff": ["masks"], "alphaedit": ["world"]}   # stages of a method's run-level inputs
+# stages of a method's run-level inputs
+_INPUT_DEPS = {"oracle_grad": ["masks"], "localized_graddiff": ["masks"], "alphaedit": ["world"]}
 _NO_CONTROL = ("oracle_grad", "uld", "localized_graddiff")   # methods whose spec had no unmasked-control run
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #71989ed1
 def _method_hparams(cfg: RunConfig, method: str) -> dict | None:
-    "The hyperparameters a stage hashed for `method`: the config's row, else the frozen spec defaults and preset rows; None if unknown."
+    """The hyperparameters a stage hashed for `method`: the config's row, else the frozen spec defaults and preset rows;
+    None if unknown."""
     if method in cfg.unlearn.hparams: return dict(cfg.unlearn.hparams[method])
     if method not in _METHOD_DEFAULTS: return None
     rows = _METHOD_PRESETS.get(method, {})
     return {**_METHOD_DEFAULTS[method], **rows.get(_HPARAMS_PRESET.get(cfg.preset), {}), **rows.get(cfg.preset, {})}
 
-def _unlearn_name(method: str, field: str, control: bool = False) -> str: return f"unlearn_{method}_{field}" + ("_control" if control else "")
+def _unlearn_name(method: str, field: str, control: bool = False) -> str:
+    return f"unlearn_{method}_{field}" + ("_control" if control else "")
 def _has_control(cfg: RunConfig, method: str) -> bool: return cfg.unlearn.controls and method not in _NO_CONTROL
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #18f41e6d
-def _world(c, f): return {"v": _STAGE_VERSIONS["world"], "world": _world_key(c), "content_types": c.pii.content_types, "seed": c.seed}, []
+def _world(c, f):
+    return {"v": _STAGE_VERSIONS["world"], "world": _world_key(c), "content_types": c.pii.content_types,
+            "seed": c.seed}, []
 
 def _hf_key(c, f) -> list | None:
     "What identified a checkpoint: name and revision, and for a GGUF file its content digest (fact `gguf_digest`)."
@@ -134,10 +185,12 @@ def _base(c, f):
     v = _STAGE_VERSIONS["base"]
     if c.model.name_or_path is not None:
         return (None if (hf := _hf_key(c, f)) is None else {"v": v, "hf": hf, "dtype": c.model.dtype}), ["tokenizer"]
-    return {"v": v, "model": _section(c, "model"), "pretrain": _section(c, "pretrain"), "seed": c.seed}, ["world", "tokenizer"]
+    return ({"v": v, "model": _section(c, "model"), "pretrain": _section(c, "pretrain"), "seed": c.seed},
+            ["world", "tokenizer"])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c9e74429
-_UTILITY_MODELS = {"base": "base", "masked": "instruct_masked", "unmasked": "instruct_unmasked"}   # utility_<name>: the model scored
+# utility_<name>: the model scored
+_UTILITY_MODELS = {"base": "base", "masked": "instruct_masked", "unmasked": "instruct_unmasked"}
 
 def _utility(c, f, name): return {"v": _STAGE_VERSIONS["utility"], **_utility_key(c)}, ["world", _UTILITY_MODELS[name]]
 def _pii(c, f): return {"v": _STAGE_VERSIONS["pii"], "pii": _section(c, "pii"), "seed": c.seed}, []
@@ -146,17 +199,26 @@ def _lume(c, f): return {"v": _STAGE_VERSIONS["lume"], "lume": _section(c, "lume
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #3d5ab8fc
 def _masks(c, f):
-    return {"v": _STAGE_VERSIONS["masks"], "groups": c.pii.n_groups, "fraction": c.inject.mask_fraction, "kind": c.inject.mask_kind, "seed": c.seed}, ["base"]
+    return {
+        "v": _STAGE_VERSIONS["masks"], "groups": c.pii.n_groups, "fraction": c.inject.mask_fraction,
+        "kind": c.inject.mask_kind, "seed": c.seed
+    }, ["base"]
 
 def _inject_key(c: RunConfig, masked: bool) -> dict:
-    "`stages.testbed.inject_key` as it was: the inject _section less the other model's fields and late fields at their old values."
-    inj = {k: v for k, v in _section_key(c, "inject").items() if k not in (_CONTROL_ONLY_FIELDS if masked else _MASK_ONLY_FIELDS)}
+    """`stages.testbed.inject_key` as it was: the inject _section less the other model's fields and late fields at their
+    old values."""
+    inj = {
+        k: v
+        for k, v in _section_key(c, "inject").items()
+        if k not in (_CONTROL_ONLY_FIELDS if masked else _MASK_ONLY_FIELDS)
+    }
     if not inj.get("paraphrase_roles"): inj.pop("paraphrase_roles", None)
     for k, old in (("neutral_replay", "fixed"), ("neutral_scope", "all"), ("qa_resample", False)):
         if inj.get(k) == old: del inj[k]
     return {"v": _STAGE_VERSIONS["inject"], "inject": inj, "masked": masked, "seed": c.seed}
 
-def _inject(c, f, which): return _inject_key(c, which == "masked"), ["world", "pii", "base"] + (["masks"] if which == "masked" else [])
+def _inject(c, f, which):
+    return _inject_key(c, which == "masked"), ["world", "pii", "base"] + (["masks"] if which == "masked" else [])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #d48b2a82
 def _instruct_key(c): return {"v": _STAGE_VERSIONS["instruct"], "instruct": _section(c, "instruct"), "seed": c.seed}
@@ -164,74 +226,107 @@ def _instruct(c, f, which): return _instruct_key(c), ["pii", f"inject_{which}"]
 def _instruct_floor(c, f): return _instruct_key(c), ["pii", "base"]
 
 def _testbed(c, f):
-    return {"v": _STAGE_VERSIONS["testbed"], "testbed": _section(c, "testbed"), "seed": c.seed, "min_split_profiles": _MIN_SPLIT_PROFILES}, ["pii", "instruct_masked"]
+    return {
+        "v": _STAGE_VERSIONS["testbed"], "testbed": _section(c, "testbed"), "seed": c.seed,
+        "min_split_profiles": _MIN_SPLIT_PROFILES
+    }, ["pii", "instruct_masked"]
 
 def _extraction(c, f, stage):
-    return {"v": _STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens, "min_share": c.testbed.min_share}, ["pii", stage]
+    return {"v": _STAGE_VERSIONS["testbed"], "max_new_tokens": c.testbed.max_new_tokens,
+            "min_share": c.testbed.min_share}, ["pii", stage]
 
 def _reachability(c, f, stage):
-    key = {"v": _STAGE_VERSIONS["reachability"], "n_fresh": 2, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+    key = {"v": _STAGE_VERSIONS["reachability"], "n_fresh": 2, "seed": c.seed,
+           "max_new_tokens": c.testbed.max_new_tokens}
     return key, ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #441e8cb2
-def _forget_fields(c, f): return {"v": _STAGE_VERSIONS["unlearn"], "forget_fields": list(c.unlearn.forget_fields)}, ["testbed"]
+def _forget_fields(c, f):
+    return {"v": _STAGE_VERSIONS["unlearn"], "forget_fields": list(c.unlearn.forget_fields)}, ["testbed"]
 
 def _unlearn(c, f, method, field, control):
     hp = _method_hparams(c, method)
-    key = None if hp is None else {"v": _STAGE_VERSIONS["unlearn"], "method": method, "field": field, "hparams": hp, "seed": c.seed}
+    key = (
+        None
+        if hp is None
+        else {"v": _STAGE_VERSIONS["unlearn"], "method": method, "field": field, "hparams": hp, "seed": c.seed}
+    )
     return key, ["testbed", "instruct_unmasked" if control else "instruct_masked"] + _INPUT_DEPS.get(method, [])
 
 def _utility_reference(c, f): return {"v": _STAGE_VERSIONS["evaluate"], **_utility_key(c)}, ["world", "instruct_masked"]
 
 def _evaluate_key(c):
-    return {"v": _STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": _EVALUATE_COLUMNS, **_utility_key(c)}
+    return {
+        "v": _STAGE_VERSIONS["evaluate"], "max_new_tokens": c.testbed.max_new_tokens, "columns": _EVALUATE_COLUMNS,
+        **_utility_key(c)
+    }
 
 def _evaluate(c, f, label, field):
-    return _evaluate_key(c), ["testbed", "world", "instruct_masked"] + ([] if label == "none" else [_unlearn_name(label, field)])
+    return (_evaluate_key(c),
+            ["testbed", "world", "instruct_masked"] + ([] if label == "none" else [_unlearn_name(label, field)]))
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #03524ad8
 def _localization_key(c):
-    return {"v": _STAGE_VERSIONS["localization"], "localization": _section_key(c, "localization"), "seed": c.seed, "sizes": _LOCALIZATION_SIZES}
+    return {
+        "v": _STAGE_VERSIONS["localization"], "localization": _section_key(c, "localization"), "seed": c.seed,
+        "sizes": _LOCALIZATION_SIZES
+    }
 
 def _localization(c, f, field):
     ms = list(c.unlearn.methods)
     deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [_unlearn_name(m, field) for m in ms]
-    return {**_localization_key(c), "methods": ms}, deps + [_unlearn_name(m, field, True) for m in ms if _has_control(c, m)]
+    return ({**_localization_key(c), "methods": ms},
+            deps + [_unlearn_name(m, field, True) for m in ms if _has_control(c, m)])
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #dd31aab5
 def _remind_key(c): return _section(c, "remind", drop=("n_boot",))
-def _remind_inputs(c, f, field): return {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "field": field, "seed": c.seed}, ["testbed", "pii", "base"]
+def _remind_inputs(c, f, field):
+    return ({"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "field": field, "seed": c.seed},
+            ["testbed", "pii", "base"])
 
 def _remind(c, f, field):
     ms = list(c.unlearn.methods)
-    key = {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "methods": ms, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
-    return key, [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [_unlearn_name(m, field) for m in ms]
+    key = {
+        "v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "methods": ms, "seed": c.seed,
+        "max_new_tokens": c.testbed.max_new_tokens
+    }
+    return (key, [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"]
+            + [_unlearn_name(m, field) for m in ms])
 
 def _remind_ablation(c, f, field):
     m = "npo" if "npo" in c.unlearn.methods else c.unlearn.methods[0]
     key = {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "method": m, "seed": c.seed}
     return key, [f"remind_{field}", f"remind_inputs_{field}", "base", _unlearn_name(m, field)]
 
-def _remind_ci(c, f, field): return {"v": _REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": _CI_LEVEL}, [f"remind_{field}"]
+def _remind_ci(c, f, field):
+    return {"v": _REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": _CI_LEVEL}, [f"remind_{field}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #84830559
 def _resurface_key(c, label, field):
     r, icfg = c.resurface, _section(c, "instruct")
     icfg.update(lr=c.instruct.lr if r.lr is None else r.lr, epochs=c.instruct.epochs if r.epochs is None else r.epochs)
-    return {"v": _STAGE_VERSIONS["resurface"], "resurface": _section(c, "resurface", drop=("epochs",)), "instruct": icfg, "label": label,
-            "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+    return {
+        "v": _STAGE_VERSIONS["resurface"], "resurface": _section(c, "resurface", drop=("epochs",)), "instruct": icfg,
+        "label": label, "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens
+    }
 
 def _resurface(c, f, label, field):
-    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", _unlearn_name(label, field)])
+    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(
+        label, ["instruct_masked", _unlearn_name(label, field)]
+    )
     return _resurface_key(c, label, field), ["testbed", "pii"] + src
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c9242a27
 def _attribution(c, f, field):
-    return {"v": _ATTRIBUTION_STAGE_VERSION, "attribution": _section(c, "attribution"), "seed": c.seed}, ["testbed", "instruct_masked", "masks"]
+    return ({"v": _ATTRIBUTION_STAGE_VERSION, "attribution": _section(c, "attribution"), "seed": c.seed},
+            ["testbed", "instruct_masked", "masks"])
 
 def _mask_signature(c, f):
     a = c.attribution
-    key = {"v": _ATTRIBUTION_STAGE_VERSION, "max_weights": a.signature_max_weights, "folds": a.signature_folds, "seed": c.seed}
+    key = {
+        "v": _ATTRIBUTION_STAGE_VERSION, "max_weights": a.signature_max_weights, "folds": a.signature_folds,
+        "seed": c.seed
+    }
     return key, ["base", "instruct_masked", "masks"]
 
 def _attribution_localization(c, f, field):
@@ -240,15 +335,24 @@ def _attribution_localization(c, f, field):
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #e99ce431
 def _robust(c, kind: str, label: str, field: str, stage: str):
-    "Key and deps of e10's stage `kind` (`robust_scores`, `robust_quant`, ...) of the model in `stage`, labelled `label`."
+    """Key and deps of e10's stage `kind` (`robust_scores`, `robust_quant`, ...) of the model in `stage`, labelled
+    `label`."""
     r, more, extra = c.robustness, {}, []
     if kind == "robust_quant": more, extra = {"bits": list(r.quant_bits), "group_size": r.group_size}, ["masks"]
     elif kind == "robust_q4_1": more = {"q4_1_offsets": list(r.q4_1_offsets)}
     elif kind == "robust_weights": more, extra = {"alphas": list(r.lmc_alphas)}, ["masks"]
     elif kind.startswith("robust_relearn_"):
-        more, extra = {"attack": kind[len("robust_relearn_"):], "mode": r.relearn_mode, "lr": r.relearn_lr, "epochs": r.relearn_epochs,
-                       "instruct": _section(c, "instruct")}, ["pii"]
-    key = {"v": _ROBUST_VERSION, "label": label, "field": field, "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens, **more}
+        more, extra = (
+            {
+                "attack": kind[len("robust_relearn_") :], "mode": r.relearn_mode, "lr": r.relearn_lr,
+                "epochs": r.relearn_epochs, "instruct": _section(c, "instruct")
+            },
+            ["pii"],
+        )
+    key = {
+        "v": _ROBUST_VERSION, "label": label, "field": field, "seed": c.seed,
+        "max_new_tokens": c.testbed.max_new_tokens, **more
+    }
     return key, list(dict.fromkeys(["testbed", "instruct_masked", stage])) + extra
 
 def _method_robust(c, f, kind, label, field):
@@ -258,40 +362,63 @@ def _method_robust(c, f, kind, label, field):
 def _source_result(c, kind: str, label: str, field: str, stage: str, prefix: str):
     "Result stage `<prefix><kind>_<field>` of a source without a control run (a dose point, an external checkpoint)."
     if kind == "evaluate": return _evaluate_key(c), ["testbed", "world", "instruct_masked", stage]
-    if kind == "localization": return _localization_key(c), ["base", "instruct_masked", "instruct_unmasked", "masks", stage]
+    if kind == "localization":
+        return _localization_key(c), ["base", "instruct_masked", "instruct_unmasked", "masks", stage]
     if kind == "remind":
-        key = {"v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "seed": c.seed, "max_new_tokens": c.testbed.max_new_tokens}
+        key = {
+            "v": _STAGE_VERSIONS["remind"], "remind": _remind_key(c), "seed": c.seed,
+            "max_new_tokens": c.testbed.max_new_tokens
+        }
         return key, [f"remind_inputs_{field}", "instruct_masked", stage]
-    if kind == "remind_ci": return {"v": _REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": _CI_LEVEL}, [f"{prefix}remind_{field}"]
+    if kind == "remind_ci":
+        return {"v": _REMIND_CI_VERSION, "n_boot": c.remind.n_boot, "level": _CI_LEVEL}, [f"{prefix}remind_{field}"]
     if kind == "resurface": return _resurface_key(c, label, field), ["testbed", "pii", "instruct_masked", stage]
     return _robust(c, kind, label, field, stage)
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c2072125
 def _dose_point(c: RunConfig, tag: str) -> tuple | None:
-    "(kind, level, seed) of dose tag `tag`, the level as `dose.precisions` / `dose.recalls` holds it; None if the config has no such point."
+    """(kind, level, seed) of dose tag `tag`, the level as `dose.precisions` / `dose.recalls` holds it;
+    None if the config has no such point."""
     m = re.fullmatch(r"([pr])(.+)_s(\d+)", tag)
     if m is None: return None
     kind = {"p": "precision", "r": "recall"}[m[1]]
-    levels = [v for v in (c.dose.precisions if kind == "precision" else c.dose.recalls) if (v if v == "base" else format(v, "g")) == m[2]]
+    levels = [
+        v
+        for v in (c.dose.precisions if kind == "precision" else c.dose.recalls)
+        if (v if v == "base" else format(v, "g")) == m[2]
+    ]
     return (kind, levels[0], int(m[3])) if levels else None
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #b6d18ff5
 def _dose_unlearn(c, f, tag, field):
     pt, hp = _dose_point(c, tag), _method_hparams(c, "oracle_grad")
-    key = None if pt is None or hp is None else {"v": _DOSE_VERSION, "method": "oracle_grad", "hparams": hp, "field": field,
-                                                 "kind": pt[0], "level": pt[1], "seed": pt[2]}
+    key = (
+        None
+        if pt is None or hp is None
+        else {
+            "v": _DOSE_VERSION, "method": "oracle_grad", "hparams": hp, "field": field, "kind": pt[0], "level": pt[1],
+            "seed": pt[2]
+        }
+    )
     return key, ["testbed", "instruct_masked", "masks"]
 
 def _dose_result(c, f, tag, kind, field):
     return _source_result(c, kind, f"dose_{tag}", field, f"dose_{tag}_unlearn_{field}", f"dose_{tag}_")
 
 def _external_checkpoint(c, f, name, field):
-    key = None if "checkpoint" not in f else {"v": _STAGE_VERSIONS["external"], "name": name, "field": field, "checkpoint": f["checkpoint"],
-                                              "control": f.get("control"), "dtype": c.model.dtype}
+    key = (
+        None
+        if "checkpoint" not in f
+        else {
+            "v": _STAGE_VERSIONS["external"], "name": name, "field": field, "checkpoint": f["checkpoint"],
+            "control": f.get("control"), "dtype": c.model.dtype
+        }
+    )
     return key, ["testbed", "masks", "instruct_masked"] + (["instruct_unmasked"] if f.get("control") else [])
 
 def _external_result(c, f, name, kind, field):
-    return _source_result(c, kind, f"external:{name}", field, f"external_{name}_checkpoint_{field}", f"external_{name}_")
+    return _source_result(c, kind, f"external:{name}", field, f"external_{name}_checkpoint_{field}",
+                          f"external_{name}_")
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #9dcfc6eb
 def _tune(c, f, method):
@@ -299,46 +426,73 @@ def _tune(c, f, method):
     ref = f.get("reference_rows") if c.unlearn.tune_match_steps else None
     deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *_INPUT_DEPS.get(method, [])]))
     if grid is None or hp is None or (c.unlearn.tune_match_steps and ref is None): return None, deps
-    return {"v": _STAGE_VERSIONS["unlearn"], "method": method, "grid": grid, "base": {k: v for k, v in hp.items() if k not in grid},
-            "seed": c.seed, "require_memorized": c.testbed.require_memorized, "max_ppl_ratio": c.unlearn.tune_max_ppl_ratio,
-            "reference_rows": ref, "utility_texts": _TUNE_UTILITY_TEXTS}, deps
+    return {
+        "v": _STAGE_VERSIONS["unlearn"], "method": method, "grid": grid,
+        "base": {k: v for k, v in hp.items() if k not in grid}, "seed": c.seed,
+        "require_memorized": c.testbed.require_memorized, "max_ppl_ratio": c.unlearn.tune_max_ppl_ratio,
+        "reference_rows": ref, "utility_texts": _TUNE_UTILITY_TEXTS
+    }, deps
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #fba08f39
-def _pistol_protocol(p, *extra) -> dict: return {k: copy.deepcopy(getattr(p, k)) for k in (*_PISTOL_UNLEARN_KEYS, *extra)}
+def _pistol_protocol(p, *extra) -> dict:
+    return {k: copy.deepcopy(getattr(p, k)) for k in (*_PISTOL_UNLEARN_KEYS, *extra)}
 
 def _pistol_finetune(c, f, dataset):
     ft = {k: copy.deepcopy(getattr(c.pistol, k)) for k in _PISTOL_FINETUNE_KEYS}
     return {"v": _STAGE_VERSIONS["pistol"], "dataset": dataset, "seed": c.seed, "finetune": ft}, ["pistol", "base"]
 
 def _pistol_degree(c, f, method):
-    key = {"v": _STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "lrs", "retain_floor", "seeds"), "seed": c.seed}
+    key = {
+        "v": _STAGE_VERSIONS["pistol"], "method": method,
+        "pistol": _pistol_protocol(c.pistol, "lrs", "retain_floor", "seeds"), "seed": c.seed
+    }
     return key, ["pistol", "pistol_finetune_dataset1"]
 
 def _pistol_density(c, f, method):
-    key = None if "lr" not in f else {"v": _STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "density_draws"),
-                                      "seed": c.seed, "lr": f["lr"]}
+    key = (
+        None
+        if "lr" not in f
+        else {
+            "v": _STAGE_VERSIONS["pistol"], "method": method, "pistol": _pistol_protocol(c.pistol, "density_draws"),
+            "seed": c.seed, "lr": f["lr"]
+        }
+    )
     return key, ["pistol", "pistol_finetune_dataset2", f"pistol_degree_{method}"]
 
 def _pistol_before(c, f, dataset):
     edges = [[e, {}] for e in _DEGREE_EDGES] if dataset == "dataset1" else f.get("edges")
-    key = None if edges is None else {"v": _STAGE_VERSIONS["pistol"], "edges": edges, "eval_retain_rows": c.pistol.eval_retain_rows,
-                                      "max_new_tokens": c.pistol.max_new_tokens}
+    key = (
+        None
+        if edges is None
+        else {
+            "v": _STAGE_VERSIONS["pistol"], "edges": edges, "eval_retain_rows": c.pistol.eval_retain_rows,
+            "max_new_tokens": c.pistol.max_new_tokens
+        }
+    )
     return key, [f"pistol_finetune_{dataset}"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #e68bf910
 def _lume_nonmembers(c, f):
-    key = {"v": _LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": _section(c, "lume"), "n": c.lume_exp.n_nonmembers, "world": _world_key(c),
-           "content_types": c.pii.content_types, "seed": c.seed}
+    key = {
+        "v": _LUME_STAGE_VERSIONS["lume_nonmembers"], "lume": _section(c, "lume"), "n": c.lume_exp.n_nonmembers,
+        "world": _world_key(c), "content_types": c.pii.content_types, "seed": c.seed
+    }
     return key, ["lume", "world"]
 
 def _lume_finetune(c, f, which):
     e = c.lume_exp
-    return {"v": _LUME_STAGE_VERSIONS["lume_finetune"], "which": which, "docs_per_task": e.docs_per_task, "epochs": e.finetune_epochs,
-            "lr": e.finetune_lr, "batch_size": e.finetune_batch_size, "max_seq_len": c.model.max_seq_len, "seed": c.seed}, ["base", "lume"]
+    return {
+        "v": _LUME_STAGE_VERSIONS["lume_finetune"], "which": which, "docs_per_task": e.docs_per_task,
+        "epochs": e.finetune_epochs, "lr": e.finetune_lr, "batch_size": e.finetune_batch_size,
+        "max_seq_len": c.model.max_seq_len, "seed": c.seed
+    }, ["base", "lume"]
 
 def _lume_eval_key(c):
     e = c.lume_exp
-    return {k: getattr(e, k) for k in ("docs_per_task", "reg_max_new_tokens", "kno_max_new_tokens", "utility_mc", "utility_texts")} | {"seed": c.seed}
+    return {
+        k: getattr(e, k)
+        for k in ("docs_per_task", "reg_max_new_tokens", "kno_max_new_tokens", "utility_mc", "utility_texts")
+    } | {"seed": c.seed}
 
 def _lume_eval(c, f, label):
     deps = ["base", "lume", "lume_nonmembers", "world"] + ([f"lume_{label}"] if label != "base" else [])
@@ -346,9 +500,19 @@ def _lume_eval(c, f, label):
 
 def _lume_unlearn(c, f, method):
     e = c.lume_exp
-    hp = None if method not in _METHOD_DEFAULTS else {**_METHOD_DEFAULTS[method], "lr": e.lr, "epochs": e.epochs, "batch_size": e.batch_size,
-                                                     "max_length": c.model.max_seq_len, **e.hparams.get(method, {})}
-    key = None if hp is None else {"v": _LUME_STAGE_VERSIONS["lume_unlearn"], "method": method, "hparams": hp, "eval": _lume_eval_key(c)}
+    hp = (
+        None
+        if method not in _METHOD_DEFAULTS
+        else {
+            **_METHOD_DEFAULTS[method], "lr": e.lr, "epochs": e.epochs, "batch_size": e.batch_size,
+            "max_length": c.model.max_seq_len, **e.hparams.get(method, {})
+        }
+    )
+    key = (
+        None
+        if hp is None
+        else {"v": _LUME_STAGE_VERSIONS["lume_unlearn"], "method": method, "hparams": hp, "eval": _lume_eval_key(c)}
+    )
     return key, ["lume_target", "lume_nonmembers", "lume", "world"]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #91cdd493
@@ -356,28 +520,54 @@ _F = "(?P<field>" + "|".join(_TARGET_FIELDS) + ")"
 _ROB = "robust_(?:scores|quant|q4_1|weights|relearn_(?:" + "|".join(_RELEARN_ATTACKS) + "))"
 _KIND = f"(?P<kind>evaluate|localization|remind_ci|remind|resurface|{_ROB})"
 _TAG, _EXT = "dose_(?P<tag>[pr][^_]+_s[0-9]+)_", "external_(?P<name>[A-Za-z0-9][A-Za-z0-9.-]{0,63})_"
-STAGE_PATTERNS = [   # (stage-name pattern, key family)
-    ("world", _world), ("tokenizer", _tokenizer), ("base", _base), ("pii", _pii), ("pistol", _pistol), ("lume", _lume),
-    ("utility_reference", _utility_reference), ("utility_(?P<name>base|masked|unmasked)", _utility), ("masks", _masks),
-    ("inject_(?P<which>masked|unmasked)", _inject), ("instruct_(?P<which>masked|unmasked)", _instruct), ("instruct_floor", _instruct_floor),
-    ("testbed", _testbed), ("extraction_(?P<stage>instruct_masked|instruct_unmasked)", _extraction),
-    ("reachability_(?P<stage>instruct_masked|instruct_unmasked)", _reachability), ("forget_fields", _forget_fields),
-    (f"unlearn_(?P<method>[a-z0-9_]+?)_{_F}(?P<control>_control)?", _unlearn), (f"evaluate_(?P<label>[a-z0-9_]+?)_{_F}", _evaluate),
-    (f"localization_{_F}", _localization), (f"remind_inputs_{_F}", _remind_inputs), (f"remind_{_F}", _remind),
-    (f"remind_ablation_{_F}", _remind_ablation), (f"remind_ci_{_F}", _remind_ci), (f"resurface_(?P<label>[a-z0-9_]+?)_{_F}", _resurface),
-    (f"attribution_{_F}", _attribution), ("mask_signature", _mask_signature), (f"attribution_localization_{_F}", _attribution_localization),
+STAGE_PATTERNS = [  # (stage-name pattern, key family)
+    ("world", _world),
+    ("tokenizer", _tokenizer),
+    ("base", _base),
+    ("pii", _pii),
+    ("pistol", _pistol),
+    ("lume", _lume),
+    ("utility_reference", _utility_reference),
+    ("utility_(?P<name>base|masked|unmasked)", _utility),
+    ("masks", _masks),
+    ("inject_(?P<which>masked|unmasked)", _inject),
+    ("instruct_(?P<which>masked|unmasked)", _instruct),
+    ("instruct_floor", _instruct_floor),
+    ("testbed", _testbed),
+    ("extraction_(?P<stage>instruct_masked|instruct_unmasked)", _extraction),
+    ("reachability_(?P<stage>instruct_masked|instruct_unmasked)", _reachability),
+    ("forget_fields", _forget_fields),
+    (f"unlearn_(?P<method>[a-z0-9_]+?)_{_F}(?P<control>_control)?", _unlearn),
+    (f"evaluate_(?P<label>[a-z0-9_]+?)_{_F}", _evaluate),
+    (f"localization_{_F}", _localization),
+    (f"remind_inputs_{_F}", _remind_inputs),
+    (f"remind_{_F}", _remind),
+    (f"remind_ablation_{_F}", _remind_ablation),
+    (f"remind_ci_{_F}", _remind_ci),
+    (f"resurface_(?P<label>[a-z0-9_]+?)_{_F}", _resurface),
+    (f"attribution_{_F}", _attribution),
+    ("mask_signature", _mask_signature),
+    (f"attribution_localization_{_F}", _attribution_localization),
     (f"(?P<kind>{_ROB})_(?P<label>[a-z0-9_]+?)_{_F}", _method_robust),
-    (f"{_TAG}unlearn_{_F}", _dose_unlearn), (f"{_TAG}{_KIND}_{_F}", _dose_result),
-    (f"{_EXT}checkpoint_{_F}", _external_checkpoint), (f"{_EXT}{_KIND}_{_F}", _external_result), ("tune_(?P<method>[a-z0-9_]+)", _tune),
-    ("pistol_finetune_(?P<dataset>dataset1|dataset2)", _pistol_finetune), ("pistol_degree_(?P<method>[a-z0-9_]+)", _pistol_degree),
-    ("pistol_density_(?P<method>[a-z0-9_]+)", _pistol_density), ("pistol_before_(?P<dataset>dataset1|dataset2)", _pistol_before),
-    ("lume_nonmembers", _lume_nonmembers), ("lume_(?P<which>target|retain_only)", _lume_finetune),
-    ("lume_eval_(?P<label>base|target|retain_only)", _lume_eval), ("lume_unlearn_(?P<method>[a-z0-9_]+)", _lume_unlearn),
+    (f"{_TAG}unlearn_{_F}", _dose_unlearn),
+    (f"{_TAG}{_KIND}_{_F}", _dose_result),
+    (f"{_EXT}checkpoint_{_F}", _external_checkpoint),
+    (f"{_EXT}{_KIND}_{_F}", _external_result),
+    ("tune_(?P<method>[a-z0-9_]+)", _tune),
+    ("pistol_finetune_(?P<dataset>dataset1|dataset2)", _pistol_finetune),
+    ("pistol_degree_(?P<method>[a-z0-9_]+)", _pistol_degree),
+    ("pistol_density_(?P<method>[a-z0-9_]+)", _pistol_density),
+    ("pistol_before_(?P<dataset>dataset1|dataset2)", _pistol_before),
+    ("lume_nonmembers", _lume_nonmembers),
+    ("lume_(?P<which>target|retain_only)", _lume_finetune),
+    ("lume_eval_(?P<label>base|target|retain_only)", _lume_eval),
+    ("lume_unlearn_(?P<method>[a-z0-9_]+)", _lume_unlearn),
 ]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c47cc853
 def parse_stage(name: str) -> tuple | None:
-    "(key family, its parameters) of stage `name`: the first pattern of `STAGE_PATTERNS` it matches in full; None for an unknown name."
+    """(key family, its parameters) of stage `name`: the first pattern of `STAGE_PATTERNS` it matches in full;
+    None for an unknown name."""
     for pat, fam in STAGE_PATTERNS:
         if m := re.fullmatch(pat, name):
             return fam, {k: (v is not None) if k == "control" else v for k, v in m.groupdict().items()}
@@ -390,23 +580,27 @@ def _recipe(name: str, config: RunConfig, facts: dict | None) -> tuple:
     return fam(config, facts or {}, **params)
 
 def legacy_key(name: str, config: RunConfig, facts: dict | None = None) -> dict | None:
-    "The `key` the hand-built stage code gave stage `name` of a run whose resolved config is `config`; None when it cannot be rebuilt."
+    """The `key` the hand-built stage code gave stage `name` of a run whose resolved config is `config`;
+    None when it cannot be rebuilt."""
     return _recipe(name, config, facts)[0]
 
 def legacy_deps(name: str, config: RunConfig, facts: dict | None = None) -> list[str] | None:
-    "The stages whose manifest hashes entered stage `name`'s hash, in the order the stage code listed them; None for an unknown name."
+    """The stages whose manifest hashes entered stage `name`'s hash, in the order the stage code listed them;
+    None for an unknown name."""
     return _recipe(name, config, facts)[1]
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #20fef0ab
 def legacy_hash(name: str, config: RunConfig, manifest: dict, facts: dict | None = None) -> str | None:
-    "`config_hash({'key': legacy_key, 'deps': {dep: its manifest hash}})`, the hash stage `name` had; None without a key or a done dep."
+    """`config_hash({'key': legacy_key, 'deps': {dep: its manifest hash}})`, the hash stage `name` had;
+    None without a key or a done dep."""
     key, deps = _recipe(name, config, facts)
     stages = manifest["stages"]
     if key is None or any(stages.get(d, {}).get("status") != "done" for d in deps): return None
     return config_hash({"key": key, "deps": {d: stages[d]["hash"] for d in deps}})
 
 def verify_legacy(config: RunConfig, manifest: dict, facts: dict | None = None) -> dict[str, bool | None]:
-    "Per done stage of `manifest`: True when `legacy_hash` is its recorded hash, False when it differs, None when it cannot be rebuilt."
+    """Per done stage of `manifest`: True when `legacy_hash` is its recorded hash, False when it differs, None when it
+    cannot be rebuilt."""
     facts = facts or {}
     out = {}
     for name, e in manifest["stages"].items():
@@ -417,7 +611,8 @@ def verify_legacy(config: RunConfig, manifest: dict, facts: dict | None = None) 
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #47c79b84
 def _gguf_digest(cfg: RunConfig) -> str | None:
-    "The content digest `stages.base` keyed a GGUF checkpoint by (sha256 of the file, 16 hex digits); None when the config names none."
+    """The content digest `stages.base` keyed a GGUF checkpoint by (sha256 of the file, 16 hex digits);
+    None when the config names none."""
     if (g := gguf_source(cfg.model.name_or_path)) is None: return None
     h = hashlib.sha256()
     with open(g[0] / g[1], "rb") as fh:
@@ -427,35 +622,51 @@ def _gguf_digest(cfg: RunConfig) -> str | None:
 def _reference_rows(run: Path) -> int:
     from datasets import load_from_disk
     field = json.loads((run / "forget_fields" / "fields.json").read_text())["usable"][0]
-    return load_from_disk(str(run / "testbed" / "splits"))[f"forget_{field}"].num_rows   # `inject.testbed.load_testbed`'s folder
+    # `inject.testbed.load_testbed`'s folder
+    return load_from_disk(str(run / "testbed" / "splits"))[f"forget_{field}"].num_rows
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c7af3d5a
 def legacy_facts(run_dir, config: RunConfig) -> dict[str, dict]:
-    "Per done stage of the run in `run_dir` whose key held a value the config does not, that value, read from the run's files."
+    """Per done stage of the run in `run_dir` whose key held a value the config does not, that value, read from the
+    run's files."""
     run, out = Path(run_dir), {}
     for name, e in json.loads((run / "manifest.json").read_text())["stages"].items():
         d = run / name
         if e.get("status") != "done": continue
-        if name in ("tokenizer", "base") and config.model.name_or_path is not None and (g := _gguf_digest(config)): out[name] = {"gguf_digest": g}
+        if name in ("tokenizer", "base") and config.model.name_or_path is not None and (g := _gguf_digest(config)):
+            out[name] = {"gguf_digest": g}
         elif re.fullmatch(f"{_EXT}checkpoint_{_F}", name) and (d / "checkpoint.json").exists():
             info = json.loads((d / "checkpoint.json").read_text())
             out[name] = {"checkpoint": info["digest"], "control": (info.get("control") or {}).get("digest")}
-        elif name.startswith("tune_") and config.unlearn.tune_match_steps and (run / "testbed").is_dir(): out[name] = {"reference_rows": _reference_rows(run)}
-        elif name.startswith("pistol_density_") and (lr := run / name.replace("density", "degree", 1) / "lr.json").exists():
+        elif name.startswith("tune_") and config.unlearn.tune_match_steps and (run / "testbed").is_dir():
+            out[name] = {"reference_rows": _reference_rows(run)}
+        elif (
+            name.startswith("pistol_density_")
+            and (lr := run / name.replace("density", "degree", 1) / "lr.json").exists()
+        ):
             out[name] = {"lr": json.loads(lr.read_text())["lr"]}
         elif name == "pistol_before_dataset2" and (d / "runs.csv").exists():
             with open(d / "runs.csv", newline="") as fh:
-                out[name] = {"edges": [[r["edge"], {"density": r["density"], "draw": int(r["draw"])}] for r in csv.DictReader(fh)]}
+                out[name] = {
+                    "edges": [
+                        [r["edge"], {"density": r["density"], "draw": int(r["draw"])}] for r in csv.DictReader(fh)
+                    ]
+                }
     return out
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #4cacd979
 def migrate_keys(store) -> dict[str, bool | None] | None:
-    "Re-key an older run's done stages for declared reads (see above), once; the verdict per stage, or None if nothing to do."
+    """Re-key an older run's done stages for declared reads (see above), once;
+    the verdict per stage, or None if nothing to do."""
     from lume_lab.core.config import config_from_dict
     from lume_lab.core.store import KEYS, _now
     m = store.manifest
     if m.get("keys") == KEYS: return None
-    configs = [config_from_dict(json.loads(p.read_text())) for p in (store.dir / "config.orig.json", store.config_path) if p.exists()]
+    configs = [
+        config_from_dict(json.loads(p.read_text()))
+        for p in (store.dir / "config.orig.json", store.config_path)
+        if p.exists()
+    ]
     verdict: dict = {}
     for cfg in configs:                      # a stage that matches under either config counts
         for name, ok in verify_legacy(cfg, m, legacy_facts(store.dir, cfg)).items():

@@ -8,8 +8,9 @@ import json, os, threading, time, uuid
 from pathlib import Path
 
 from traitlets.config import Config
-# papermill, nbclient and nbformat are imported inside the functions that run or read notebooks: they take seconds to
-# import (jsonschema's format checkers), and `lume-lab --help`, `presets` and `status` reach this module without running one
+# papermill, nbclient and nbformat are imported inside the functions that run or read notebooks: they take seconds
+# to import (jsonschema's format checkers), and `lume-lab --help`, `presets` and `status` reach this module without
+# running one
 
 from ...core.store import runs_root, repo_root, package_dir
 
@@ -40,26 +41,29 @@ def check_parameters(nb_path: str | Path, parameters: dict | None) -> None:
                          f"allowed: {', '.join(allowed)}")
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #5db67616
-KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]   # the kernel's own log: at shutdown jupyter_client interrupts it first,
-                                                     # and an idle kernel may log "KeyboardInterrupt caught" (cells' errors still reach us)
+# the kernel's own log: at shutdown jupyter_client interrupts it first, and an idle kernel may log
+# "KeyboardInterrupt caught" (cells' errors still reach us)
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
 def kernel_config() -> Config:
     """Kernel-manager config for papermill: IPC transport where Unix sockets work (no port, no unencrypted-TCP warning),
-    on socket paths of this kernel's own in jupyter's runtime folder. jupyter_client's default, `kernel-ipc-<n>` in
-    the kernel's working folder, lets kernels started at once in one folder (a sweep's workers) take the same sockets."""
+    on socket paths of this kernel's own in jupyter's runtime folder. jupyter_client's default, `kernel-ipc-<n>` in the
+    kernel's working folder, lets kernels started at once in one folder (a sweep's workers) take the same sockets."""
     from jupyter_core.paths import jupyter_runtime_dir
     c = Config()
     rt = jupyter_runtime_dir()
     if os.name != "nt" and len(rt) <= 50:                   # socket paths must stay under 108 bytes
         os.makedirs(rt, mode=0o700, exist_ok=True)
         c.KernelManager.transport = "ipc"
-        c.KernelManager.ip = os.path.join(rt, f"lume-{uuid.uuid4().hex[:16]}")   # sockets <ip>-1 … <ip>-5, removed at shutdown
+        # sockets <ip>-1 … <ip>-5, removed at shutdown
+        c.KernelManager.ip = os.path.join(rt, f"lume-{uuid.uuid4().hex[:16]}")
     return c
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #375e26a8
 def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | None = None,
                  kernel: str = "python3", root: str | Path | None = None, progress: bool = False,
                  cwd: str | Path | None = None) -> Path:
-    "Execute `nb_path` with `parameters` into `out_path` (which must lie under the runs root); `progress`: papermill's per-cell bar."
+    """Execute `nb_path` with `parameters` into `out_path` (which must lie under the runs root);
+    `progress`: papermill's per-cell bar."""
     import nbformat, papermill as pm
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
@@ -70,11 +74,13 @@ def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | N
     check_parameters(nb_path, parameters)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        pm.execute_notebook(str(nb_path), str(out_path), parameters=parameters or {}, kernel_name=kernel, language="python",
-                            progress_bar=progress, cwd=str(cwd or nb_path.parent), config=kernel_config(),
-                            extra_arguments=KERNEL_ARGS)
+        pm.execute_notebook(
+            str(nb_path), str(out_path), parameters=parameters or {}, kernel_name=kernel, language="python",
+            progress_bar=progress, cwd=str(cwd or nb_path.parent), config=kernel_config(), extra_arguments=KERNEL_ARGS
+        )
     except DeadKernelError:
-        raise NotebookRunError(f"{nb_path.name}: the kernel died (killed, or out of memory)\n  executed notebook: {out_path}") from None
+        raise NotebookRunError(f"{nb_path.name}: the kernel died (killed, or out of memory)\n  executed notebook: "
+                               f"{out_path}") from None
     except PapermillExecutionError as e:
         src = nbformat.read(str(nb_path), as_version=4).cells
         idx = next((i for i, c in enumerate(src) if c.source == e.source), e.cell_index)
@@ -88,10 +94,12 @@ def experiments_dir() -> Path:
     "Folder of the experiment notebooks (`nbs/experiments` of the lume_lab checkout)."
     r = repo_root() or repo_root(package_dir())
     if r is None or not (r / "nbs" / "experiments").exists():
-        raise FileNotFoundError("experiment notebooks not found: lume_lab must be installed from its repository (pip install -e .)")
+        raise FileNotFoundError("experiment notebooks not found: lume_lab must be installed from its repository (pip "
+                                "install -e .)")
     return r / "nbs" / "experiments"
 
-COMPANION_EXPERIMENTS = ("e07", "e08", "e11")   # PISTOL and LUME (other papers' datasets), the dose-response: run on request
+# PISTOL and LUME (other papers' datasets), the dose-response: run on request
+COMPANION_EXPERIMENTS = ("e07", "e08", "e11")
 
 def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
     """The main chain `e00…` in order (the Lacuna testbed and the report, without `COMPANION_EXPERIMENTS`), every `e*`
@@ -100,28 +108,70 @@ def experiment_notebooks(names: list[str] | None = None) -> list[Path]:
     if names == ["all"]: return [p for p in every if p.stem.startswith("e")]
     if not names: return [p for p in every if p.stem.startswith("e") and not p.stem.startswith(COMPANION_EXPERIMENTS)]
     unknown = [n for n in names if not any(p.stem.startswith(n) for p in every)]
-    if unknown: raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; allowed: all, {', '.join(p.stem for p in every)}")
+    if unknown:
+        raise ValueError(
+            f"unknown experiment(s) {', '.join(unknown)}; allowed: all, {', '.join(p.stem for p in every)}"
+        )
     return [p for p in every if any(p.stem.startswith(n) for n in names)]
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #2b6927f9
-EXPERIMENT_COSTS = {  # preset -> wall seconds per experiment (eNN) of a fresh `lume-lab run`, and where they were measured
-    "mini": {"commit": "b03039e", "machine": "2 idle CPU cores", "seconds":   # a fresh `make run` (docs/results/make-run-mini.md)
-             {"e00": 473.4, "e01": 7.8, "e02": 889.3, "e03": 434.3, "e04": 101.1, "e05": 957.0, "e06": 315.3, "e09": 81.1, "e10": 379.5, "e99": 5.9,
-              "e07": 692, "e08": 3389,     # the companions: measured once each on the 2 cores shared with other jobs (docs/notes/timing.md)
-              "e11": 1476}},               # 21 dose points × 70.3 s, the stage compute per point of 14 points on idle cores (docs/results/mini-dose.md)
-    "smoke": {"commit": "a25359c", "machine": "2 CPU cores, shared with other jobs", "seconds":
-              {"e00": 13.0, "e01": 8.0, "e02": 18.0, "e03": 34.1, "e04": 10.7, "e05": 50.1, "e06": 16.9, "e09": 12.0, "e99": 4.0,
-               "e07": 17, "e08": 17,       # the companions: the end-to-end test's run at a36629a, same machine, loaded
-               "e10": 72, "e11": 40}},     # measured once each on the same shared cores (docs/notes/robustness.md)
+# preset -> wall seconds per experiment (eNN) of a fresh `lume-lab run`, and where they were measured
+EXPERIMENT_COSTS = {
+    # a fresh `make run` (docs/results/make-run-mini.md)
+    "mini": {
+        "commit": "b03039e",
+        "machine": "2 idle CPU cores",
+        "seconds": {
+            "e00": 473.4,
+            "e01": 7.8,
+            "e02": 889.3,
+            "e03": 434.3,
+            "e04": 101.1,
+            "e05": 957.0,
+            "e06": 315.3,
+            "e09": 81.1,
+            "e10": 379.5,
+            "e99": 5.9,
+            # the companions: measured once each on the 2 cores shared with other jobs (docs/notes/timing.md)
+            "e07": 692,
+            "e08": 3389,
+            # 21 dose points × 70.3 s, the stage compute per point of 14 points on idle cores
+            # (docs/results/mini-dose.md)
+            "e11": 1476,
+        },
+    },
+    "smoke": {
+        "commit": "a25359c",
+        "machine": "2 CPU cores, shared with other jobs",
+        "seconds": {
+            "e00": 13.0,
+            "e01": 8.0,
+            "e02": 18.0,
+            "e03": 34.1,
+            "e04": 10.7,
+            "e05": 50.1,
+            "e06": 16.9,
+            "e09": 12.0,
+            "e99": 4.0,
+            "e07": 17,
+            "e08": 17,  # the companions: the end-to-end test's run at a36629a, same machine, loaded
+            "e10": 72,
+            "e11": 40,
+        },
+    },  # measured once each on the same shared cores (docs/notes/robustness.md)
 }
 
+# %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #1f3f14be
 def experiment_seconds(run_dir) -> dict[str, float]:
     "A run's measured seconds per experiment id (its manifest's `experiments`): the row to put in EXPERIMENT_COSTS."
     m = Path(run_dir) / "manifest.json"
-    return {k[:3]: v["seconds"] for k, v in (json.loads(m.read_text()).get("experiments", {}) if m.exists() else {}).items()}
+    return {
+        k[:3]: v["seconds"] for k, v in (json.loads(m.read_text()).get("experiments", {}) if m.exists() else {}).items()
+    }
 
 def expected_seconds(preset: str, names: list[str]) -> dict[str, float | None]:
-    "Each experiment's measured seconds for `preset` (by its eNN id); None where unmeasured, all None for an unknown preset."
+    """Each experiment's measured seconds for `preset` (by its eNN id);
+    None where unmeasured, all None for an unknown preset."""
     costs = EXPERIMENT_COSTS.get(preset, {}).get("seconds", {})
     return {n: costs.get(n[:3]) for n in names}
 
@@ -137,45 +187,66 @@ def plan_text(preset: str, names: list[str]) -> str:
     exp, src = expected_seconds(preset, names), EXPERIMENT_COSTS.get(preset)
     lines = [f"chain: {' → '.join(names)}"]
     if src is None:
-        return "\n".join(lines + [f"expected time: unknown (no measured costs for preset {preset!r}; measured: {', '.join(EXPERIMENT_COSTS)})"])
+        return "\n".join(
+            lines
+            + [
+                f"expected time: unknown (no measured costs for preset {preset!r}; measured: "
+                f"{', '.join(EXPERIMENT_COSTS)})"
+            ]
+        )
     lines.append(f"expected time, as measured for preset {preset} at commit {src['commit']} on {src['machine']} "
                  f"(this machine: {os.cpu_count()} cores; cached stages take less):")
     lines += [f"  {n:<18} {duration(s):>8}" for n, s in exp.items()]
     unknown = [n for n, s in exp.items() if s is None]
-    lines.append(f"  {'total':<18} {duration(sum(s for s in exp.values() if s is not None)):>8}" + (f" + unknown ({', '.join(unknown)})" if unknown else ""))
+    lines.append(
+        f"  {'total':<18} {duration(sum(s for s in exp.values() if s is not None)):>8}"
+        + (f" + unknown ({', '.join(unknown)})" if unknown else "")
+    )
     return "\n".join(lines)
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #ae394c21
 class ChainProgress:
     "One line per finished experiment of a chain: its time, elapsed, % of the run and ETA (from EXPERIMENT_COSTS)."
     def __init__(self, preset: str, names: list[str], clock=time.monotonic):
-        self.names, self.exp, self.clock, self.t0, self.done = list(names), expected_seconds(preset, names), clock, clock(), []
+        self.names, self.exp, self.clock, self.t0, self.done = (list(names), expected_seconds(preset, names), clock,
+                                                                clock(), [])
         self.took = {}
 
     def share(self) -> float:
-        if any(v is None for v in self.exp.values()) or not sum(self.exp.values()): return len(self.done) / len(self.names)
+        if any(v is None for v in self.exp.values()) or not sum(self.exp.values()):
+            return len(self.done) / len(self.names)
         return sum(self.exp[n] for n in self.done) / sum(self.exp.values())
 
     def eta(self, elapsed: float) -> str:
         rest = [n for n in self.names if n not in self.done]
         if not rest: return "0s"
         measured = [n for n in self.done if self.exp[n]]
-        pace = min(max(sum(self.took[n] for n in measured) / sum(self.exp[n] for n in measured), 0.5), 3.0) if measured else 1.0
+        pace = (
+            min(max(sum(self.took[n] for n in measured) / sum(self.exp[n] for n in measured), 0.5), 3.0)
+            if measured
+            else 1.0
+        )
         known, unmeasured = [n for n in rest if self.exp[n] is not None], [n for n in rest if self.exp[n] is None]
         if not known: return f"unknown ({', '.join(unmeasured)} unmeasured)"
-        return duration(pace * sum(self.exp[n] for n in known)) + (f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else "")
+        return (duration(pace * sum(self.exp[n] for n in known))
+                + (f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else ""))
 
     def finished(self, name: str, seconds: float) -> str:
         self.done.append(name); self.took[name] = seconds
         elapsed = self.clock() - self.t0
-        return f"✓ {name} in {duration(seconds)} · elapsed {duration(elapsed)} · {100 * self.share():.0f}% of the run · ETA {self.eta(elapsed)}"
+        return (
+            f"✓ {name} in {duration(seconds)} · elapsed {duration(elapsed)} · {100 * self.share():.0f}% of the run · "
+            f"ETA {self.eta(elapsed)}"
+        )
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #45be9a16
 class StageWatcher(threading.Thread):
     "Print one line per store stage that finishes while it runs, from the run's manifest.json (polled every `every` s)."
     def __init__(self, manifest: Path, t0: float, every: float = 2.0, out=print, clock=time.monotonic):
         super().__init__(daemon=True)
-        self.manifest, self.t0, self.every, self.out, self.clock, self._halt = Path(manifest), t0, every, out, clock, threading.Event()
+        self.manifest, self.t0, self.every, self.out, self.clock, self._halt = (
+            Path(manifest), t0, every, out, clock, threading.Event()
+        )
         self.seen = self._done()
 
     def _done(self) -> set:

@@ -19,30 +19,40 @@ __all__ = ['SCORE_KINDS', 'REPORT_EXPERIMENTS', 'check_score', 'score_row', 'sco
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #1d7c551d
 def check_score(store: RunStore, checkpoint, name: str, field: str | None = None, control=None) -> str:
-    "The forget field to score `checkpoint` on, once every check that needs no compute passed; a `ConfigError` naming the first problem."
-    from lume_lab.pipeline.stages.external import check_checkpoint_dir, check_external_name   # (here: `lume-lab` starts without transformers)
+    """The forget field to score `checkpoint` on, once every check that needs no compute passed;
+    a `ConfigError` naming the first problem."""
+    # (here: `lume-lab` starts without transformers)
+    from lume_lab.pipeline.stages.external import check_checkpoint_dir, check_external_name
     check_external_name(name)
     check_testbed_done(store)
     if field is None:
         usable = usable_fields(store)
         if len(usable) != 1:
-            raise ConfigError(f"run {store.run_id!r} unlearns {len(usable)} forget fields ({', '.join(usable)}): say which one the checkpoint "
-                              f"unlearned with --field")
+            raise ConfigError(
+                f"run {store.run_id!r} unlearns {len(usable)} forget fields ({', '.join(usable)}): say which one the "
+                f"checkpoint unlearned with --field"
+            )
         field = usable[0]
     else: resolve_fields(store, [field])
     check_checkpoint_dir(checkpoint, store.path("instruct_masked") / "model")
-    if control is not None: check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
+    if control is not None:
+        check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
     return field
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #a3931476
-def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: pd.DataFrame | None, res: dict | None) -> pd.DataFrame:
+def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: pd.DataFrame | None,
+              res: dict | None) -> pd.DataFrame:
     "One scorecard row (`pipeline.presentation.scorecard` columns) of `label` on `field` from its stages' tables."
     from lume_lab.analysis.resurfacing import leakage_table
     from lume_lab.metrics.evaluate import table2
     from lume_lab.pipeline.presentation.scorecard import metric_sources
     from lume_lab.pipeline.stages.remind import remind_report
-    t = table2(ev, by="model")                           # evaluate() labelled its rows `model`
-    row = {"field": field, "method": label, **{c: float(t.at[k, label]) if k in t.index else float("nan") for c, k in metric_sources("table2").items()}}
+
+    t = table2(ev, by="model")  # evaluate() labelled its rows `model`
+    row = {
+        "field": field, "method": label,
+        **{c: float(t.at[k, label]) if k in t.index else float("nan") for c, k in metric_sources("table2").items()}
+    }
     s = loc.set_index("labels")
     row |= {f"auc_{k}": float(s.at[k, "auc"]) for k in ("forget", "unified")}
     row |= {k: float(s[k].iloc[0]) for k in ("cast_share", "changed_share") if k in s}
@@ -56,11 +66,13 @@ def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: 
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #19f1c6c2
 SCORE_KINDS = ("evaluate", "localization", "remind", "resurface")
-REPORT_EXPERIMENTS = ("e03", "e04", "e05", "e06", "e10", "e99")   # the experiments whose tables and page gain the external rows (e10: its attacks run then)
+# the experiments whose tables and page gain the external rows (e10: its attacks run then)
+REPORT_EXPERIMENTS = ("e03", "e04", "e05", "e06", "e10", "e99")
 
 def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = None, control=None, root=None,
                      report: bool = True, log=print) -> pd.DataFrame:
-    "Score `checkpoint` in run `run_id` as `external:<name>` (see above); its scorecard row. `report`: re-execute the run's e03–e06, e10, e99 after."
+    """Score `checkpoint` in run `run_id` as `external:<name>` (see above); its scorecard row.
+    `report`: re-execute the run's e03–e06, e10, e99 after."""
     from lume_lab.pipeline.stages.external import external_source, stage_external_checkpoint
     from lume_lab.pipeline.stages.remind import remind_source
     from lume_lab.pipeline.stages.resurface import resurface_source
@@ -74,7 +86,10 @@ def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = Non
     loc = localization_source(store, src)
     rem, res = remind_source(store, src), resurface_source(store, src)
     row = score_row(src.label, field, ev, loc, rem, res)
-    log(f"scored {src.label} on {field} in run {run_id} in {time.perf_counter() - t0:.1f} s (stages {src.prefix}*_{field})")
+    log(
+        f"scored {src.label} on {field} in run {run_id} in {time.perf_counter() - t0:.1f} s (stages "
+        f"{src.prefix}*_{field})"
+    )
     if report: refresh_report(store, root, log)
     return row
 
@@ -87,7 +102,10 @@ def refresh_report(store: RunStore, root=None, log=print) -> list[str]:
     nbs = [nb for nb in experiment_notebooks(list(REPORT_EXPERIMENTS)) if nb.stem in done]
     for nb in nbs:
         t = time.perf_counter()
-        run_notebook(nb, store.dir / "notebooks" / nb.name, {"run_id": store.run_id, "runs_root": str(runs_root(root))}, root=root)
+        run_notebook(
+            nb, store.dir / "notebooks" / nb.name, {"run_id": store.run_id, "runs_root": str(runs_root(root))},
+            root=root
+        )
         store.record_experiment(nb.stem, time.perf_counter() - t)
         log(f"  re-executed {nb.stem} ({time.perf_counter() - t:.0f} s)")
     if nbs and not any(nb.stem.startswith("e99") for nb in nbs) and (store.dir / "report" / "index.html").exists():
@@ -98,19 +116,32 @@ def refresh_report(store: RunStore, root=None, log=print) -> list[str]:
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #958ed865
 def add_export_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("run_id", help="the run whose testbed to export (runs/<run_id>/)")
-    p.add_argument("--out", required=True, help="a new folder: model/, model_control/, data/, masks/, open-unlearning/, manifest.json")
-    p.add_argument("--field", nargs="+", default=None, help="forget fields to export (default: every field the run unlearns)")
+    p.add_argument(
+        "--out", required=True,
+        help="a new folder: model/, model_control/, data/, masks/, open-unlearning/, manifest.json"
+    )
+    p.add_argument("--field", nargs="+", default=None,
+                   help="forget fields to export (default: every field the run unlearns)")
     p.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
     return p
 
 def add_score_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("run_id", help="the run whose testbed the checkpoint was unlearned from (runs/<run_id>/)")
-    p.add_argument("--checkpoint", required=True, help="the unlearned model: a save_pretrained directory (safetensors), or a PEFT adapter of model/")
+    p.add_argument(
+        "--checkpoint", required=True,
+        help="the unlearned model: a save_pretrained directory (safetensors), or a PEFT adapter of model/"
+    )
     p.add_argument("--name", required=True, help="its name in the tables (external:NAME): letters, digits, '.', '-'")
     p.add_argument("--field", default=None, help="the forget field it unlearned (default: the run's only one)")
-    p.add_argument("--control", default=None, help="optional: the same unlearning run from model_control/ (localization's contrast scores)")
+    p.add_argument(
+        "--control", default=None,
+        help="optional: the same unlearning run from model_control/ (localization's contrast scores)"
+    )
     p.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
-    p.add_argument("--no-report", action="store_true", help="do not re-execute the run's e03-e06, e10, e99 to add the rows to its report")
+    p.add_argument(
+        "--no-report", action="store_true",
+        help="do not re-execute the run's e03-e06, e10, e99 to add the rows to its report"
+    )
     return p
 
 def score_main(a) -> int:

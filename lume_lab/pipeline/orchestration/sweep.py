@@ -14,7 +14,8 @@ import pandas as pd
 import submitit
 import yaml
 
-from ...core.config import PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash, make_config
+from ...core.config import (PRESETS, ConfigError, RunConfig, config_diff, config_from_dict, config_hash,
+                                  make_config)
 from ...core.store import RunStore, _now, atomic_write_json, atomic_write_text, reuse_sources, runs_root
 from .config import resolve_config, same_config, upgrade_config
 from .runner import experiment_notebooks
@@ -42,32 +43,49 @@ def read_spec(spec: str | Path | dict) -> dict:
     if isinstance(spec, dict): return dict(spec)
     p = Path(spec)
     if not p.exists(): raise FileNotFoundError(f"no sweep spec {p}")
-    if not p.is_file(): raise ConfigError(f"sweep spec {p} is not a file; give a YAML file such as sweeps/mask_coverage.yaml")
+    if not p.is_file():
+        raise ConfigError(f"sweep spec {p} is not a file; give a YAML file such as sweeps/mask_coverage.yaml")
     try: d = yaml.load(p.read_text(), Loader=_SpecLoader)
     except yaml.YAMLError as e: raise ConfigError(f"{p} is not valid YAML: {e}") from None
     if d is None: raise ConfigError(f"sweep spec {p} is empty; expected a mapping with keys {', '.join(SPEC_KEYS)}")
-    if not isinstance(d, dict): raise ConfigError(f"{p}: a sweep spec is a mapping with keys {', '.join(SPEC_KEYS)}; got {type(d).__name__}")
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: a sweep spec is a mapping with keys {', '.join(SPEC_KEYS)}; got {type(d).__name__}")
     return d
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #b025f6a9
 def _check_field_values(name: str, d, problems: list) -> bool:
-    if not isinstance(d, dict): problems.append(f"{name} must be a mapping of dotted config field → value, got {d!r}"); return False
+    if not isinstance(d, dict):
+        problems.append(f"{name} must be a mapping of dotted config field → value, got {d!r}")
+        return False
     if "seed" in d: problems.append(f"{name} sets 'seed': sweep seeds with `seeds: [0, 1, 2]` instead"); return False
     return True
 
 def sweep_points(grid: dict | None = None, points: list | None = None, seeds: list | None = None) -> list[dict]:
-    "One dict per point: a combination of `grid` (first field slowest) or one of `points`, times each of `seeds` (key `seed`, last)."
+    """One dict per point: a combination of `grid` (first field slowest) or one of `points`, times each of `seeds` (key
+    `seed`, last)."""
     problems, seeds = [], [0] if seeds is None else seeds
     if grid is not None and points is not None: problems.append("give either grid or points, not both")
     if grid is not None and _check_field_values("grid", grid, problems):
-        if not grid: problems.append("grid is empty: give at least one field and its values, e.g. grid: {inject.mask_fraction: [0.05, 0.1]}")
-        problems += [f"grid[{k!r}] must be a non-empty list of values, got {v!r}" for k, v in grid.items() if not isinstance(v, list) or not v]
+        if not grid:
+            problems.append("grid is empty: give at least one field and its values, e.g. grid: {inject.mask_fraction: "
+                            "[0.05, 0.1]}")
+        problems += [
+            f"grid[{k!r}] must be a non-empty list of values, got {v!r}"
+            for k, v in grid.items()
+            if not isinstance(v, list) or not v
+        ]
     if points is not None:
-        if not isinstance(points, list) or not points: problems.append(f"points must be a non-empty list of override mappings, got {points!r}")
+        if not isinstance(points, list) or not points:
+            problems.append(f"points must be a non-empty list of override mappings, got {points!r}")
         else:
-            for i, p in enumerate(points): _check_field_values(f"points[{i}]", p, problems)
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
-            and len(set(seeds)) == len(seeds)):
+            for i, p in enumerate(points):
+                _check_field_values(f"points[{i}]", p, problems)
+    if not (
+        isinstance(seeds, list)
+        and seeds
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        and len(set(seeds)) == len(seeds)
+    ):
         problems.append(f"seeds must be a non-empty list of distinct non-negative ints, got {seeds!r}")
     if problems: raise ConfigError("invalid sweep:\n  - " + "\n  - ".join(problems))
     base = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())] if grid is not None else points or [{}]
@@ -85,20 +103,24 @@ def point_name(point: dict) -> str:
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #a07d4d66
 EXECUTOR_KINDS = ("local", "slurm")
-_GENERIC = submitit.AutoExecutor._typed_parameters()          # timeout_min, mem_gb, cpus_per_task, gpus_per_node, ... → type
+# timeout_min, mem_gb, cpus_per_task, gpus_per_node, ... → type
+_GENERIC = submitit.AutoExecutor._typed_parameters()
 _LOCAL_OPTIONS = ("workers", "threads", "timeout_min", "gpus_per_node")
 _SLURM_OWN = ("workers", "threads", "timeout_min", "gpus_per_node", "cpus_per_task", "mem_gb", "stderr_to_stdout")
-_SLURM_SKIP = {"job_name", "time", "mem", "nodes", "ntasks_per_node", "array_parallelism", "num_gpus", "map_count", *_SLURM_OWN}
+_SLURM_SKIP = {"job_name", "time", "mem", "nodes", "ntasks_per_node", "array_parallelism", "num_gpus", "map_count",
+               *_SLURM_OWN}
 
 def executor_options(kind: str) -> list[str]:
-    "Options an `executor` block of `kind` accepts: ours, submitit's generic ones, and (slurm) every `SlurmExecutor` parameter."
+    """Options an `executor` block of `kind` accepts:
+    ours, submitit's generic ones, and (slurm) every `SlurmExecutor` parameter."""
     if kind == "local": return list(_LOCAL_OPTIONS)
     return list(_SLURM_OWN) + sorted(set(submitit.SlurmExecutor._valid_parameters()) - _SLURM_SKIP)
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #89637649
 @dataclass
 class ExecutorSpec:
-    "How points run: `kind`, at most `workers` at once, `threads` BLAS threads each, and `params` for `submitit.AutoExecutor.update_parameters`."
+    """How points run: `kind`, at most `workers` at once, `threads` BLAS threads each, and `params` for
+    `submitit.AutoExecutor.update_parameters`."""
     kind: str
     workers: int | None
     threads: int | None
@@ -108,19 +130,26 @@ def _visible_gpus() -> int:
     import torch
     return torch.cuda.device_count()
 
+# %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #dc9c48af
 def executor_spec(block: dict | None, name: str, workers: int | None = None) -> ExecutorSpec:
     "Validate an `executor` block (naming a bad option and the allowed ones) and translate it into submitit parameters."
     if block is None: block = {"kind": "local"}
-    if not isinstance(block, dict): raise ConfigError(f"executor must be a mapping like {{kind: local, workers: 2}}, got {block!r}")
+    if not isinstance(block, dict):
+        raise ConfigError(f"executor must be a mapping like {{kind: local, workers: 2}}, got {block!r}")
     block = dict(block); kind = block.pop("kind", "local")
-    if kind not in EXECUTOR_KINDS: raise ConfigError(f"executor.kind must be one of {', '.join(EXECUTOR_KINDS)}; got {kind!r}")
+    if kind not in EXECUTOR_KINDS:
+        raise ConfigError(f"executor.kind must be one of {', '.join(EXECUTOR_KINDS)}; got {kind!r}")
     allowed = executor_options(kind)
     if bad := [k for k in block if k not in allowed]:
-        raise ConfigError(f"unknown {kind} executor option(s) {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
+        raise ConfigError(f"unknown {kind} executor option(s) {', '.join(map(repr, bad))}; allowed: "
+                          f"{', '.join(allowed)}")
     if workers is not None: block["workers"] = workers
     num = lambda v, kind=int: isinstance(v, kind) and not isinstance(v, bool)
-    problems = [f"executor.{k} must be a positive int, got {block[k]!r}" for k in ("workers", "threads", "timeout_min", "cpus_per_task")
-                if k in block and not (num(block[k]) and block[k] >= 1)]
+    problems = [
+        f"executor.{k} must be a positive int, got {block[k]!r}"
+        for k in ("workers", "threads", "timeout_min", "cpus_per_task")
+        if k in block and not (num(block[k]) and block[k] >= 1)
+    ]
     if "gpus_per_node" in block and not (num(block["gpus_per_node"]) and block["gpus_per_node"] >= 0):
         problems.append(f"executor.gpus_per_node must be an int >= 0, got {block['gpus_per_node']!r}")
     if "mem_gb" in block and not (num(block["mem_gb"], (int, float)) and block["mem_gb"] > 0):
@@ -128,13 +157,21 @@ def executor_spec(block: dict | None, name: str, workers: int | None = None) -> 
     if "stderr_to_stdout" in block and not isinstance(block["stderr_to_stdout"], bool):
         problems.append(f"executor.stderr_to_stdout must be true or false, got {block['stderr_to_stdout']!r}")
     if kind == "slurm" and "timeout_min" not in block:
-        problems.append("executor.timeout_min is required for slurm: the longest one point may run (submitit's default is 5 minutes)")
+        problems.append(
+            "executor.timeout_min is required for slurm: the longest one point may run (submitit's default is 5 "
+            "minutes)"
+        )
     if problems: raise ConfigError("invalid executor:\n  - " + "\n  - ".join(problems))
     params = {"name": f"lume-{name}"}
-    if kind == "local": params.update(timeout_min=block.get("timeout_min", 7 * 24 * 60), gpus_per_node=block.get("gpus_per_node", _visible_gpus()))
+    if kind == "local":
+        params.update(timeout_min=block.get("timeout_min", 7 * 24 * 60),
+                      gpus_per_node=block.get("gpus_per_node", _visible_gpus()))
     else:
-        params.update({k if k in _GENERIC else f"slurm_{k}": v for k, v in block.items() if k not in ("workers", "threads")})
-        if "workers" in block: params["slurm_array_parallelism"] = block["workers"]
+        params.update(
+            {k if k in _GENERIC else f"slurm_{k}": v for k, v in block.items() if k not in ("workers", "threads")}
+        )
+        if "workers" in block:
+            params["slurm_array_parallelism"] = block["workers"]
     return ExecutorSpec(kind, block.get("workers", 1 if kind == "local" else None), block.get("threads"), params)
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #a05f75c3
@@ -148,7 +185,8 @@ class Point:
 
 @dataclass
 class Sweep:
-    "A validated sweep: where it lives (`dir` = runs/<name>), its points, what to run, collect and plot, and how to execute."
+    """A validated sweep: where it lives (`dir` = runs/<name>), its points, what to run, collect and plot, and how to
+    execute."""
     name: str
     preset: str
     base: dict
@@ -173,15 +211,25 @@ PLOT_KEYS = ("source", "x", "y", "hue", "col", "where", "logx")
 
 def _check_spec(s: dict, problems: list) -> None:
     "Top-level checks of a spec dict (keys, name, preset, set, collect, plot), appended to `problems`."
-    if bad := [k for k in s if k not in SPEC_KEYS]: problems.append(f"unknown sweep key(s) {', '.join(map(repr, bad))}; allowed: {', '.join(SPEC_KEYS)}")
+    if bad := [k for k in s if k not in SPEC_KEYS]:
+        problems.append(f"unknown sweep key(s) {', '.join(map(repr, bad))}; allowed: {', '.join(SPEC_KEYS)}")
     name = s.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        problems.append(f"name must be a non-empty name of letters, digits, '.', '_', '-' (the folder runs/<name>), got {name!r}")
-    if s.get("preset", "mini") not in PRESETS: problems.append(f"preset must be one of {', '.join(PRESETS)}; got {s.get('preset')!r}")
+        problems.append("name must be a non-empty name of letters, digits, '.', '_', '-' (the folder runs/<name>), "
+                        f"got {name!r}")
+    if s.get("preset", "mini") not in PRESETS:
+        problems.append(f"preset must be one of {', '.join(PRESETS)}; got {s.get('preset')!r}")
     _check_field_values("set", s.get("set") or {}, problems)
     c = s.get("collect", list(DEFAULT_COLLECT))
-    if not (isinstance(c, list) and c and all(isinstance(x, str) and x and not x.startswith("/") and ".." not in x for x in c)):
-        problems.append(f"collect must be a non-empty list of file globs relative to a point's run directory (e.g. report/extraction_rates.csv), got {c!r}")
+    if not (
+        isinstance(c, list)
+        and c
+        and all(isinstance(x, str) and x and not x.startswith("/") and ".." not in x for x in c)
+    ):
+        problems.append(
+            "collect must be a non-empty list of file globs relative to a point's run directory (e.g. "
+            f"report/extraction_rates.csv), got {c!r}"
+        )
     plot = s.get("plot") or {}
     if not isinstance(plot, dict) or (bad := [k for k in plot if k not in PLOT_KEYS]):
         problems.append(f"plot must be a mapping with keys from {', '.join(PLOT_KEYS)}; got {plot!r}")
@@ -191,17 +239,28 @@ def _check_spec(s: dict, problems: list) -> None:
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #95300a2e
 def _point_configs(preset: str, base: dict, raw: list[dict], problems: list) -> list[Point]:
-    "Resolve each point's config as `lume-lab run` would; the same problem at many points is reported once, with their names."
+    """Resolve each point's config as `lume-lab run` would;
+    the same problem at many points is reported once, with their names."""
     out, seen = [], {}
     for p in raw:
         over, name = {k: v for k, v in p.items() if k != "seed"}, point_name(p)
         try: out.append(Point(name, over, p["seed"], resolve_config(make_config(preset, {**base, **over}, p["seed"]))))
         except ConfigError as e: seen.setdefault(str(e).removeprefix("invalid config:\n  - "), []).append(name)
-    from lume_lab.pipeline.stages.base import check_checkpoint   # as `lume-lab run`: a checkpoint that does not load is refused up front
-    for ck in {(q.config.model.name_or_path, q.config.model.revision, q.config.model.num_layers): q for q in out if q.config.model.name_or_path}.values():
-        try: check_checkpoint(ck.config)
-        except ConfigError as e: seen.setdefault(str(e), []).append(ck.name)
-    problems += [f"point(s) {', '.join(ns[:3])}{' and %d more' % (len(ns) - 3) if len(ns) > 3 else ''}: {msg}" for msg, ns in seen.items()]
+    # as `lume-lab run`: a checkpoint that does not load is refused up front
+    from lume_lab.pipeline.stages.base import check_checkpoint
+    for ck in {
+        (q.config.model.name_or_path, q.config.model.revision, q.config.model.num_layers): q
+        for q in out
+        if q.config.model.name_or_path
+    }.values():
+        try:
+            check_checkpoint(ck.config)
+        except ConfigError as e:
+            seen.setdefault(str(e), []).append(ck.name)
+    problems += [
+        f"point(s) {', '.join(ns[:3])}{' and %d more' % (len(ns) - 3) if len(ns) > 3 else ''}: {msg}"
+        for msg, ns in seen.items()
+    ]
     dup = sorted({n for n in (point_name(p) for p in raw) if [point_name(q) for q in raw].count(n) > 1})
     if dup: problems.append(f"duplicate point name(s) {', '.join(dup)}: two points would share one run directory")
     return out
@@ -212,36 +271,61 @@ def _existing_conflicts(d: Path, points: list[Point]) -> list[str]:
     for p in points:
         f = d / p.name / "config.json"
         if f.exists() and not same_config(old := config_from_dict(json.loads(f.read_text())), p.config):
-            out.append(f"point {p.name} exists in {d} with a different config (differing fields: {', '.join(config_diff(upgrade_config(old), p.config)[:6])}); "
-                       f"give the sweep another name, or remove {d / p.name}")
+            out.append(
+                f"point {p.name} exists in {d} with a different config (differing fields: "
+                f"{', '.join(config_diff(upgrade_config(old), p.config)[:6])}); give the sweep another name, or remove "
+                f"{d / p.name}"
+            )
     return out
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #59877f3f
-def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers: int | None = None, reuse: list | None = None) -> Sweep:
-    """Read and validate a sweep spec (every point's config included) without writing anything; one `ConfigError` lists every problem.
-    `workers` overrides the executor's; `reuse` adds runs to the spec's `reuse` (`lume-lab sweep --reuse`)."""
+def load_sweep(spec: str | Path | dict, root: str | Path | None = None, workers: int | None = None,
+               reuse: list | None = None) -> Sweep:
+    """Read and validate a sweep spec (every point's config included) without writing anything;
+    one `ConfigError` lists every problem. `workers` overrides the executor's; `reuse` adds runs to the spec's `reuse`
+    (`lume-lab sweep --reuse`)."""
     s, problems = read_spec(spec), []
-    if reuse: s = {**s, "reuse": [*(s.get("reuse") or []), *map(str, reuse)]}
+    if reuse:
+        s = {**s, "reuse": [*(s.get("reuse") or []), *map(str, reuse)]}
     _check_spec(s, problems)
-    try: executor = executor_spec(s.get("executor"), str(s.get("name")), workers)
-    except ConfigError as e: problems.append(str(e)); executor = None
-    if s.get("only") == []: problems.append("only: [] would run the main chain; leave `only` out for that, or name experiments")
-    try: experiments = [p.stem for p in experiment_notebooks(s.get("only"))]
-    except ValueError as e: problems.append(f"only: {e}"); experiments = []
-    empty = lambda k: {} if k == "grid" else []                        # `grid:` with nothing after it is an empty grid, not no grid
-    try: raw = sweep_points(*(empty(k) if k in s and s[k] is None else s.get(k) for k in ("grid", "points")), s.get("seeds"))
-    except ConfigError as e: problems.append(str(e).removeprefix("invalid sweep:\n  - ")); raw = []
+    try:
+        executor = executor_spec(s.get("executor"), str(s.get("name")), workers)
+    except ConfigError as e:
+        problems.append(str(e))
+        executor = None
+    if s.get("only") == []:
+        problems.append("only: [] would run the main chain; leave `only` out for that, or name experiments")
+    try:
+        experiments = [p.stem for p in experiment_notebooks(s.get("only"))]
+    except ValueError as e:
+        problems.append(f"only: {e}")
+        experiments = []
+    # `grid:` with nothing after it is an empty grid, not no grid
+    empty = lambda k: {} if k == "grid" else []
+    try:
+        raw = sweep_points(*(empty(k) if k in s and s[k] is None else s.get(k) for k in ("grid", "points")),
+                           s.get("seeds"))
+    except ConfigError as e:
+        problems.append(str(e).removeprefix("invalid sweep:\n  - "))
+        raw = []
     points = _point_configs(s.get("preset", "mini"), s.get("set") or {}, raw, problems) if not problems else []
     d = runs_root(root) / str(s.get("name"))
-    if not problems and (d / "manifest.json").exists(): problems.append(f"{d} is a run, not a sweep: give the sweep another name")
-    if not problems: problems += _existing_conflicts(d, points)
+    if not problems and (d / "manifest.json").exists():
+        problems.append(f"{d} is a run, not a sweep: give the sweep another name")
+    if not problems:
+        problems += _existing_conflicts(d, points)
     reuse = []
     if not problems:
-        try: reuse = [str(p) for p in reuse_sources(s.get("reuse", []), runs_root(root))]
-        except ConfigError as e: problems.append(str(e))
-    if problems: raise ConfigError(f"invalid sweep spec {s.get('name')!r}:\n  - " + "\n  - ".join(problems))
-    return Sweep(s["name"], s.get("preset", "mini"), dict(s.get("set") or {}), points, s.get("only"), experiments,
-                 list(s.get("collect", DEFAULT_COLLECT)), dict(s.get("plot") or {}), executor, d, s, reuse)
+        try:
+            reuse = [str(p) for p in reuse_sources(s.get("reuse", []), runs_root(root))]
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError(f"invalid sweep spec {s.get('name')!r}:\n  - " + "\n  - ".join(problems))
+    return Sweep(
+        s["name"], s.get("preset", "mini"), dict(s.get("set") or {}), points, s.get("only"), experiments,
+        list(s.get("collect", DEFAULT_COLLECT)), dict(s.get("plot") or {}), executor, d, s, reuse
+    )
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #87cc4775
 def experiments_done(run_dir: str | Path) -> set[str]:
@@ -276,7 +360,8 @@ def point_busy(sweep_dir: str | Path, name: str) -> bool:
     except PointBusy: return True
 
 def run_point(run_fn: Callable, kwargs: dict, threads: int | None = None) -> dict:
-    "The job of one point (runs inside a submitit worker): `run_fn(**kwargs)` under the point's lock, with `threads` BLAS threads."
+    """The job of one point (runs inside a submitit worker):
+    `run_fn(**kwargs)` under the point's lock, with `threads` BLAS threads."""
     if threads: os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t0 = time.perf_counter()
@@ -284,10 +369,14 @@ def run_point(run_fn: Callable, kwargs: dict, threads: int | None = None) -> dic
     return {"run_id": kwargs["run_id"], "seconds": time.perf_counter() - t0}
 
 def point_kwargs(sweep: Sweep, point: Point) -> dict:
-    """Arguments of `pipeline.orchestration.cli.run_pipeline` for `point`: a normal run with runs root `runs/<sweep>` and run id the point's name,
-    which may adopt finished stages of the sweep's other points and of the spec's `reuse` runs."""
-    return {"preset": sweep.preset, "run_id": point.name, "seed": point.seed, "overrides": {**sweep.base, **point.overrides},
-            "only": sweep.only, "root": str(sweep.dir), "progress": False, "reuse": [str(sweep.dir), *sweep.reuse]}
+    """Arguments of `pipeline.orchestration.cli.run_pipeline` for `point`:
+    a normal run with runs root `runs/<sweep>` and run id the point's name, which may adopt finished stages of the
+    sweep's other points and of the spec's `reuse` runs."""
+    return {
+        "preset": sweep.preset, "run_id": point.name, "seed": point.seed,
+        "overrides": {**sweep.base, **point.overrides}, "only": sweep.only, "root": str(sweep.dir), "progress": False,
+        "reuse": [str(sweep.dir), *sweep.reuse]
+    }
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #b4555bc3
 _LIVE_SLURM = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
@@ -310,7 +399,12 @@ def _read_jobs(sweep: Sweep) -> dict:
 
 def _record_jobs(sweep: Sweep, jobs: dict) -> None:
     recs = _read_jobs(sweep)
-    recs.update({n: {"kind": sweep.executor.kind, "job_id": str(j.job_id), "host": socket.gethostname(), "submitted": _now()} for n, j in jobs.items()})
+    recs.update(
+        {
+            n: {"kind": sweep.executor.kind, "job_id": str(j.job_id), "host": socket.gethostname(), "submitted": _now()}
+            for n, j in jobs.items()
+        }
+    )
     atomic_write_json(_jobs_file(sweep), recs)
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #61ec17b0
@@ -324,7 +418,8 @@ def make_executor(sweep: Sweep) -> submitit.AutoExecutor:
 def _error_text(e: Exception) -> str:
     "The last exception line(s) of a submitit job error (the function's own error, not the traceback)."
     text = str(e)
-    if isinstance(e, submitit.core.utils.FailedJobError) and text.count("-" * 22) >= 2: text = text.split("-" * 22)[1]   # the traceback
+    # the traceback
+    if isinstance(e, submitit.core.utils.FailedJobError) and text.count("-" * 22) >= 2: text = text.split("-" * 22)[1]
     lines = [l for l in text.strip().splitlines() if l.strip()]
     heads = [i for i, l in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", l)]
     return "\n".join(lines[heads[-1]:] if heads else lines[:2])[:1000]
@@ -350,39 +445,61 @@ def _execute(sweep: Sweep, todo: list[Point], run_fn: Callable, poll_s: float) -
     "Run `todo` through submitit with at most `workers` at once; return {point name: (status, seconds, error)}."
     ex, out, running, t0, pending = make_executor(sweep), {}, {}, {}, list(todo)
     while pending or running:
-        free = sweep.executor.workers - len(running) if sweep.executor.kind == "local" else len(pending)   # Slurm: one array
+        # Slurm: one array
+        free = sweep.executor.workers - len(running) if sweep.executor.kind == "local" else len(pending)
         batch, pending = pending[:free], pending[free:]
         if batch:
             running.update(_launch(ex, sweep, batch, run_fn)); t0.update({p.name: time.perf_counter() for p in batch})
         for n in _wait_any(running, poll_s):
             job = running.pop(n)
-            try: secs = job.result()["seconds"]; out[n] = ("done", secs, ""); print(f"  ✓ {n}  {secs:.0f} s", flush=True)
+            try:
+                secs = job.result()["seconds"]
+                out[n] = ("done", secs, "")
+                print(f"  ✓ {n}  {secs:.0f} s", flush=True)
             except Exception as e:
                 out[n] = ("failed", time.perf_counter() - t0[n], _error_text(e))
-                print(f"  ✗ {n}: {out[n][2].splitlines()[0] if out[n][2] else 'failed'}\n    log: {job.paths.stderr}", flush=True)
+                print(
+                    f"  ✗ {n}: {out[n][2].splitlines()[0] if out[n][2] else 'failed'}\n    log: {job.paths.stderr}",
+                    flush=True,
+                )
     return out
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #7857dc03
 def _summary(sweep: Sweep, status: dict) -> pd.DataFrame:
     "One row per point: its swept values, status, seconds and error."
-    rows = [{"point": p.name, **{k: _fmt(p.overrides[k]) for k in p.overrides}, "seed": p.seed,
-             "status": status[p.name][0], "seconds": round(status[p.name][1], 1), "error": status[p.name][2]} for p in sweep.points]
+    rows = [
+        {
+            "point": p.name, **{k: _fmt(p.overrides[k]) for k in p.overrides}, "seed": p.seed,
+            "status": status[p.name][0], "seconds": round(status[p.name][1], 1), "error": status[p.name][2]
+        }
+        for p in sweep.points
+    ]
     return pd.DataFrame(rows)
 
 def _previous_seconds(sweep: Sweep) -> dict[str, float]:
-    "Seconds per point of the sweep's last points.csv, where the point ran or was carried over (none for failed or running points)."
+    """Seconds per point of the sweep's last points.csv, where the point ran or was carried over (none for failed or
+    running points)."""
     p = sweep.dir / "points.csv"
     if not p.is_file(): return {}
     t = pd.read_csv(p, dtype={"point": str})
-    return {r.point: float(r.seconds) for r in t.itertuples() if r.status in ("done", "skipped") and pd.notna(r.seconds)}
+    return {
+        r.point: float(r.seconds) for r in t.itertuples() if r.status in ("done", "skipped") and pd.notna(r.seconds)
+    }
 
+# %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #d64650ea
 def run_sweep(sweep: Sweep, run_fn: Callable, poll_s: float | None = None) -> pd.DataFrame:
     "Run the unfinished points of `sweep` through submitit, print and write the summary (`points.csv`), then aggregate."
     t0, jobs = time.perf_counter(), _read_jobs(sweep)
     before = _previous_seconds(sweep)                                  # a skipped point keeps the seconds its run took
-    status = {p.name: ("skipped", before.get(p.name, 0.0), "finished before") for p in sweep.points if point_done(sweep, p)}
-    status |= {p.name: ("running", 0.0, "another process is running it") for p in sweep.points
-               if p.name not in status and (point_busy(sweep.dir, p.name) or p.name in jobs and _job_alive(jobs[p.name], sweep.dir / ".submitit"))}
+    status = {
+        p.name: ("skipped", before.get(p.name, 0.0), "finished before") for p in sweep.points if point_done(sweep, p)
+    }
+    status |= {
+        p.name: ("running", 0.0, "another process is running it")
+        for p in sweep.points
+        if p.name not in status
+        and (point_busy(sweep.dir, p.name) or p.name in jobs and _job_alive(jobs[p.name], sweep.dir / ".submitit"))
+    }
     todo = [p for p in sweep.points if p.name not in status]
     print(f"sweep {sweep.name}: {len(sweep.points)} points, {len(todo)} to run ({sweep.executor.kind}, "
           f"{sweep.executor.workers or 'all'} at once) → {sweep.dir}", flush=True)
@@ -391,32 +508,45 @@ def run_sweep(sweep: Sweep, run_fn: Callable, poll_s: float | None = None) -> pd
     try:
         if todo: status |= _execute(sweep, todo, run_fn, poll_s or (0.5 if sweep.executor.kind == "local" else 30.0))
     except KeyboardInterrupt:
-        print(f"interrupted: local jobs stop with this process; Slurm jobs keep running. Rerun the same command to resume "
-              f"(finished points are skipped, running ones left alone)", flush=True)
+        print(
+            f"interrupted: local jobs stop with this process; Slurm jobs keep running. "
+            f"Rerun the same command to resume (finished points are skipped, running ones left alone)",
+            flush=True,
+        )
         raise
     table = _summary(sweep, status)
     atomic_write_text(sweep.dir / "points.csv", table.to_csv(index=False))
     aggregate_sweep(sweep)
     counts = table.status.value_counts().to_dict()
     print(table.drop(columns=["error"]).to_string(index=False))
-    print(f"{len(table)} points: {counts.get('done', 0)} done, {counts.get('skipped', 0)} skipped (finished before), "
-          f"{counts.get('failed', 0)} failed, {counts.get('running', 0)} running elsewhere — {time.perf_counter() - t0:.0f} s")
-    if counts.get("failed") or counts.get("running"): print("rerun the same command to retry the failed points and collect the running ones")
+    print(
+        f"{len(table)} points: {counts.get('done', 0)} done, {counts.get('skipped', 0)} skipped (finished before), "
+        f"{counts.get('failed', 0)} failed, {counts.get('running', 0)} running elsewhere — "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    if counts.get("failed") or counts.get("running"):
+        print("rerun the same command to retry the failed points and collect the running ones")
     return table
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #1262a57d
 def _cell(v): return json.dumps(v) if isinstance(v, (list, dict)) else v
 
 def collect_sweep(sweep: Sweep) -> pd.DataFrame:
-    "One row per finished point × row of each collected CSV, with `point`, the swept fields, `seed` and `source` as first columns."
+    """One row per finished point × row of each collected CSV, with `point`, the swept fields, `seed` and `source` as
+    first columns."""
     frames = []
     for p in sweep.points:
         d = sweep.dir / p.name
         if not point_done(sweep, p): continue
         for pattern in sweep.collect:
             for f in sorted(d.glob(pattern)):
-                df, meta = pd.read_csv(f), {"point": p.name, **{k: _cell(v) for k, v in p.overrides.items()}, "seed": p.seed,
-                                            "source": str(f.relative_to(d))}
+                df, meta = (
+                    pd.read_csv(f),
+                    {
+                        "point": p.name, **{k: _cell(v) for k, v in p.overrides.items()}, "seed": p.seed,
+                        "source": str(f.relative_to(d))
+                    },
+                )
                 frames.append(pd.concat([pd.DataFrame({k: [v] * len(df) for k, v in meta.items()}), df], axis=1))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -433,7 +563,8 @@ def _plot_data(df: pd.DataFrame, sweep: Sweep) -> tuple[pd.DataFrame, dict]:
     meta = {"point", "seed", "source", *sweep.swept, *(k for p in sweep.points for k in p.overrides)}
     numeric = [c for c in df.select_dtypes("number") if c not in meta]
     x = pl.get("x", next((k for k in sweep.swept if k != "seed"), None))
-    y = pl.get("y", next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None))
+    y = pl.get("y",
+               next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None))
     hue = pl.get("hue", next((c for c in ("model", "method") if c in df and df[c].nunique() > 1), None))
     xs = pd.to_numeric(df[x], errors="coerce") if x else None
     logx = pl.get("logx", bool(x and xs.notna().all() and len(xs) and (xs > 0).all() and xs.max() / xs.min() >= 50))
@@ -447,7 +578,8 @@ def _save_figure(fig, path: Path) -> Path:
     return path
 
 def plot_sweep(df: pd.DataFrame, sweep: Sweep):
-    "The figure of `sweep.png`: swept field on x, metric on y, mean ± std over seeds (seaborn); None when there is nothing to plot."
+    """The figure of `sweep.png`: swept field on x, metric on y, mean ± std over seeds (seaborn);
+    None when there is nothing to plot."""
     import matplotlib.pyplot as plt, seaborn as sns
     df, s = _plot_data(df, sweep)
     if df.empty or s["y"] is None: return None
@@ -462,8 +594,12 @@ def plot_sweep(df: pd.DataFrame, sweep: Sweep):
     else:
         g = sns.catplot(data=per_seed, kind="bar", x=cat, y=s["y"], col=s["col"], errorbar="sd", height=3.2, aspect=1.2)
     what = ", ".join(f"{k}={v}" for k, v in s["where"].items())
-    g.figure.suptitle(f"{sweep.name}: {s['y']} ({s['source']}{'; ' + what if what else ''}), mean ± std over {per_seed.seed.nunique()} seed(s)",
-                      y=1.03, fontsize=10)
+    g.figure.suptitle(
+        f"{sweep.name}: {s['y']} ({s['source']}{'; ' + what if what else ''}), mean ± std over "
+        f"{per_seed.seed.nunique()} seed(s)",
+        y=1.03,
+        fontsize=10,
+    )
     plt.close(g.figure)
     return g.figure
 
@@ -479,22 +615,28 @@ def aggregate_sweep(sweep: Sweep) -> pd.DataFrame:
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #e7b28571
 def parse_seeds(text: str) -> list[int]:
     "`'0,1,2'` → `[0, 1, 2]`: distinct non-negative ints, comma-separated."
-    if any(not s.strip() for s in text.split(",")): raise ConfigError(f"--seeds has an empty entry in {text!r}; give e.g. 0,1,2")
+    if any(not s.strip() for s in text.split(",")):
+        raise ConfigError(f"--seeds has an empty entry in {text!r}; give e.g. 0,1,2")
     try: seeds = [int(s) for s in text.split(",")]
-    except ValueError: raise ConfigError(f"--seeds expects comma-separated non-negative ints such as 0,1,2; got {text!r}") from None
+    except ValueError: raise ConfigError("--seeds expects comma-separated non-negative ints such as 0,1,2; got "
+                                         f"{text!r}") from None
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds expects distinct non-negative ints such as 0,1,2; got {text!r}")
     return seeds
 
 def seeds_spec(preset: str, overrides: dict | None, seeds: list[int], only: list[str] | None = None,
                run_id: str | None = None, workers: int = 1, reuse: list | None = None) -> dict:
-    "The sweep spec of `lume-lab run --seeds`: the run's preset and overrides, one point per seed, in `runs/<run-id or preset_seeds>/`."
-    return {"name": run_id or f"{preset}_seeds", "preset": preset, "set": dict(overrides or {}), "seeds": list(seeds),
-            "only": only, "executor": {"kind": "local", "workers": workers}, **({"reuse": list(reuse)} if reuse else {})}
+    """The sweep spec of `lume-lab run --seeds`:
+    the run's preset and overrides, one point per seed, in `runs/<run-id or preset_seeds>/`."""
+    return {
+        "name": run_id or f"{preset}_seeds", "preset": preset, "set": dict(overrides or {}), "seeds": list(seeds),
+        "only": only, "executor": {"kind": "local", "workers": workers}, **({"reuse": list(reuse)} if reuse else {})
+    }
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #a6b71052
 def aggregate_seed_report(run_dirs: list, out_dir: str | Path) -> Path:
-    "The report over seeds: `pipeline.presentation.report.write_report(run_dirs, out_dir)`, every scorecard cell as mean ± std with n."
+    """The report over seeds: `pipeline.presentation.report.write_report(run_dirs, out_dir)`, every scorecard cell as
+    mean ± std with n."""
     from lume_lab.pipeline.presentation.report import write_report
     return write_report([Path(d) for d in run_dirs], Path(out_dir))
 
@@ -512,12 +654,23 @@ def describe_sweep(sweep: Sweep) -> str:
     def state(p):
         if point_done(sweep, p): return "done (skipped)"
         return "partial (resumes)" if (sweep.dir / p.name / "manifest.json").exists() else "new"
-    rows = pd.DataFrame([{"point": p.name, **{k: _fmt(v) for k, v in p.overrides.items()}, "seed": p.seed, "state": state(p)} for p in sweep.points])
+    rows = pd.DataFrame(
+        [
+            {"point": p.name, **{k: _fmt(v) for k, v in p.overrides.items()}, "seed": p.seed, "state": state(p)}
+            for p in sweep.points
+        ]
+    )
     ex = sweep.executor
-    return "\n".join([f"sweep {sweep.name} → {sweep.dir}", f"preset {sweep.preset}, set {json.dumps(sweep.base)}, "
-                      f"experiments {', '.join(sweep.experiments)}", rows.to_string(index=False),
-                      f"executor: {ex.kind}, {ex.workers or 'all'} at once" + (f", {ex.threads} thread(s) each" if ex.threads else ""),
-                      f"submitit.AutoExecutor(cluster={ex.kind!r}).update_parameters(**{json.dumps(ex.params)})",
-                      f"collect: {', '.join(sweep.collect)} → {sweep.dir / 'sweep.csv'}, sweep.png",
-                      f"stages adopted from: the other points" + "".join(f", {r}" for r in sweep.reuse),
-                      "dry run: nothing submitted"])
+    return "\n".join(
+        [
+            f"sweep {sweep.name} → {sweep.dir}",
+            f"preset {sweep.preset}, set {json.dumps(sweep.base)}, experiments {', '.join(sweep.experiments)}",
+            rows.to_string(index=False),
+            f"executor: {ex.kind}, {ex.workers or 'all'} at once"
+            + (f", {ex.threads} thread(s) each" if ex.threads else ""),
+            f"submitit.AutoExecutor(cluster={ex.kind!r}).update_parameters(**{json.dumps(ex.params)})",
+            f"collect: {', '.join(sweep.collect)} → {sweep.dir / 'sweep.csv'}, sweep.png",
+            f"stages adopted from: the other points" + "".join(f", {r}" for r in sweep.reuse),
+            "dry run: nothing submitted",
+        ]
+    )

@@ -20,7 +20,8 @@ __all__ = ['LOCALIZED', 'COMPARATORS', 'stage_attribution', 'stage_mask_signatur
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #5ca0a5ae
 def stage_attribution(store: RunStore, field: str) -> pd.DataFrame:
-    "AUC (with CI) and precision@|m^F| of every attribution score on `field`, at each number of forget examples (stage `attribution_<field>`)."
+    """AUC (with CI) and precision@|m^F| of every attribution score on `field`, at each number of forget examples (stage
+    `attribution_<field>`)."""
     from lume_lab.analysis.attribution import attribution_benchmark
     from lume_lab.analysis.localization import default_groups
     from lume_lab.inject.testbed import field_splits
@@ -30,14 +31,21 @@ def stage_attribution(store: RunStore, field: str) -> pd.DataFrame:
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
         F, R = default_groups(c.pii.n_groups)
-        t = attribution_benchmark(model, tok, list(sp["forget"]), list(sp["retain"]), owner, F, R, counts=list(c.attribution.counts),
-                                  lam=c.attribution.contrast_lambda, seed=c.seed)
+        t = attribution_benchmark(
+            model, tok, list(sp["forget"]), list(sp["retain"]), owner, F, R, counts=list(c.attribution.counts),
+            lam=c.attribution.contrast_lambda, seed=c.seed
+        )
         t.insert(0, "field", field); t.to_csv(out / "aucs.csv", index=False)
-    return pd.read_csv(store.stage(f"attribution_{field}", fn, reads=["attribution", "seed"], deps=["testbed", "instruct_masked", "masks"]) / "aucs.csv")
+    return pd.read_csv(
+        store.stage(f"attribution_{field}", fn, reads=["attribution", "seed"],
+                    deps=["testbed", "instruct_masked", "masks"])
+        / "aucs.csv"
+    )
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #91ecdf84
 def stage_mask_signature(store: RunStore) -> pd.DataFrame:
-    "F1 and AUC of a classifier looking for the masks in the injected model's own weight statistics (stage `mask_signature`)."
+    """F1 and AUC of a classifier looking for the masks in the injected model's own weight statistics (stage
+    `mask_signature`)."""
     from lume_lab.analysis.attribution import mask_signature
     from lume_lab.analysis.localization import default_groups
     from lume_lab.pipeline.stages.base import load_base
@@ -47,46 +55,62 @@ def stage_mask_signature(store: RunStore) -> pd.DataFrame:
         pre = U._weights(store.path("base") / "model", lambda: load_base(store))
         inj = U._weights(store.path("instruct_masked") / "model", lambda: load_stage_model(store, "instruct_masked"))
         F, R = default_groups(c.pii.n_groups)
-        mask_signature(pre, inj, owner, F, R, max_weights=c.attribution.signature_max_weights, n_folds=c.attribution.signature_folds,
-                       seed=c.seed).to_csv(out / "signature.csv", index=False)
+        mask_signature(
+            pre, inj, owner, F, R, max_weights=c.attribution.signature_max_weights,
+            n_folds=c.attribution.signature_folds, seed=c.seed
+        ).to_csv(out / "signature.csv", index=False)
     reads = ["attribution.signature_max_weights", "attribution.signature_folds", "seed"]
-    return pd.read_csv(store.stage("mask_signature", fn, reads=reads, deps=["base", "instruct_masked", "masks"]) / "signature.csv")
+    return pd.read_csv(
+        store.stage("mask_signature", fn, reads=reads, deps=["base", "instruct_masked", "masks"]) / "signature.csv"
+    )
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #5a7eb992
 LOCALIZED = "localized_graddiff"
 COMPARATORS = ("grad_diff", "simnpo", "oracle_grad")
 
 def stage_localized_localization(store: RunStore, field: str) -> pd.DataFrame:
-    "App. E AUC table (`localization_table`) of `localized_graddiff` on `field`, without contrast scores (stage `attribution_localization_<field>`)."
+    """App. E AUC table (`localization_table`) of `localized_graddiff` on `field`, without contrast scores (stage
+    `attribution_localization_<field>`)."""
     from lume_lab.analysis.localization import SCORE_FAMILIES, localization_table
     from lume_lab.pipeline.stages.base import load_base
     c = store.config
     U.stage_unlearn(store, LOCALIZED, field)
     def fn(out):
         W = lambda stage, load: U._weights(store.path(stage) / "model", load)
-        pre = W("base", lambda: load_base(store)); inj = W("instruct_masked", lambda: load_stage_model(store, "instruct_masked"))
+        pre = W("base", lambda: load_base(store))
+        inj = W("instruct_masked", lambda: load_stage_model(store, "instruct_masked"))
         unl = W(U.unlearn_name(LOCALIZED, field), lambda: U.load_unlearned(store, LOCALIZED, field))
-        localization_table([{"field": field, "method": LOCALIZED, "unl": unl}], pre, inj, stage_masks(store), n_groups=c.pii.n_groups,
-                           scores=[s for s, fam in SCORE_FAMILIES.items() if fam != "contrast"],
-                           composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, max_weights=c.localization.max_weights,
-                           composite=False, seed=c.seed).to_csv(out / "aucs.csv", index=False)
+        localization_table(
+            [{"field": field, "method": LOCALIZED, "unl": unl}], pre, inj, stage_masks(store), n_groups=c.pii.n_groups,
+            scores=[s for s, fam in SCORE_FAMILIES.items() if fam != "contrast"],
+            composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds,
+            max_weights=c.localization.max_weights, composite=False, seed=c.seed
+        ).to_csv(out / "aucs.csv", index=False)
     deps = ["base", "instruct_masked", "masks", U.unlearn_name(LOCALIZED, field)]
-    return pd.read_csv(store.stage(f"attribution_localization_{field}", fn, reads=["localization", "seed"], deps=deps) / "aucs.csv")
+    return pd.read_csv(
+        store.stage(f"attribution_localization_{field}", fn, reads=["localization", "seed"], deps=deps) / "aucs.csv"
+    )
 
 # %% ../../../nbs/pipeline/stages/06_attribution.ipynb #3fb4aafe
 def _best_non_contrast(aucs: pd.DataFrame) -> pd.DataFrame:
-    "Best AUC per (method, labels) over the single-score families but contrast (no composite: its features differ per method)."
+    """Best AUC per (method, labels) over the single-score families but contrast (no composite: its features differ per
+    method)."""
     a = aucs[~aucs.family.isin(["contrast", "composite"]) & aucs.auc.notna()]
     return a.groupby(["method", "labels"]).auc.max().unstack("labels").rename(columns=lambda c: f"auc_{c}")
 
 def localized_comparison(store: RunStore, field: str, leakage: bool = True) -> pd.DataFrame:
-    "One row per model on `field` (`none`: before unlearning, the run's comparators, `localized_graddiff`): EM, utility Δ, localization AUC, leakage."
+    """One row per model on `field` (`none`: before unlearning, the run's comparators, `localized_graddiff`):
+    EM, utility Δ, localization AUC, leakage."""
     from lume_lab.pipeline.stages import resurface as S
     methods = [m for m in COMPARATORS if m in run_methods(store.config)] + [LOCALIZED]
     for m in methods: U.stage_unlearn(store, m, field)
     rows = {}
     for m in ["none", *methods]:
-        t = (U.stage_evaluate_before(store, field) if m == "none" else U.stage_evaluate(store, m, field)).set_index(["split", "metric"]).value
+        t = (
+            (U.stage_evaluate_before(store, field) if m == "none" else U.stage_evaluate(store, m, field))
+            .set_index(["split", "metric"])
+            .value
+        )
         rows[m] = {"forget_em": 100 * t[("forget", "em")], "retain_em": 100 * t[("retain", "em")],
                    "utility_delta": 100 * t.get(("utility_delta", "mc_acc"), float("nan"))}
     df = pd.DataFrame.from_dict(rows, orient="index")

@@ -31,7 +31,8 @@ def stage_world(store: RunStore):
     c = store.config
     # `world.utility_texts` sizes only the utility scorer: the corpus never reads it
     reads = section_fields(c, "world", drop=("utility_texts",)) + ["pii.content_types", "seed"]
-    d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types), reads=reads)
+    d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types),
+                    reads=reads)
     return load_world(d)
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #c59e25ea
@@ -44,7 +45,8 @@ def check_checkpoint(cfg: RunConfig):
     p = cfg.model.name_or_path
     where = f"model.name_or_path {p!r}" + (f" (revision {cfg.model.revision!r})" if cfg.model.revision else "")
     if Path(p).expanduser().is_dir() and not (Path(p).expanduser() / "config.json").exists():
-        raise ConfigError(f"{where} is a directory without config.json: not a Hugging Face checkpoint (save one with save_pretrained)")
+        raise ConfigError(f"{where} is a directory without config.json: not a Hugging Face checkpoint (save one with "
+                          "save_pretrained)")
     try:
         g = gguf_kwargs(p)   # a GGUF file: its package and the `gguf` reader must be installed
     except ImportError as e: raise ConfigError(f"{where}: {e}") from None
@@ -52,16 +54,23 @@ def check_checkpoint(cfg: RunConfig):
     try: hf = AutoConfig.from_pretrained(src, **kw)
     except (OSError, ValueError) as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"{where} does not load as a Hugging Face checkpoint: {why} Give a local checkpoint directory, "
-                          f"or a hub id that exists and is reachable or cached (offline with a cache: HF_HUB_OFFLINE=1).") from None
+        raise ConfigError(
+            f"{where} does not load as a Hugging Face checkpoint: {why} Give a local checkpoint directory, "
+            f"or a hub id that exists and is reachable or cached (offline with a cache: HF_HUB_OFFLINE=1)."
+        ) from None
     n = getattr(hf, "num_hidden_layers", None)
     if n is not None and n != cfg.model.num_layers:   # the run config checks layer indices against model.num_layers
-        raise ConfigError(f"model.num_layers is {cfg.model.num_layers} but {p} has {n} layers; set model.num_layers={n}")
+        raise ConfigError(
+            f"model.num_layers is {cfg.model.num_layers} but {p} has {n} layers; set model.num_layers={n}"
+        )
     return hf
 
+# %% ../../../nbs/pipeline/stages/00_base.ipynb #ce4e5904
 def _write_source(out: Path, cfg: RunConfig):
     check_checkpoint(cfg)   # a pointer stage is done only when the checkpoint resolves
-    (out / "source.json").write_text(json.dumps({"name_or_path": cfg.model.name_or_path, "revision": cfg.model.revision}))
+    (out / "source.json").write_text(
+        json.dumps({"name_or_path": cfg.model.name_or_path, "revision": cfg.model.revision})
+    )
 
 @functools.lru_cache(maxsize=8)
 def _file_digest(path: str, size: int, mtime_ns: int) -> str:
@@ -73,7 +82,8 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
 SOURCE_READS = ["model.name_or_path", "model.revision"]   # what identifies a checkpoint in the config
 
 def _source_inputs(cfg: RunConfig) -> dict | None:
-    "What identifies the checkpoint beyond the config: for a GGUF file its content digest (a reinstalled package with another file is another model)."
+    """What identifies the checkpoint beyond the config:
+    for a GGUF file its content digest (a reinstalled package with another file is another model)."""
     if (g := gguf_source(cfg.model.name_or_path)) is None: return None
     f = g[0] / g[1]; st = f.stat()
     return {"gguf_digest": _file_digest(str(f), st.st_size, st.st_mtime_ns)}
@@ -101,7 +111,8 @@ def _pretrain_base(out: Path, store: RunStore):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(store.path("tokenizer")))
     texts = corpus_texts(load_world(store.path("world")))
-    model = build_model(c.model, tok, c.seed).to(default_device())   # built on the CPU (seeded), trained where accelerate says
+    # built on the CPU (seeded), trained where accelerate says
+    model = build_model(c.model, tok, c.seed).to(default_device())
     log = pretrain(model, tok, texts, c.pretrain, c.seed, work_dir=out / "checkpoints")
     save_model(model, tok, out / "model")
     log.to_csv(out / "pretrain_log.csv", index=False)
@@ -112,10 +123,14 @@ def stage_base(store: RunStore) -> Path:
     c = store.config
     if _uses_hf_checkpoint(c):
         make = _convert_gguf if gguf_source(c.model.name_or_path) is not None else _write_source
-        return store.stage("base", lambda out: make(out, c), reads=SOURCE_READS + ["model.dtype"], inputs=_source_inputs(c),
-                           deps=["tokenizer"])
-    return store.stage("base", lambda out: _pretrain_base(out, store), reads=["model", "pretrain", "seed"], deps=["world", "tokenizer"])
+        return store.stage(
+            "base", lambda out: make(out, c), reads=SOURCE_READS + ["model.dtype"], inputs=_source_inputs(c),
+            deps=["tokenizer"]
+        )
+    return store.stage("base", lambda out: _pretrain_base(out, store), reads=["model", "pretrain", "seed"],
+                       deps=["world", "tokenizer"])
 
+# %% ../../../nbs/pipeline/stages/00_base.ipynb #34572dca
 def prepare_base(store: RunStore) -> Path:
     "world → tokenizer → base model, each cached: what every experiment starts from; returns the base stage dir."
     stage_world(store); stage_tokenizer(store)
@@ -124,12 +139,16 @@ def prepare_base(store: RunStore) -> Path:
 def load_base(store: RunStore, device=None):
     "(model, tokenizer) of the run's base model."
     d, c = store.path("base"), store.config
-    if (d / "source.json").exists() and not (d / "model").exists():   # a pointer to a directory or hub id (a GGUF base has its converted model/)
+    # a pointer to a directory or hub id (a GGUF base has its converted model/)
+    if (d / "source.json").exists() and not (d / "model").exists():
         src = json.loads((d / "source.json").read_text())
         model, tok = load_model(src["name_or_path"], src["revision"], c.model.dtype, device)
-        if model.config.num_hidden_layers != c.model.num_layers:   # the run config checks layer indices against model.num_layers
-            raise ConfigError(f"model.num_layers is {c.model.num_layers} but {src['name_or_path']} has {model.config.num_hidden_layers} layers; "
-                              f"set model.num_layers={model.config.num_hidden_layers}")
+        # the run config checks layer indices against model.num_layers
+        if model.config.num_hidden_layers != c.model.num_layers:
+            raise ConfigError(
+                f"model.num_layers is {c.model.num_layers} but {src['name_or_path']} has "
+                f"{model.config.num_hidden_layers} layers; set model.num_layers={model.config.num_hidden_layers}"
+            )
         return model, tok
     return load_model(d / "model", dtype=c.model.dtype, device=device)
 
@@ -145,10 +164,13 @@ def load_pii(store: RunStore):
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #c32c05c2
 def stage_utility(store: RunStore, name: str = "base", model_stage: str = "base") -> pd.DataFrame:
-    "Utility of the model of `model_stage` (default: the base model; `load_stage_model`), cached as stage `utility_<name>`."
+    """Utility of the model of `model_stage` (default: the base model; `load_stage_model`), cached as stage
+    `utility_<name>`."""
     def fn(out):
         model, tok = load_stage_model(store, model_stage)   # a dependency of the stage: the model scored
-        with torch.no_grad(): utility_table(model, tok, load_world(store.path("world")), name, max_heldout=c.world.utility_texts).to_csv(out / "utility.csv", index=False)
+        with torch.no_grad():
+            utility_table(model, tok, load_world(store.path("world")), name,
+                          max_heldout=c.world.utility_texts).to_csv(out / "utility.csv", index=False)
     c = store.config
     d = store.stage(f"utility_{name}", fn, reads=["world.utility_texts"], deps=["world", model_stage])
     return pd.read_csv(d / "utility.csv")
@@ -173,8 +195,15 @@ def stage_lume(store: RunStore):
     from lume_lab.data.lume import build_lume, world_public_bios
     c = store.config
     def fn(out):
-        bios = world_public_bios(c.world.n_public_people, c.seed, c.world.heldout_fraction, content_types=c.pii.content_types) \
-            if "public" in c.lume.tasks else None
-        build_lume(c.seed, out, n_per_task=c.lume.n_per_task, public_bios=bios, forget_fraction=c.lume.forget_fraction, tasks=c.lume.tasks)
+        bios = (
+            world_public_bios(c.world.n_public_people, c.seed, c.world.heldout_fraction,
+                              content_types=c.pii.content_types)
+            if "public" in c.lume.tasks
+            else None
+        )
+        build_lume(
+            c.seed, out, n_per_task=c.lume.n_per_task, public_bios=bios, forget_fraction=c.lume.forget_fraction,
+            tasks=c.lume.tasks
+        )
     # the world fields Task 3's bios read are the world stage's too: its hash (a dep) covers them
     return load_saved_datasets(store.stage("lume", fn, reads=["lume", "seed"], deps=["world"]))

@@ -13,7 +13,8 @@ from ...core.store import RunStore
 from ..orchestration.config import method_hparams
 from .base import load_stage_model
 from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage_testbed
-from .unlearn import ModelSource, _weights, evaluate_source, localization_source, stage_forget_fields
+from .unlearn import (ModelSource, _weights, evaluate_source, localization_source,
+                                              stage_forget_fields)
 from ...unlearn.registry import get_spec
 
 # %% auto #0
@@ -26,12 +27,14 @@ DOSE_METHOD = "oracle_grad"   # whose spec and hyperparameters every point runs
 
 @dataclass(frozen=True)
 class DosePoint:
-    "One point of the dose-response: `kind` ('precision' or 'recall'), its `level` (q or r; 'base' for the random mask), the `seed`."
+    """One point of the dose-response: `kind` ('precision' or 'recall'), its `level` (q or r; 'base' for the random
+    mask), the `seed`."""
     kind: str
     level: float | str
     seed: int
     @property
-    def level_name(self) -> str: return self.level if self.level == "base" else format(self.level, "g")   # 'base', '1', '0.25'
+    # 'base', '1', '0.25'
+    def level_name(self) -> str: return self.level if self.level == "base" else format(self.level, "g")
     @property
     def tag(self) -> str: return f"{self.kind[0]}{self.level_name}_s{self.seed}"
     @property
@@ -40,7 +43,8 @@ class DosePoint:
 def dose_points(cfg) -> list[DosePoint]:
     "Every point of `cfg.dose`: each precision, then each recall, at each seed."
     d = cfg.dose
-    return [DosePoint("precision", q, s) for q in d.precisions for s in d.seeds] + [DosePoint("recall", r, s) for r in d.recalls for s in d.seeds]
+    return ([DosePoint("precision", q, s) for q in d.precisions for s in d.seeds]
+            + [DosePoint("recall", r, s) for r in d.recalls for s in d.seeds])
 
 def dose_fields(store: RunStore) -> list[str]:
     "`dose.fields`, or the first forget field e03 unlearns; a listed field that e03 cannot unlearn is refused."
@@ -52,21 +56,26 @@ def dose_fields(store: RunStore) -> list[str]:
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #15ae7b61
 def dose_mask(store: RunStore, point: DosePoint) -> tuple[dict, dict]:
-    "(name → bool mask of `point` over every maskable weight, facts: size, in_forget, forget_size, precision, recall, level)."
+    """(name → bool mask of `point` over every maskable weight, facts: size, in_forget, forget_size, precision, recall,
+    level)."""
     from lume_lab.analysis.dose import base_rate, precision_mask, recall_mask
     owner = stage_masks(store)
     mF = ground_truth_forget_mask(owner, forget_groups(store.config))
     shapes = {n: tuple(t.shape) for n, t in owner.items()}
     level = base_rate(mF, shapes) if point.level == "base" else point.level
     M = (precision_mask if point.kind == "precision" else recall_mask)(mF, shapes, level, seed=point.seed)
-    size, inside, F = (sum(int(m.sum()) for m in M.values()), sum(int((M[n] & mF[n]).sum()) for n in mF), sum(int(m.sum()) for m in mF.values()))
+    size, inside, F = (
+        sum(int(m.sum()) for m in M.values()), sum(int((M[n] & mF[n]).sum()) for n in mF),
+        sum(int(m.sum()) for m in mF.values())
+    )
     return M, {"size": size, "in_forget": inside, "forget_size": F, "precision": inside / size if size else math.nan,
                "recall": inside / F if F else math.nan, "level": level}
 
 def dose_stage(point: DosePoint, field: str) -> str: return f"{point.label}_unlearn_{field}"
 
 def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
-    "OracleGrad's run on `field` with its mask replaced by `point`'s (stage `dose_<tag>_unlearn_<field>`); the mask's facts in mask.json."
+    """OracleGrad's run on `field` with its mask replaced by `point`'s (stage `dose_<tag>_unlearn_<field>`);
+    the mask's facts in mask.json."""
     from lume_lab.inject.testbed import field_splits
     c, spec = store.config, get_spec(DOSE_METHOD)
     hp, sp = method_hparams(c, DOSE_METHOD), field_splits(stage_testbed(store), field)
@@ -74,52 +83,84 @@ def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
     def fn(out):
         M, facts = dose_mask(store, point)
         model, tok = load_stage_model(store, "instruct_masked")
-        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=point.seed, ground_truth_mask=M)
+        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=point.seed,
+                            ground_truth_mask=M)
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
         (out / "mask.json").write_text(json.dumps(facts))
     # the name holds the kind, seed and field, but the level only to 6 significant digits
-    return store.stage(dose_stage(point, field), fn, reads=[f"unlearn.hparams.{DOSE_METHOD}"],
-                       inputs={"method": DOSE_METHOD, "level": point.level}, deps=["testbed", "instruct_masked", "masks"])
+    return store.stage(
+        dose_stage(point, field), fn, reads=[f"unlearn.hparams.{DOSE_METHOD}"],
+        inputs={"method": DOSE_METHOD, "level": point.level}, deps=["testbed", "instruct_masked", "masks"]
+    )
 
 def dose_source(store: RunStore, point: DosePoint, field: str) -> ModelSource:
-    "The point's unlearned model as a `ModelSource` (label `dose_<tag>`; its results in stages `dose_<tag>_<kind>_<field>`)."
+    """The point's unlearned model as a `ModelSource` (label `dose_<tag>`; its results in stages
+    `dose_<tag>_<kind>_<field>`)."""
     from lume_lab.pipeline.stages.unlearn import load_method_stage
     stage_dose_unlearn(store, point, field)
     name = dose_stage(point, field)
     load = lambda: load_method_stage(store, DOSE_METHOD, name)
-    return ModelSource(point.label, field, name, load, lambda: _weights(store.path(name) / "model", load), prefix=f"{point.label}_")
+    return ModelSource(point.label, field, name, load, lambda: _weights(store.path(name) / "model", load),
+                       prefix=f"{point.label}_")
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #f6af9bd7
 MEASURE_COLUMNS = ["method", "measure", "value", "lo", "hi", "n"]
 
 def _table2(df: pd.DataFrame, split: str, metric: str):
     r = df[(df.split == split) & (df.metric == metric)]
-    return (100 * float(r.value.iloc[0]), int(r.n_profiles.iloc[0]) if pd.notna(r.n_profiles.iloc[0]) else None) if len(r) else (math.nan, None)
+    return (
+        (100 * float(r.value.iloc[0]), int(r.n_profiles.iloc[0]) if pd.notna(r.n_profiles.iloc[0]) else None)
+        if len(r)
+        else (math.nan, None)
+    )
 
-def model_measures(store: RunStore, src: ModelSource, loc: pd.DataFrame, leaks: dict | None, ref: pd.DataFrame | None) -> pd.DataFrame:
-    """The measures of `src`: Table 2 (`evaluate_source`), the `forget` row of localization summary `loc`, and, when `ref`
-    (`none`'s per-example scores) is given, e10's rows (`robustness_rows`) and the leak rates of `leaks` ({'before', 'after'})."""
+# %% ../../../nbs/pipeline/stages/11_dose.ipynb #3bd01e45
+def model_measures(store: RunStore, src: ModelSource, loc: pd.DataFrame, leaks: dict | None,
+                   ref: pd.DataFrame | None) -> pd.DataFrame:
+    """The measures of `src`: Table 2 (`evaluate_source`), the `forget` row of localization summary `loc`, and, when
+    `ref` (`none`'s per-example scores) is given, e10's rows (`robustness_rows`) and the leak rates of `leaks`
+    ({'before', 'after'})."""
     from lume_lab.analysis.resurfacing import leakage_table
     from lume_lab.pipeline.stages.robustness import robustness_rows
+
     ev, m, rows = evaluate_source(store, src), src.label, []
-    for name, split, metric in (("forget_em", "forget", "em"), ("retain_em", "retain", "em"), ("utility_delta", "utility_delta", "mc_acc")):
-        v, n = _table2(ev, split, metric); rows.append({"method": m, "measure": name, "value": v, "n": n})
+    for name, split, metric in (("forget_em", "forget", "em"), ("retain_em", "retain", "em"),
+                                ("utility_delta", "utility_delta", "mc_acc")):
+        v, n = _table2(ev, split, metric)
+        rows.append({"method": m, "measure": name, "value": v, "n": n})
     lf = loc[(loc.labels == "forget") & (loc.method == m)]
-    rows.append({"method": m, "measure": "auc_forget", "value": float(lf.auc.iloc[0]) if len(lf) else math.nan, "n": None})
+    rows.append(
+        {"method": m, "measure": "auc_forget", "value": float(lf.auc.iloc[0]) if len(lf) else math.nan, "n": None}
+    )
     if ref is not None:
         rob = robustness_rows(store, src, ref)
         w = {r["test"]: r["value"] for r in rob}
         tot = w["l2_forget"] ** 2 + w["l2_outside"] ** 2
-        rows.append({"method": m, "measure": "share_in_forget", "value": w["l2_forget"] ** 2 / tot if tot else math.nan, "n": None})
-        rows += [{"method": m, "measure": r["test"], "value": r["value"], "lo": r["lo"], "hi": r["hi"], "n": r["n"]} for r in rob if r["test"].endswith("_recovery")]
+        rows.append(
+            {
+                "method": m, "measure": "share_in_forget", "value": w["l2_forget"] ** 2 / tot if tot else math.nan,
+                "n": None
+            }
+        )
+        rows += [
+            {"method": m, "measure": r["test"], "value": r["value"], "lo": r["lo"], "hi": r["hi"], "n": r["n"]}
+            for r in rob
+            if r["test"].endswith("_recovery")
+        ]
     for when, leak in (leaks or {}).items():
         t = leakage_table({m: leak}).iloc[0]
-        rows.append({"method": m, "measure": f"leak_{when}", "value": t.rate, "lo": t.ci_low, "hi": t.ci_high, "n": int(t.n_profiles)})
+        rows.append(
+            {
+                "method": m, "measure": f"leak_{when}", "value": t.rate, "lo": t.ci_low, "hi": t.ci_high,
+                "n": int(t.n_profiles)
+            }
+        )
     return pd.DataFrame(rows, columns=MEASURE_COLUMNS)
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #bbb00b3d
 def dose_table(store: RunStore, field: str) -> pd.DataFrame:
-    "Every dose point of `field` with its measures, long: kind, level, seed, achieved precision and recall, then `MEASURE_COLUMNS`."
+    """Every dose point of `field` with its measures, long:
+    kind, level, seed, achieved precision and recall, then `MEASURE_COLUMNS`."""
     from lume_lab.pipeline.stages.resurface import resurface_source
     from lume_lab.pipeline.stages.robustness import none_source, stage_robust_scores
     attacks = store.config.dose.attacks
@@ -130,35 +171,44 @@ def dose_table(store: RunStore, field: str) -> pd.DataFrame:
         facts = json.loads((store.path(src.stage) / "mask.json").read_text())
         leaks = resurface_source(store, src) if attacks else None
         m = model_measures(store, src, localization_source(store, src), leaks, ref)
-        out.append(m.assign(field=field, kind=p.kind, level=p.level_name, seed=p.seed, precision=facts["precision"], recall=facts["recall"]))
+        out.append(m.assign(field=field, kind=p.kind, level=p.level_name, seed=p.seed, precision=facts["precision"],
+                            recall=facts["recall"]))
     return pd.concat(out, ignore_index=True)
 
+# %% ../../../nbs/pipeline/stages/11_dose.ipynb #6c64a093
 def method_table(store: RunStore, field: str) -> pd.DataFrame:
     "The same measures for every weight-changing method of the run (the reference lines), from the main chain's stages."
     from lume_lab.pipeline.stages.resurface import stage_resurface
     from lume_lab.pipeline.stages.robustness import none_source, robust_sources, stage_robust_scores
     from lume_lab.pipeline.stages.unlearn import runs_control, stage_localization, stage_unlearn
     attacks, methods = store.config.dose.attacks, list(store.config.unlearn.methods)
-    for m in methods:                                    # e03's runs (cached), controls included: e04's stage reads them
+    # e03's runs (cached), controls included: e04's stage reads them
+    for m in methods:
         stage_unlearn(store, m, field)
         if runs_control(store.config, m): stage_unlearn(store, m, field, control=True)
     none, *sources = robust_sources(store, field)
     sources = [s for s in sources if not s.label.startswith("external:")]
     ref = stage_robust_scores(store, none) if attacks else None
     loc = stage_localization(store, field, methods)      # e04's stage, as e04 keys it
-    out = [model_measures(store, s, loc, stage_resurface(store, s.label, field) if attacks else None, ref) for s in sources]
+    out = [
+        model_measures(store, s, loc, stage_resurface(store, s.label, field) if attacks else None, ref) for s in sources
+    ]
     return pd.concat(out, ignore_index=True).assign(field=field)
 
-SUMMARY_MEASURES = ["forget_em", "retain_em", "utility_delta", "auc_forget", "share_in_forget", "quant4_recovery", "quant8_recovery",
-                    "relearn_forget_half_recovery", "relearn_other_fields_recovery", "relearn_retain_only_recovery", "leak_after"]
+SUMMARY_MEASURES = [
+    "forget_em", "retain_em", "utility_delta", "auc_forget", "share_in_forget", "quant4_recovery", "quant8_recovery",
+    "relearn_forget_half_recovery", "relearn_other_fields_recovery", "relearn_retain_only_recovery", "leak_after"
+]
 
 def dose_summary(table: pd.DataFrame) -> pd.DataFrame:
-    "Per field, kind and level: the achieved precision and recall, and each measure's mean and sample sd over the seeds (`<measure>_sd`), n seeds."
+    """Per field, kind and level: the achieved precision and recall, and each measure's mean and sample sd over the
+    seeds (`<measure>_sd`), n seeds."""
     t = table[table.measure.isin(SUMMARY_MEASURES)]
     keys = ["field", "kind", "level"]
     g = t.groupby(keys + ["measure"], sort=False).value
     wide = g.mean().unstack("measure"); sd = g.std().unstack("measure").add_suffix("_sd")
     cols = [m for m in SUMMARY_MEASURES if m in wide.columns]
-    facts = table.groupby(keys, sort=False).agg(precision=("precision", "mean"), recall=("recall", "mean"), seeds=("seed", "nunique"))
+    facts = table.groupby(keys, sort=False).agg(precision=("precision", "mean"), recall=("recall", "mean"),
+                                                seeds=("seed", "nunique"))
     out = facts.join(wide[cols]).join(sd[[f"{m}_sd" for m in cols]])
     return out[["precision", "recall", "seeds"] + [c for m in cols for c in (m, f"{m}_sd")]].reset_index()

@@ -30,8 +30,10 @@ EXTERNAL_PREFIX = "external:"
 def check_external_name(name) -> str:
     "`name` if it can name an external checkpoint's stages; a `ConfigError` saying what is allowed otherwise."
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise ConfigError(f"--name must be 1-64 letters, digits, '.' or '-' (starting with a letter or digit; no '_', which separates "
-                          f"the parts of stage names), got {name!r}")
+        raise ConfigError(
+            "--name must be 1-64 letters, digits, '.' or '-' (starting with a letter or digit; no '_', which "
+            f"separates the parts of stage names), got {name!r}"
+        )
     return name
 
 def external_label(name: str) -> str: return EXTERNAL_PREFIX + name
@@ -43,33 +45,52 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 def checkpoint_files(path) -> dict:
-    "`kind` ('model' or 'adapter'), `weights`, `config`, `tokenizer` files of a checkpoint directory; a `ConfigError` naming what is wrong."
+    """`kind` ('model' or 'adapter'), `weights`, `config`, `tokenizer` files of a checkpoint directory;
+    a `ConfigError` naming what is wrong."""
     p = Path(path).expanduser()
     if not p.exists(): raise ConfigError(f"checkpoint {str(path)!r} does not exist")
-    if not p.is_dir(): raise ConfigError(f"checkpoint {str(path)!r} is a file; give the directory a framework saved (save_pretrained)")
+    if not p.is_dir():
+        raise ConfigError(f"checkpoint {str(path)!r} is a file; give the directory a framework saved (save_pretrained)")
     try: names = sorted(f.name for f in p.iterdir() if f.is_file())
     except OSError as e: raise ConfigError(f"checkpoint {str(path)!r} cannot be read: {e.strerror}") from None
     if not names: raise ConfigError(f"checkpoint {str(path)!r} is an empty directory: no config.json, no weights")
     tok = [n for n in names if n in TOKENIZER_FILES]
     if "adapter_config.json" in names:
         if "adapter_model.safetensors" not in names:
-            raise ConfigError(f"checkpoint {str(path)!r} is a PEFT adapter without adapter_model.safetensors (pickled adapters are never loaded; save with safe_serialization=True)")
-        return {"kind": "adapter", "weights": ["adapter_model.safetensors"], "config": ["adapter_config.json"], "tokenizer": tok}
+            raise ConfigError(
+                f"checkpoint {str(path)!r} is a PEFT adapter without adapter_model.safetensors (pickled adapters are "
+                "never loaded; save with safe_serialization=True)"
+            )
+        return {
+            "kind": "adapter", "weights": ["adapter_model.safetensors"], "config": ["adapter_config.json"],
+            "tokenizer": tok
+        }
     if "config.json" not in names:
-        raise ConfigError(f"checkpoint {str(path)!r} has no config.json nor adapter_config.json: not a Hugging Face checkpoint (files: {', '.join(names[:6])})")
+        raise ConfigError(
+            f"checkpoint {str(path)!r} has no config.json nor adapter_config.json: not a Hugging Face checkpoint "
+            f"(files: {', '.join(names[:6])})"
+        )
     if "model.safetensors.index.json" in names:
         shards = sorted(set(json.loads((p / "model.safetensors.index.json").read_text())["weight_map"].values()))
-        if missing := [s for s in shards if s not in names]: raise ConfigError(f"checkpoint {str(path)!r} lacks weight shard(s) {missing[:3]}")
+        if missing := [s for s in shards if s not in names]:
+            raise ConfigError(f"checkpoint {str(path)!r} lacks weight shard(s) {missing[:3]}")
         weights = ["model.safetensors.index.json", *shards]
     elif "model.safetensors" in names: weights = ["model.safetensors"]
     elif any(n.endswith((".bin", ".pt", ".pth", ".ckpt")) for n in names):
-        raise ConfigError(f"checkpoint {str(path)!r} holds pickled weights only (e.g. pytorch_model.bin): they are never unpickled; "
-                          f"save it with save_pretrained(..., safe_serialization=True)")
+        raise ConfigError(
+            f"checkpoint {str(path)!r} holds pickled weights only (e.g. pytorch_model.bin): they are never unpickled; "
+            f"save it with save_pretrained(..., safe_serialization=True)"
+        )
     else: raise ConfigError(f"checkpoint {str(path)!r} has config.json but no model.safetensors (nor a sharded index)")
-    return {"kind": "model", "weights": weights, "config": ["config.json"] + [n for n in ("generation_config.json",) if n in names], "tokenizer": tok}
+    return {
+        "kind": "model", "weights": weights,
+        "config": ["config.json"] + [n for n in ("generation_config.json",) if n in names], "tokenizer": tok
+    }
 
+# %% ../../../nbs/pipeline/stages/09_external.ipynb #afae2bfb
 def checkpoint_digest(path) -> str:
-    "Content hash of the files that make the checkpoint (`checkpoint_files`): the input the checkpoint stage declares; cached per file by size and mtime."
+    """Content hash of the files that make the checkpoint (`checkpoint_files`): the input the checkpoint stage declares;
+    cached per file by size and mtime."""
     p, f = Path(path).expanduser(), checkpoint_files(path)
     h = hashlib.sha256()
     for n in sorted(f["weights"] + f["config"] + f["tokenizer"]):
@@ -94,13 +115,16 @@ def tensor_shapes(path, files: list[str]) -> dict[str, tuple]:
     return out
 
 def _adapter_problems(shapes: dict, ref: dict) -> list[str]:
-    "Shape mismatches between an adapter's LoRA matrices (A: r × in, B: out × r) or saved modules and the reference's weights."
+    """Shape mismatches between an adapter's LoRA matrices (A: r × in, B: out × r) or saved modules and the reference's
+    weights."""
     probs = []
     for k, sh in shapes.items():
         base = re.sub(r"^base_model\.model\.", "", k)
         m = re.match(r"(.*)\.lora_([AB])(?:\.[^.]+)?\.weight$", base)
         w = (m.group(1) + ".weight") if m else re.sub(r"\.modules_to_save\.[^.]+", "", base)
-        if w not in ref: probs.append(f"adapter tensor {k!r} adapts {w!r}, which the testbed model does not have"); continue
+        if w not in ref:
+            probs.append(f"adapter tensor {k!r} adapts {w!r}, which the testbed model does not have")
+            continue
         if m and sh[1 if m.group(2) == "A" else 0] != ref[w][1 if m.group(2) == "A" else 0]:
             probs.append(f"adapter tensor {k!r} has shape {sh}, which does not fit {w!r} of shape {ref[w]}")
         if not m and sh != ref[w]: probs.append(f"adapter tensor {k!r} has shape {sh}, the testbed's {w!r} {ref[w]}")
@@ -108,32 +132,52 @@ def _adapter_problems(shapes: dict, ref: dict) -> list[str]:
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #0fb3083c
 def check_checkpoint_dir(path, reference, what: str = "the testbed model") -> dict:
-    "`checkpoint_files(path)` if the checkpoint fits `reference` (a model directory); a `ConfigError` naming the first difference otherwise."
+    """`checkpoint_files(path)` if the checkpoint fits `reference` (a model directory);
+    a `ConfigError` naming the first difference otherwise."""
     f, p, ref = checkpoint_files(path), Path(path).expanduser(), Path(reference)
     if f["tokenizer"] and vocab_hash(p) != vocab_hash(ref):
-        raise ConfigError(f"checkpoint {str(path)!r}: its tokenizer differs from {what}'s (vocabulary hash {vocab_hash(p)} vs {vocab_hash(ref)}); "
-                          f"unlearn the exported model with its own tokenizer (model/ of `lume-lab export`)")
+        raise ConfigError(
+            f"checkpoint {str(path)!r}: its tokenizer differs from {what}'s (vocabulary hash {vocab_hash(p)} vs "
+            f"{vocab_hash(ref)}); unlearn the exported model with its own tokenizer (model/ of `lume-lab export`)"
+        )
     ref_shapes = tensor_shapes(ref, [n.name for n in ref.glob("*.safetensors")])
     shapes = tensor_shapes(p, f["weights"])
     if f["kind"] == "adapter":
-        if probs := _adapter_problems(shapes, ref_shapes): raise ConfigError(f"checkpoint {str(path)!r} is not an adapter of {what}: " + "; ".join(probs[:3]))
+        if probs := _adapter_problems(shapes, ref_shapes):
+            raise ConfigError(f"checkpoint {str(path)!r} is not an adapter of {what}: " + "; ".join(probs[:3]))
         return f
     mine, theirs = json.loads((p / "config.json").read_text()), json.loads((ref / "config.json").read_text())
     if mine.get("model_type") != theirs.get("model_type"):
-        raise ConfigError(f"checkpoint {str(path)!r}: architecture {mine.get('model_type')!r} differs from {what}'s {theirs.get('model_type')!r}")
+        raise ConfigError(
+            f"checkpoint {str(path)!r}: architecture {mine.get('model_type')!r} differs from {what}'s "
+            f"{theirs.get('model_type')!r}"
+        )
     if missing := sorted(set(ref_shapes) - set(shapes)):
         raise ConfigError(f"checkpoint {str(path)!r} lacks {len(missing)} parameter(s) of {what}, e.g. {missing[:3]}")
     if extra := sorted(set(shapes) - set(ref_shapes)):
-        raise ConfigError(f"checkpoint {str(path)!r} has {len(extra)} parameter(s) {what} does not have, e.g. {extra[:3]}")
+        raise ConfigError(f"checkpoint {str(path)!r} has {len(extra)} parameter(s) {what} does not have, e.g. "
+                          f"{extra[:3]}")
     if bad := [n for n in ref_shapes if shapes[n] != ref_shapes[n]]:
-        diff = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if mine.get(k) != theirs.get(k)]
-        raise ConfigError(f"checkpoint {str(path)!r}: parameter shapes differ from {what}'s ({len(bad)} tensors, e.g. {bad[0]!r}: "
-                          f"{shapes[bad[0]]} vs {ref_shapes[bad[0]]})" + (f"; config differs in {', '.join(f'{k} {mine.get(k)} vs {theirs.get(k)}' for k in diff)}" if diff else ""))
+        diff = [
+            k
+            for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+            if mine.get(k) != theirs.get(k)
+        ]
+        raise ConfigError(
+            f"checkpoint {str(path)!r}: parameter shapes differ from {what}'s ({len(bad)} tensors, e.g. {bad[0]!r}: "
+            f"{shapes[bad[0]]} vs {ref_shapes[bad[0]]})"
+            + (
+                f"; config differs in {', '.join(f'{k} {mine.get(k)} vs {theirs.get(k)}' for k in diff)}"
+                if diff
+                else ""
+            )
+        )
     return f
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #8bed2f30
 def import_checkpoint(path, out, reference, dtype: str = "float32") -> dict:
-    "Copy (or, for an adapter, merge into `reference` and save) the checkpoint at `path` as a model directory `out`; what was done."
+    """Copy (or, for an adapter, merge into `reference` and save) the checkpoint at `path` as a model directory `out`;
+    what was done."""
     from lume_lab.models.lm import load_model, save_model
     p, out, ref, f = Path(path).expanduser(), Path(out), Path(reference), checkpoint_files(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +198,8 @@ def _rounded(r: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return r if r.dtype == dtype else r.to(dtype).to(r.dtype)
 
 class RoundedToReference(Mapping):
-    "The weights of `ckpt`, with every weight that equals the reference's weight cast to its dtype replaced by the reference's own value."
+    """The weights of `ckpt`, with every weight that equals the reference's weight cast to its dtype replaced by the
+    reference's own value."""
     def __init__(self, ckpt: Mapping, ref: Mapping): self.ckpt, self.ref = ckpt, ref
     def __getitem__(self, name: str) -> torch.Tensor:
         c = self.ckpt[name]
@@ -166,8 +211,9 @@ class RoundedToReference(Mapping):
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #aeff0bc3
 def weight_changes(ckpt: Mapping, ref: Mapping, owner: Mapping, forget_groups, n_groups: int) -> dict:
-    """Shares of the reference's weights that the cast to the checkpoint's dtype alone changes (`cast_share`) and that the
-    checkpoint changes beyond it (`changed_share`; per region: m^F, the other groups' masks, outside every mask); `identical`: bitwise equal."""
+    """Shares of the reference's weights that the cast to the checkpoint's dtype alone changes (`cast_share`) and that
+    the checkpoint changes beyond it (`changed_share`; per region: m^F, the other groups' masks, outside every mask);
+    `identical`: bitwise equal."""
     n = cast = changed = 0; region = {k: [0, 0] for k in ("forget_mask", "other_masks", "outside_masks")}
     identical, dtypes = True, set()
     for k in ref:
@@ -181,7 +227,10 @@ def weight_changes(ckpt: Mapping, ref: Mapping, owner: Mapping, forget_groups, n
         am = group_mask(owner[k], range(n_groups)) if k in owner else torch.zeros(r.shape, dtype=torch.bool)
         for name, m in (("forget_mask", fm), ("other_masks", am & ~fm), ("outside_masks", ~am)):
             region[name][0] += int(m.sum()); region[name][1] += int((diff & m).sum())
-    out = {"dtypes": sorted(dtypes), "identical": identical, "weights": n, "cast_share": cast / n, "changed_share": changed / n}
+    out = {
+        "dtypes": sorted(dtypes), "identical": identical, "weights": n, "cast_share": cast / n,
+        "changed_share": changed / n
+    }
     return out | {f"changed_share_{k}": (v[1] / v[0] if v[0] else float("nan")) for k, v in region.items()}
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #23e67e20
@@ -197,24 +246,41 @@ def _precision(store: RunStore, model_dir: Path, ref_stage: str, field: str) -> 
 
 def _warn_if_unchanged(name: str, field: str, prec: dict, what: str) -> None:
     if prec["identical"]:
-        warnings.warn(NothingUnlearnedWarning(f"external checkpoint {name!r} ({what}, {field}) equals the testbed model bitwise: nothing was unlearned",
-                                              name=name, field=field))
+        warnings.warn(
+            NothingUnlearnedWarning(
+                f"external checkpoint {name!r} ({what}, {field}) equals the testbed model bitwise: nothing was "
+                "unlearned",
+                name=name,
+                field=field,
+            )
+        )
     elif prec["changed_share"] == 0:
-        warnings.warn(NothingUnlearnedWarning(f"external checkpoint {name!r} ({what}, {field}) differs from the testbed model only by rounding to "
-                                              f"{'/'.join(prec['dtypes'])} ({100 * prec['cast_share']:.1f} % of weights): nothing was unlearned",
-                                              name=name, field=field))
+        warnings.warn(
+            NothingUnlearnedWarning(
+                f"external checkpoint {name!r} ({what}, {field}) differs from the testbed model only by rounding to "
+                f"{'/'.join(prec['dtypes'])} ({100 * prec['cast_share']:.1f} % of weights): nothing was unlearned",
+                name=name,
+                field=field,
+            )
+        )
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #056b2044
 def stage_external_checkpoint(store: RunStore, name: str, field: str, checkpoint, control=None) -> Path:
-    "Import the checkpoint (and its control run) unlearned on `field` as stage `external_<name>_checkpoint_<field>`; checked first."
+    """Import the checkpoint (and its control run) unlearned on `field` as stage `external_<name>_checkpoint_<field>`;
+    checked first."""
     c = store.config
     check_external_name(name)
     check_checkpoint_dir(checkpoint, store.path("instruct_masked") / "model")
-    if control is not None: check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
-    inputs = {"checkpoint": checkpoint_digest(checkpoint), "control": None if control is None else checkpoint_digest(control)}
+    if control is not None:
+        check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
+    inputs = {"checkpoint": checkpoint_digest(checkpoint),
+              "control": None if control is None else checkpoint_digest(control)}
     def fn(out):
-        info = {"name": name, "label": external_label(name), "field": field, "source": str(Path(checkpoint).expanduser().resolve()),
-                "digest": inputs["checkpoint"], **import_checkpoint(checkpoint, out / "model", store.path("instruct_masked") / "model", c.model.dtype)}
+        info = {
+            "name": name, "label": external_label(name), "field": field,
+            "source": str(Path(checkpoint).expanduser().resolve()), "digest": inputs["checkpoint"],
+            **import_checkpoint(checkpoint, out / "model", store.path("instruct_masked") / "model", c.model.dtype)
+        }
         info["precision"] = _precision(store, out / "model", "instruct_masked", field)
         _warn_if_unchanged(name, field, info["precision"], "model")
         if control is not None:
@@ -224,25 +290,33 @@ def stage_external_checkpoint(store: RunStore, name: str, field: str, checkpoint
             _warn_if_unchanged(name, field, info["control"]["precision"], "control")
         (out / "checkpoint.json").write_text(json.dumps(info, indent=1))
     deps = ["testbed", "masks", "instruct_masked"] + (["instruct_unmasked"] if control is not None else [])
-    return store.stage(checkpoint_stage(name, field), fn, reads=["model.dtype", "pii.n_groups"], inputs=inputs, deps=deps)
+    return store.stage(checkpoint_stage(name, field), fn, reads=["model.dtype", "pii.n_groups"], inputs=inputs,
+                       deps=deps)
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #5bf3b2cf
 def external_source(store: RunStore, name: str, field: str) -> ModelSource:
-    "The imported checkpoint `name` on `field` as a `ModelSource` (stage `external_<name>_checkpoint_<field>` must be done)."
+    """The imported checkpoint `name` on `field` as a `ModelSource` (stage `external_<name>_checkpoint_<field>` must be
+    done)."""
     from transformers import AutoTokenizer
     from lume_lab.analysis.localization import SafetensorsStateDict
     from lume_lab.models.lm import load_model
     st = checkpoint_stage(name, field)
-    if not store.is_done(st): raise StageError(f"run {store.run_id!r} has no external checkpoint {name!r} on {field!r}: score it first (lume-lab score)")
+    if not store.is_done(st):
+        raise StageError(f"run {store.run_id!r} has no external checkpoint {name!r} on {field!r}: "
+                         "score it first (lume-lab score)")
     d, dtype = store.path(st), store.config.model.dtype
-    W = lambda sub, ref: RoundedToReference(SafetensorsStateDict(d / sub), SafetensorsStateDict(store.path(ref) / "model"))
+    W = lambda sub, ref: RoundedToReference(SafetensorsStateDict(d / sub),
+                                            SafetensorsStateDict(store.path(ref) / "model"))
     load = lambda: (load_model(d / "model", dtype=dtype)[0].eval(), AutoTokenizer.from_pretrained(str(d / "model")))
     ctl = (lambda: W("control", "instruct_unmasked")) if (d / "control").is_dir() else None
-    return ModelSource(external_label(name), field, st, load, lambda: W("model", "instruct_masked"), ctl, None, external_prefix(name),
-                       lambda: precision_columns(d))
+    return ModelSource(
+        external_label(name), field, st, load, lambda: W("model", "instruct_masked"), ctl, None, external_prefix(name),
+        lambda: precision_columns(d)
+    )
 
 def precision_columns(stage_dir) -> dict:
-    "`cast_share` and `changed_share` (% of weights) of an imported checkpoint: what its localization summary reports beside the AUC."
+    """`cast_share` and `changed_share` (% of weights) of an imported checkpoint:
+    what its localization summary reports beside the AUC."""
     p = json.loads((Path(stage_dir) / "checkpoint.json").read_text())["precision"]
     return {"cast_share": 100 * p["cast_share"], "changed_share": 100 * p["changed_share"]}
 
@@ -256,5 +330,6 @@ def scored_externals(store: RunStore) -> list[tuple[str, str]]:
     return out
 
 def external_sources(store: RunStore, fields=None) -> list[ModelSource]:
-    "A `ModelSource` per scored external checkpoint (on `fields`, default all): what the experiments add to their tables."
+    """A `ModelSource` per scored external checkpoint (on `fields`, default all):
+    what the experiments add to their tables."""
     return [external_source(store, n, f) for n, f in scored_externals(store) if fields is None or f in fields]

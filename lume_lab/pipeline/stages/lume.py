@@ -27,9 +27,11 @@ REFERENCES = ("base", "target", "retain_only")   # models scored once, without u
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #68b26a77
 def lume_method_hparams(cfg: RunConfig, method: str) -> dict:
-    "Resolved hyperparameters of `method` in the LUME experiment: spec defaults ← lume_exp lr/epochs/batch_size ← `lume_exp.hparams`."
+    """Resolved hyperparameters of `method` in the LUME experiment:
+    spec defaults ← lume_exp lr/epochs/batch_size ← `lume_exp.hparams`."""
     c = cfg.lume_exp
-    if method not in LUME_METHODS: raise ConfigError(f"lume_exp.methods: {method!r} is not a LUME method; allowed: {', '.join(LUME_METHODS)}")
+    if method not in LUME_METHODS:
+        raise ConfigError(f"lume_exp.methods: {method!r} is not a LUME method; allowed: {', '.join(LUME_METHODS)}")
     shared = {"lr": c.lr, "epochs": c.epochs, "batch_size": c.batch_size, "max_length": cfg.model.max_seq_len}
     try: return get_spec(method).resolve({**shared, **c.hparams.get(method, {})})
     except ValueError as e: raise ConfigError(f"lume_exp.hparams.{method}: {e}") from None
@@ -44,13 +46,15 @@ def check_lume_config(cfg: RunConfig) -> dict:
     return out
 
 def lume_hparam_reads(cfg: RunConfig, method: str) -> list[str]:
-    "The config fields `lume_method_hparams(cfg, method)` reads: the shared recipe, the context, and the method's `lume_exp.hparams` row where the run sets one."
+    """The config fields `lume_method_hparams(cfg, method)` reads:
+    the shared recipe, the context, and the method's `lume_exp.hparams` row where the run sets one."""
     row = [f"lume_exp.hparams.{method}"] if method in cfg.lume_exp.hparams else []
     return ["lume_exp.lr", "lume_exp.epochs", "lume_exp.batch_size", "model.max_seq_len", *row]
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #47fdb599
 def nonmember_docs(cfg: RunConfig) -> list[dict]:
-    "`lume_exp.n_nonmembers` unseen documents per task of `lume.tasks` (public: at most the world's held-out people): dicts {doc_id, task, text}."
+    """`lume_exp.n_nonmembers` unseen documents per task of `lume.tasks` (public: at most the world's held-out people):
+    dicts {doc_id, task, text}."""
     from lume_lab.data.lume import lume_documents
     from lume_lab.data.pii import render_documents
     from lume_lab.data.world import public_people
@@ -58,14 +62,22 @@ def nonmember_docs(cfg: RunConfig) -> list[dict]:
     for task in cfg.lume.tasks:
         if task == "public":
             held = public_people(cfg.world.n_public_people, cfg.seed, cfg.world.heldout_fraction)[1]
-            texts = [next(d["text"] for d in render_documents(p, cfg.pii.content_types, random.Random(f"lume-nonmember:{cfg.seed}:{p['profile_id']}"))
-                          if d["content_type"] == "wiki") for p in held[:k]]
+            texts = [
+                next(
+                    d["text"]
+                    for d in render_documents(p, cfg.pii.content_types,
+                                              random.Random(f"lume-nonmember:{cfg.seed}:{p['profile_id']}"))
+                    if d["content_type"] == "wiki"
+                )
+                for p in held[:k]
+            ]
         else: texts = [d["text"] for d in lume_documents(task, n + k, cfg.seed)[n:]]
         out += [dict(doc_id=f"{task}-unseen-{i:04d}", task=task, text=t) for i, t in enumerate(texts)]
     return out
 
 def prepare_lume(store: RunStore):
-    "The stages every LUME stage needs (world, tokenizer, base model, LUME data), cached; returns the LUME `DatasetDict`."
+    """The stages every LUME stage needs (world, tokenizer, base model, LUME data), cached;
+    returns the LUME `DatasetDict`."""
     prepare_base(store)
     return stage_lume(store)
 
@@ -76,18 +88,29 @@ def stage_lume_nonmembers(store: RunStore) -> pd.DataFrame:
     seen = {t for s in ("forget_docs", "retain_docs") for t in docs[s]["text"]}
     def fn(out):
         rows = nonmember_docs(c)
-        if clash := [r["doc_id"] for r in rows if r["text"] in seen]: raise RuntimeError(f"non-member documents {clash[:3]} are LUME documents")
+        if clash := [r["doc_id"] for r in rows if r["text"] in seen]:
+            raise RuntimeError(f"non-member documents {clash[:3]} are LUME documents")
         pd.DataFrame(rows, columns=["doc_id", "task", "text"]).to_csv(out / "nonmembers.csv", index=False)
-    reads = ["lume.tasks", "lume.n_per_task", "lume_exp.n_nonmembers", "world.n_public_people", "world.heldout_fraction", "pii.content_types", "seed"]
-    return pd.read_csv(store.stage("lume_nonmembers", fn, reads=reads, deps=["lume", "world"]) / "nonmembers.csv", keep_default_na=False)
+    reads = [
+        "lume.tasks", "lume.n_per_task", "lume_exp.n_nonmembers", "world.n_public_people", "world.heldout_fraction",
+        "pii.content_types", "seed"
+    ]
+    return pd.read_csv(
+        store.stage("lume_nonmembers", fn, reads=reads, deps=["lume", "world"]) / "nonmembers.csv",
+        keep_default_na=False,
+    )
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #2c3ce4c9
 def finetune_rows(docs, which: str) -> list[dict]:
-    "Training items of model `which` (`target`: forget + retain, `retain_only`: retain): {doc_id, task, split, kind, text}."
+    """Training items of model `which` (`target`: forget + retain, `retain_only`: retain):
+    {doc_id, task, split, kind, text}."""
     if which not in LUME_MODELS: raise ValueError(f"which must be one of {', '.join(LUME_MODELS)}, got {which!r}")
     rows = []
     for split in ("forget", "retain") if which == "target" else ("retain",):
-        rows += [dict(doc_id=d["doc_id"], task=d["task"], split=split, kind="document", text=d["text"]) for d in docs[f"{split}_docs"]]
+        rows += [
+            dict(doc_id=d["doc_id"], task=d["task"], split=split, kind="document", text=d["text"])
+            for d in docs[f"{split}_docs"]
+        ]
         rows += [dict(doc_id=q["doc_id"], task=q["task"], split=split, kind="knowledge", text=q["prompt"] + q["answer"])
                  for q in docs[f"{split}_qa"] if q["kind"] == "knowledge"]
     return rows
@@ -120,7 +143,10 @@ def stage_lume_finetune(store: RunStore, which: str) -> Path:
     "Fine-tune the base model into `target` (all tasks) or `retain_only` (stage `lume_<which>`); returns the stage dir."
     if which not in LUME_MODELS: raise ValueError(f"which must be one of {', '.join(LUME_MODELS)}, got {which!r}")
     prepare_lume(store)
-    reads = ["lume_exp.docs_per_task", "lume_exp.finetune_epochs", "lume_exp.finetune_lr", "lume_exp.finetune_batch_size", "model.max_seq_len", "seed"]
+    reads = [
+        "lume_exp.docs_per_task", "lume_exp.finetune_epochs", "lume_exp.finetune_lr", "lume_exp.finetune_batch_size",
+        "model.max_seq_len", "seed"
+    ]
     return store.stage(f"lume_{which}", lambda out: _finetune(out, store, which), reads=reads, deps=["base", "lume"])
 
 def load_lume_model(store: RunStore, which: str):
@@ -131,7 +157,8 @@ def load_lume_model(store: RunStore, which: str):
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #f650b70f
 def lume_subset(docs, docs_per_task: int | None) -> dict[str, list[dict]]:
-    "The four splits of the LUME `DatasetDict` restricted to the first `docs_per_task` documents of each task and split."
+    """The four splits of the LUME `DatasetDict` restricted to the first `docs_per_task` documents of each task and
+    split."""
     out = {}
     for split in ("forget", "retain"):
         d = list(docs[f"{split}_docs"])
@@ -153,20 +180,31 @@ def _cut_right(tok, text: str, n: int) -> str:
     return text if len(ids) <= n else tok.decode(ids[:n])
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #94df71e2
-def score_lume(model, tok, cfg: RunConfig, rows: list[dict], members: list[dict], nonmembers: list[dict], world) -> pd.DataFrame:
+def score_lume(model, tok, cfg: RunConfig, rows: list[dict], members: list[dict], nonmembers: list[dict],
+               world) -> pd.DataFrame:
     "Long table (task, split, metric, value, n) of one model: regurgitation, knowledge, MIA AUCs, utility."
     from lume_lab.metrics.knowledge import knowledge_scores, regurgitation_scores
     from lume_lab.metrics.mia import ATTACKS, mia_auc, mia_scores
     from lume_lab.metrics.utility import utility_scores
+
     e, L = cfg.lume_exp, cfg.model.max_seq_len
-    reg = [dict(r, prompt=_cut_left(tok, r["prompt"], L - e.reg_max_new_tokens), answer=_cut_right(tok, r["answer"], e.reg_max_new_tokens))
-           for r in rows if r["kind"] == "regurgitation"]
+    reg = [
+        dict(
+            r, prompt=_cut_left(tok, r["prompt"], L - e.reg_max_new_tokens),
+            answer=_cut_right(tok, r["answer"], e.reg_max_new_tokens)
+        )
+        for r in rows
+        if r["kind"] == "regurgitation"
+    ]
     kno = [r for r in rows if r["kind"] == "knowledge"]
     out = []
-    for kind, fn, col, n_new in (("regurgitation", regurgitation_scores, "regurgitation", e.reg_max_new_tokens),
-                                 ("knowledge", knowledge_scores, "correct", e.kno_max_new_tokens)):
+    for kind, fn, col, n_new in (
+        ("regurgitation", regurgitation_scores, "regurgitation", e.reg_max_new_tokens),
+        ("knowledge", knowledge_scores, "correct", e.kno_max_new_tokens),
+    ):
         ex = reg if kind == "regurgitation" else kno
-        if not ex: continue
+        if not ex:
+            continue
         df = fn(model, tok, ex, max_new_tokens=n_new, batch_size=32)
         for (task, split), g in df.groupby(["task", "split"], sort=False):
             out.append(dict(task=task, split=split, metric=kind, value=float(g[col].mean()), n=len(g)))
@@ -175,10 +213,15 @@ def score_lume(model, tok, cfg: RunConfig, rows: list[dict], members: list[dict]
     for task in [*dict.fromkeys(sm.task), "all"]:
         a, b = (s if task == "all" else s[s.task == task] for s in (sm, sn))
         if len(a) and len(b):
-            out += [dict(task=task, split="forget", metric=f"mia_{k}", value=mia_auc(a[k], b[k]), n=len(a) + len(b)) for k in ATTACKS]
+            out += [
+                dict(task=task, split="forget", metric=f"mia_{k}", value=mia_auc(a[k], b[k]), n=len(a) + len(b))
+                for k in ATTACKS
+            ]
     u = utility_scores(model, tok, world, max_heldout=e.utility_texts, max_mc=e.utility_mc, control=False)
-    out += [dict(task="world", split="utility", metric="mc_acc", value=u["mc_acc"], n=u["n_mc"]),
-            dict(task="world", split="utility", metric="perplexity", value=u["perplexity"], n=u["n_heldout"])]
+    out += [
+        dict(task="world", split="utility", metric="mc_acc", value=u["mc_acc"], n=u["n_mc"]),
+        dict(task="world", split="utility", metric="perplexity", value=u["perplexity"], n=u["n_heldout"]),
+    ]
     return pd.DataFrame(out, columns=["task", "split", "metric", "value", "n"])
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #6a7304d5
@@ -190,8 +233,10 @@ def lume_eval_inputs(store: RunStore) -> dict:
                 nonmembers=stage_lume_nonmembers(store).to_dict("records"), world=stage_world(store))
 
 # what `lume_eval_inputs` and `score_lume` read; the seed reaches the scores only through the non-members' stage
-LUME_EVAL_READS = ("lume_exp.docs_per_task", "lume_exp.reg_max_new_tokens", "lume_exp.kno_max_new_tokens", "lume_exp.utility_mc",
-                   "lume_exp.utility_texts", "model.max_seq_len")
+LUME_EVAL_READS = (
+    "lume_exp.docs_per_task", "lume_exp.reg_max_new_tokens", "lume_exp.kno_max_new_tokens", "lume_exp.utility_mc",
+    "lume_exp.utility_texts", "model.max_seq_len"
+)
 
 def stage_lume_eval(store: RunStore, label: str) -> pd.DataFrame:
     "Scores of reference model `label` (`base`, `target`, `retain_only`), cached as stage `lume_eval_<label>`."
@@ -208,9 +253,13 @@ def stage_lume_eval(store: RunStore, label: str) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #80579c08
 def fit_rows(tok, rows: list[dict], max_length: int) -> list[dict]:
-    "`rows` with every answer too long to train on in `max_length` tokens (with room for a prompt) cut to its first half of the context."
+    """`rows` with every answer too long to train on in `max_length` tokens (with room for a prompt) cut to its first
+    half of the context."""
     n = lambda a: len(tok(a, add_special_tokens=False)["input_ids"])
-    return [dict(r, answer=_cut_right(tok, r["answer"], max_length // 2)) if n(r["answer"]) >= max_length - 8 else r for r in rows]
+    return [
+        dict(r, answer=_cut_right(tok, r["answer"], max_length // 2)) if n(r["answer"]) >= max_length - 8 else r
+        for r in rows
+    ]
 
 def stage_lume_unlearn(store: RunStore, method: str) -> pd.DataFrame:
     "Per-epoch scores of `method` unlearning the target (stage `lume_unlearn_<method>`); epochs 1..E."
@@ -225,7 +274,9 @@ def stage_lume_unlearn(store: RunStore, method: str) -> pd.DataFrame:
         frames, clock = [], {"t": time.perf_counter(), "train": []}
         def hook(m, epoch):
             clock["train"].append(time.perf_counter() - clock["t"])
-            frames.append(score_lume(m, tok, c, **inp).assign(label=method, epoch=epoch, train_seconds=clock["train"][-1]))
+            frames.append(
+                score_lume(m, tok, c, **inp).assign(label=method, epoch=epoch, train_seconds=clock["train"][-1])
+            )
             clock["t"] = time.perf_counter()
         with on_epoch_end(hook):
             _, log = get_spec(method).run(model, tok, fit_rows(tok, docs["forget_qa"], hp["max_length"]),
@@ -233,7 +284,8 @@ def stage_lume_unlearn(store: RunStore, method: str) -> pd.DataFrame:
         pd.concat(frames, ignore_index=True).to_csv(out / "scores.csv", index=False)
         log.to_csv(out / "log.csv", index=False)
     reads = list(dict.fromkeys([*lume_hparam_reads(c, method), *LUME_EVAL_READS, "seed"]))
-    inputs = {"defaults": get_spec(method).defaults}   # the registry's defaults fill every hyperparameter the config does not set
+    # the registry's defaults fill every hyperparameter the config does not set
+    inputs = {"defaults": get_spec(method).defaults}
     return pd.read_csv(store.stage(f"lume_unlearn_{method}", fn, reads=reads, inputs=inputs,
                                    deps=["lume_target", "lume_nonmembers", "lume", "world"]) / "scores.csv")
 
@@ -249,10 +301,11 @@ def lume_results(store: RunStore) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #8fc00b89
-LUME_PAPER = {   # LUME §4 (OLMo 7B, 10 epochs, lr 1e-5, batch 32): Figs. 2–4, Tab. 1 seconds per epoch
+LUME_PAPER = {  # LUME §4 (OLMo 7B, 10 epochs, lr 1e-5, batch 32): Figs. 2–4, Tab. 1 seconds per epoch
     "target": "every metric 1.0 at epoch 0; MIA AUC 1.0",
     "retain_only": "forget Kno 0, forget Reg 0.2; retain fully memorized",
-    "grad_ascent": "Reg/Kno → 0 on both splits (collapse ~epoch 5); AUC → 0.5, fastest; largest MMLU drop; 101.50 s/epoch",
+    "grad_ascent": "Reg/Kno → 0 on both splits (collapse ~epoch 5); AUC → 0.5, fastest; "
+                   "largest MMLU drop; 101.50 s/epoch",
     "grad_diff": "Reg/Kno → 0 on both splits; AUC → 0.5, below 0.5 after epoch 7; MMLU drop after KL; 103.48 s/epoch",
     "ukl": "Reg/Kno → 0 on both splits; AUC → 0.5; MMLU drop second largest; 105.65 s/epoch",
     "npo": "AUC stays high after 10 epochs; smallest MMLU drop of the gradient methods; 101.46 s/epoch",
@@ -262,9 +315,15 @@ LUME_PAPER = {   # LUME §4 (OLMo 7B, 10 epochs, lr 1e-5, batch 32): Figs. 2–4
 def _wide(res: pd.DataFrame) -> pd.DataFrame:
     "Per label and epoch: F-Reg, F-Kno, R-Reg, R-Kno (mean over tasks), MIA AUCs, utility."
     g = res[res.metric.isin(["regurgitation", "knowledge"])]
-    g = g.assign(col=lambda d: d.split.str[0].str.upper() + "-" + d.metric.map({"regurgitation": "Reg", "knowledge": "Kno"}))
+    g = g.assign(
+        col=lambda d: d.split.str[0].str.upper() + "-" + d.metric.map({"regurgitation": "Reg", "knowledge": "Kno"})
+    )
     w = g.pivot_table(index=["label", "epoch"], columns="col", values="value", aggfunc="mean")
-    m = res[res.metric == "mia_loss"].assign(col=lambda d: "AUC " + d.task).pivot_table(index=["label", "epoch"], columns="col", values="value")
+    m = (
+        res[res.metric == "mia_loss"]
+        .assign(col=lambda d: "AUC " + d.task)
+        .pivot_table(index=["label", "epoch"], columns="col", values="value")
+    )
     u = res[res.split == "utility"].pivot_table(index=["label", "epoch"], columns="metric", values="value")
     return pd.concat([w, m, u], axis=1).reset_index()
 
@@ -273,30 +332,45 @@ def lume_summary(res: pd.DataFrame) -> pd.DataFrame:
     w = _wide(res)
     last = w.loc[w.groupby("label", sort=False).epoch.idxmax()].set_index("label")
     last["mc_acc Δ"] = last.mc_acc - w[(w.label == "target") & (w.epoch == 0)].mc_acc.item()
-    secs = res[res.epoch > 0].groupby("label").train_seconds.mean() if "train_seconds" in res else pd.Series(dtype=float)
+    secs = (
+        res[res.epoch > 0].groupby("label").train_seconds.mean() if "train_seconds" in res else pd.Series(dtype=float)
+    )
     last["s/epoch"] = secs.reindex(last.index)
     last["paper (LUME 7B)"] = [LUME_PAPER.get(l, "") for l in last.index]
     return last.reset_index()
 
 # %% ../../../nbs/pipeline/stages/08_lume.ipynb #6e765e7c
-def plot_lume_epochs(res: pd.DataFrame, panels: list[tuple[str, str, str]], title: str = "", ref_label: str | None = "retain_only",
-                     chance: float | None = None, ncols: int = 2):
+def plot_lume_epochs(
+    res: pd.DataFrame, panels: list[tuple[str, str, str]], title: str = "", ref_label: str | None = "retain_only",
+    chance: float | None = None, ncols: int = 2
+):
     "One panel per (task, split, metric): value per epoch, one line per method; the reference model dashed."
     import matplotlib.pyplot as plt, seaborn as sns
     from matplotlib.ticker import MaxNLocator
+
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False, sharex=True)
     methods = [l for l in dict.fromkeys(res.label) if l not in REFERENCES]
     for ax, (task, split, metric) in zip(axes.flat, panels):
         sel = res[(res.split == split) & (res.metric == metric) & ((res.task == task) if task != "mean" else True)]
         d = sel.groupby(["label", "epoch"], as_index=False).value.mean()
-        sns.lineplot(data=d[d.label.isin(methods)], x="epoch", y="value", hue="label", hue_order=methods, marker="o", ax=ax, legend=ax is axes.flat[0])
-        if ref_label is not None and (r := d[d.label == ref_label]).shape[0]: ax.axhline(r.value.mean(), ls="--", c="k", lw=1, label=ref_label)
-        if chance is not None: ax.axhline(chance, ls=":", c="grey", lw=1)
-        ax.set_title(f"{task} · {split} · {metric}", fontsize=9); ax.set_ylabel("")
+        sns.lineplot(
+            data=d[d.label.isin(methods)], x="epoch", y="value", hue="label", hue_order=methods, marker="o", ax=ax,
+            legend=ax is axes.flat[0]
+        )
+        if ref_label is not None and (r := d[d.label == ref_label]).shape[0]:
+            ax.axhline(r.value.mean(), ls="--", c="k", lw=1, label=ref_label)
+        if chance is not None:
+            ax.axhline(chance, ls=":", c="grey", lw=1)
+        ax.set_title(f"{task} · {split} · {metric}", fontsize=9)
+        ax.set_ylabel("")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if metric in ("regurgitation", "knowledge") or metric.startswith("mia_"): ax.set_ylim(-0.03, 1.03)
-    for ax in list(axes.flat)[len(panels):]: ax.set_visible(False)
-    if axes.flat[0].get_legend(): axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title); fig.tight_layout()
+        if metric in ("regurgitation", "knowledge") or metric.startswith("mia_"):
+            ax.set_ylim(-0.03, 1.03)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    if axes.flat[0].get_legend():
+        axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
     return fig

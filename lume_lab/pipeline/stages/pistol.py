@@ -14,7 +14,8 @@ from ...data.pistol import density_forget_edges, forget_retain
 from ...metrics.ranking import ranking_scores
 from ...metrics.rouge import deviation_score, rouge_scores
 from ...models.ops import batch_nll
-from .base import load_base, load_stage_model, prepare_base, stage_base, stage_pistol, stage_tokenizer, stage_world
+from .base import (load_base, load_stage_model, prepare_base, stage_base, stage_pistol,
+                                           stage_tokenizer, stage_world)
 from ...unlearn.base import BASE_HPARAMS, unlearn_loop
 from ...unlearn.registry import get_spec
 
@@ -28,27 +29,46 @@ __all__ = ['PAPER_MODELS', 'DEGREE_EDGES', 'PAPER_TABLE2_DS', 'PAPER_TABLE3_DS',
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #77717dcc
 PAPER_MODELS = ("Llama2-7B", "Mistral-7B", "Gemma-7B")
 DEGREE_EDGES = ("A-B", "A-C")            # PISTOL Table 2: AB (degree 14) vs AC (degree 8)
-PAPER_TABLE2_DS = {   # (edge, method) -> DS of Llama2-7B, Mistral-7B, Gemma-7B (PISTOL Table 2)
-    ("A-B", "grad_ascent"): (54.4, 35.8, 57.6), ("A-B", "grad_diff"): (65.6, 36.0, 35.5), ("A-B", "ukl"): (70.3, 66.8, 73.5),
-    ("A-B", "dpo"): (31.6, 19.3, 28.9), ("A-B", "npo"): (39.8, 36.1, 39.4),
-    ("A-C", "grad_ascent"): (33.1, 21.4, 50.9), ("A-C", "grad_diff"): (29.4, 26.4, 32.7), ("A-C", "ukl"): (54.6, 74.0, 60.3),
-    ("A-C", "dpo"): (25.1, 11.5, 26.3), ("A-C", "npo"): (37.8, 31.5, 38.4)}
-PAPER_TABLE3_DS = {   # (density, method) -> DS of Llama2-7B, Mistral-7B, Gemma-7B (PISTOL Table 3)
-    ("sparse", "grad_ascent"): (43.0, 27.5, 30.9), ("sparse", "grad_diff"): (53.8, 27.5, 29.1), ("sparse", "ukl"): (55.8, 42.5, 60.5),
-    ("sparse", "dpo"): (22.1, 3.8, 17.1), ("sparse", "npo"): (20.8, 23.5, 26.9),
-    ("semi_dense", "grad_ascent"): (46.9, 38.1, 36.5), ("semi_dense", "grad_diff"): (59.8, 37.7, 29.4), ("semi_dense", "ukl"): (64.9, 46.4, 77.6),
-    ("semi_dense", "dpo"): (22.0, 7.6, 15.7), ("semi_dense", "npo"): (21.2, 40.0, 35.6),
-    ("dense", "grad_ascent"): (57.6, 40.5, 41.6), ("dense", "grad_diff"): (62.3, 43.6, 37.2), ("dense", "ukl"): (56.0, 61.3, 64.1),
-    ("dense", "dpo"): (23.0, 5.0, 16.9), ("dense", "npo"): (20.8, 40.9, 38.8)}
+PAPER_TABLE2_DS = {  # (edge, method) -> DS of Llama2-7B, Mistral-7B, Gemma-7B (PISTOL Table 2)
+    ("A-B", "grad_ascent"): (54.4, 35.8, 57.6),
+    ("A-B", "grad_diff"): (65.6, 36.0, 35.5),
+    ("A-B", "ukl"): (70.3, 66.8, 73.5),
+    ("A-B", "dpo"): (31.6, 19.3, 28.9),
+    ("A-B", "npo"): (39.8, 36.1, 39.4),
+    ("A-C", "grad_ascent"): (33.1, 21.4, 50.9),
+    ("A-C", "grad_diff"): (29.4, 26.4, 32.7),
+    ("A-C", "ukl"): (54.6, 74.0, 60.3),
+    ("A-C", "dpo"): (25.1, 11.5, 26.3),
+    ("A-C", "npo"): (37.8, 31.5, 38.4),
+}
+PAPER_TABLE3_DS = {  # (density, method) -> DS of Llama2-7B, Mistral-7B, Gemma-7B (PISTOL Table 3)
+    ("sparse", "grad_ascent"): (43.0, 27.5, 30.9),
+    ("sparse", "grad_diff"): (53.8, 27.5, 29.1),
+    ("sparse", "ukl"): (55.8, 42.5, 60.5),
+    ("sparse", "dpo"): (22.1, 3.8, 17.1),
+    ("sparse", "npo"): (20.8, 23.5, 26.9),
+    ("semi_dense", "grad_ascent"): (46.9, 38.1, 36.5),
+    ("semi_dense", "grad_diff"): (59.8, 37.7, 29.4),
+    ("semi_dense", "ukl"): (64.9, 46.4, 77.6),
+    ("semi_dense", "dpo"): (22.0, 7.6, 15.7),
+    ("semi_dense", "npo"): (21.2, 40.0, 35.6),
+    ("dense", "grad_ascent"): (57.6, 40.5, 41.6),
+    ("dense", "grad_diff"): (62.3, 43.6, 37.2),
+    ("dense", "ukl"): (56.0, 61.3, 64.1),
+    ("dense", "dpo"): (23.0, 5.0, 16.9),
+    ("dense", "npo"): (20.8, 40.9, 38.8),
+}
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #6ad7a147
 def prepare_pistol(store: RunStore):
-    "The stages PISTOL's experiment starts from: world → tokenizer → base model, and the PISTOL QA (cached when done); returns the QA."
+    """The stages PISTOL's experiment starts from: world → tokenizer → base model, and the PISTOL QA (cached when done);
+    returns the QA."""
     prepare_base(store)
     return stage_pistol(store)
 
 def pistol_qa(store: RunStore, dataset: str):
-    "The QA `Dataset` of PISTOL `dataset` ('dataset1' or 'dataset2') that the run uses (the first `pistol.questions_per_contract` per contract)."
+    """The QA `Dataset` of PISTOL `dataset` ('dataset1' or 'dataset2') that the run uses (the first
+    `pistol.questions_per_contract` per contract)."""
     k = store.config.pistol.questions_per_contract
     return stage_pistol(store)[dataset].filter(lambda r: r["question_id"] <= k)
 
@@ -67,12 +87,19 @@ def pistol_scores(model, tokenizer, splits: dict, max_new_tokens: int) -> pd.Dat
     for split, rows in splits.items():
         r = rouge_scores(model, tokenizer, rows, max_new_tokens=max_new_tokens)
         k = ranking_scores(model, tokenizer, rows)
-        out.append(pd.DataFrame({"split": split, "edge": r["edge"], "question_id": r["question_id"], "rouge1": r["rouge1"],
-                                 "mrr": k["mrr"], "thr": k["thr"]}))
+        out.append(
+            pd.DataFrame(
+                {
+                    "split": split, "edge": r["edge"], "question_id": r["question_id"], "rouge1": r["rouge1"],
+                    "mrr": k["mrr"], "thr": k["thr"]
+                }
+            )
+        )
     return pd.concat(out, ignore_index=True)
 
 def score_summary(scores: pd.DataFrame) -> dict:
-    "Split means of `pistol_scores` as `forget_rouge1`, `retain_rouge1`, …, `n_forget`, `n_retain`, and `ds` from the two ROUGE-1 means."
+    """Split means of `pistol_scores` as `forget_rouge1`, `retain_rouge1`, …, `n_forget`, `n_retain`, and `ds` from the
+    two ROUGE-1 means."""
     m = scores.groupby("split")[list(SCORE_COLUMNS)].mean()
     out = {f"{s}_{c}": float(m.at[s, c]) for s in ("forget", "retain") for c in SCORE_COLUMNS}
     out.update(n_forget=int((scores.split == "forget").sum()), n_retain=int((scores.split == "retain").sum()))
@@ -88,23 +115,33 @@ def descent_step(model, batch, ref, hp):
     return {"loss": nll, "forget_nll": nll}
 
 def finetune_qa(model, tokenizer, rows: list[dict], pcfg, seed: int, max_new_tokens: int | None = None) -> tuple:
-    "Fully fine-tune `model` (in place) on QA `rows` until their mean ROUGE-1 reaches `pcfg.finetune_target`; returns (model, log)."
-    hp = {**BASE_HPARAMS, "lr": pcfg.finetune_lr, "batch_size": pcfg.finetune_batch_size, "epochs": pcfg.finetune_check_every}
+    """Fully fine-tune `model` (in place) on QA `rows` until their mean ROUGE-1 reaches `pcfg.finetune_target`;
+    returns (model, log)."""
+    hp = {
+        **BASE_HPARAMS, "lr": pcfg.finetune_lr, "batch_size": pcfg.finetune_batch_size,
+        "epochs": pcfg.finetune_check_every
+    }
     log, done = [], 0
     while done < pcfg.finetune_epochs:
         hp["epochs"] = min(pcfg.finetune_check_every, pcfg.finetune_epochs - done)
-        model, steps = unlearn_loop(model, tokenizer, rows, None, descent_step, hp, seed=seed + done, desc="pistol finetune")
+        model, steps = unlearn_loop(model, tokenizer, rows, None, descent_step, hp, seed=seed + done,
+                                    desc="pistol finetune")
         done += hp["epochs"]
         r1 = rouge_scores(model, tokenizer, rows, max_new_tokens=max_new_tokens or pcfg.max_new_tokens)["rouge1"]
-        log.append({"epoch": done, "train_nll": float(steps.forget_nll.tail(len(steps) // hp["epochs"] or 1).mean()),
-                    "rouge1_mean": float(r1.mean()), "rouge1_min": float(r1.min()), "rows_at_1": float((r1 == 1).mean())})
+        log.append(
+            {
+                "epoch": done, "train_nll": float(steps.forget_nll.tail(len(steps) // hp["epochs"] or 1).mean()),
+                "rouge1_mean": float(r1.mean()), "rouge1_min": float(r1.min()), "rows_at_1": float((r1 == 1).mean())
+            }
+        )
         if r1.mean() >= pcfg.finetune_target: break
     log = pd.DataFrame(log); log["reached"] = log.rouge1_mean >= pcfg.finetune_target
     return model.eval(), log
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #85a13771
 def stage_pistol_finetune(store: RunStore, dataset: str) -> Path:
-    "The base model fine-tuned on PISTOL `dataset`'s QA until ROUGE-1 reaches `pistol.finetune_target` (stage `pistol_finetune_<dataset>`)."
+    """The base model fine-tuned on PISTOL `dataset`'s QA until ROUGE-1 reaches `pistol.finetune_target` (stage
+    `pistol_finetune_<dataset>`)."""
     from lume_lab.models.lm import save_model
     c = store.config; p = c.pistol
     prepare_pistol(store); qa = pistol_qa(store, dataset)
@@ -113,11 +150,24 @@ def stage_pistol_finetune(store: RunStore, dataset: str) -> Path:
         model, log = finetune_qa(model, tok, qa.to_list(), p, c.seed)
         save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
         if not log.reached.iloc[-1]:
-            warnings.warn(PistolFinetuneWarning(f"pistol fine-tuning on {dataset} stopped at mean ROUGE-1 {log.rouge1_mean.iloc[-1]:.3f} "
-                                                f"< pistol.finetune_target {p.finetune_target} after {log.epoch.iloc[-1]} epochs; raise "
-                                                f"pistol.finetune_epochs or pistol.finetune_lr", dataset=dataset))
-    reads = ["seed", *(f"pistol.{k}" for k in ("questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs",
-                                                 "finetune_check_every", "finetune_target", "max_new_tokens"))]
+            warnings.warn(
+                PistolFinetuneWarning(
+                    f"pistol fine-tuning on {dataset} stopped at mean ROUGE-1 {log.rouge1_mean.iloc[-1]:.3f} "
+                    f"< pistol.finetune_target {p.finetune_target} after {log.epoch.iloc[-1]} epochs; raise "
+                    f"pistol.finetune_epochs or pistol.finetune_lr",
+                    dataset=dataset,
+                )
+            )
+    reads = [
+        "seed",
+        *(
+            f"pistol.{k}"
+            for k in (
+                "questions_per_contract", "finetune_lr", "finetune_batch_size", "finetune_epochs",
+                "finetune_check_every", "finetune_target", "max_new_tokens"
+            )
+        ),
+    ]
     inputs = {"defaults": BASE_HPARAMS}   # the training loop's settings that `finetune_qa` does not set
     return store.stage(f"pistol_finetune_{dataset}", fn, reads=reads, inputs=inputs, deps=["pistol", "base"])
 
@@ -127,33 +177,44 @@ def finetune_log(store: RunStore, dataset: str) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #a12f586d
 def pistol_hparams(pcfg, method: str, lr: float, n_forget: int) -> dict:
-    "The registry hyperparameters of `method` under PISTOL's protocol (App. F) at learning rate `lr` for `n_forget` forget rows."
+    """The registry hyperparameters of `method` under PISTOL's protocol (App. F) at learning rate `lr` for `n_forget`
+    forget rows."""
     warm = math.ceil(n_forget / pcfg.unlearn_batch_size)                       # one epoch of warm-up
     return get_spec(method).resolve({"lr": lr, "epochs": pcfg.unlearn_epochs, "batch_size": pcfg.unlearn_batch_size,
                                      "scheduler": "linear", "warmup_steps": warm, "warmup_ratio": 0.0})
 
 def unlearn_edge(model, tokenizer, qa, edge: str, method: str, lr: float, seed: int, pcfg) -> dict:
-    "Unlearn edge `edge` of QA `Dataset` `qa` from `model` (in place) with registry method `method`; the `score_summary` after, with the run's settings."
+    """Unlearn edge `edge` of QA `Dataset` `qa` from `model` (in place) with registry method `method`;
+    the `score_summary` after, with the run's settings."""
     sp = forget_retain(qa, edge)
     forget, retain = sp["forget"].to_list(), sp["retain"].to_list()
     hp = pistol_hparams(pcfg, method, lr, len(forget))
     unl, log = get_spec(method).run(model, tokenizer, forget, retain, hp, seed=seed)
-    sc = pistol_scores(unl.eval(), tokenizer, {"forget": forget, "retain": eval_sample(retain, pcfg.eval_retain_rows, edge)}, pcfg.max_new_tokens)
-    return {"method": method, "edge": edge, "lr": lr, "seed": seed, **score_summary(sc), "final_forget_nll": float(log.forget_nll.iloc[-1])}
+    sc = pistol_scores(
+        unl.eval(), tokenizer, {"forget": forget, "retain": eval_sample(retain, pcfg.eval_retain_rows, edge)},
+        pcfg.max_new_tokens
+    )
+    return {
+        "method": method, "edge": edge, "lr": lr, "seed": seed, **score_summary(sc),
+        "final_forget_nll": float(log.forget_nll.iloc[-1])
+    }
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #a24a037d
 def choose_lr(grid: pd.DataFrame, floor: float) -> dict:
-    "From sweep rows (lr, forget_rouge1, retain_rouge1): {'lr', 'floor_met'}: the lowest mean forget ROUGE-1 with mean retain ROUGE-1 >= `floor`."
+    """From sweep rows (lr, forget_rouge1, retain_rouge1): {'lr', 'floor_met'}:
+    the lowest mean forget ROUGE-1 with mean retain ROUGE-1 >= `floor`."""
     g = grid.groupby("lr")[["forget_rouge1", "retain_rouge1"]].mean().sort_index()
     ok = g[g.retain_rouge1 >= floor]
     if len(ok): return {"lr": float(ok.forget_rouge1.idxmin()), "floor_met": True}
     return {"lr": float(g.retain_rouge1.idxmax()), "floor_met": False}
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #7bf144ba
-_UNLEARN_FIELDS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows", "max_new_tokens")
+_UNLEARN_FIELDS = ("questions_per_contract", "unlearn_epochs", "unlearn_batch_size", "eval_retain_rows",
+                   "max_new_tokens")
 
 def _protocol(*extra: str) -> list[str]:
-    "The `pistol` fields an unlearning stage reads, as the paths it declares (the fine-tuned model's own come through its stage hash)."
+    """The `pistol` fields an unlearning stage reads, as the paths it declares (the fine-tuned model's own come through
+    its stage hash)."""
     return [f"pistol.{k}" for k in (*_UNLEARN_FIELDS, *extra)]
 
 def _runs(store: RunStore, stage: str, jobs: list[tuple], qa, desc: str) -> list[dict]:
@@ -164,26 +225,45 @@ def _runs(store: RunStore, stage: str, jobs: list[tuple], qa, desc: str) -> list
         rows.append({**extra, **unlearn_edge(model, tok, qa, edge, method, lr, seed, store.config.pistol)})
     return rows
 
+# %% ../../../nbs/pipeline/stages/07_pistol.ipynb #5d504df6
 def stage_pistol_degree(store: RunStore, method: str) -> pd.DataFrame:
-    "Table 2 runs of `method` on Dataset 1 (edges AB and AC): the learning-rate sweep, the choice, the other seeds (stage `pistol_degree_<method>`)."
+    """Table 2 runs of `method` on Dataset 1 (edges AB and AC):
+    the learning-rate sweep, the choice, the other seeds (stage `pistol_degree_<method>`)."""
     p = store.config.pistol
-    get_spec(method)                                               # an unknown method fails before any compute
-    stage_pistol_finetune(store, "dataset1"); qa = pistol_qa(store, "dataset1")
+    get_spec(method)  # an unknown method fails before any compute
+    stage_pistol_finetune(store, "dataset1")
+    qa = pistol_qa(store, "dataset1")
     src = "pistol_finetune_dataset1"
+
     def fn(out):
-        grid = pd.DataFrame(_runs(store, src, [(e, method, lr, 0, {"phase": "sweep"}) for lr in p.lrs for e in DEGREE_EDGES], qa, f"{method} sweep"))
+        grid = pd.DataFrame(
+            _runs(
+                store, src, [(e, method, lr, 0, {"phase": "sweep"}) for lr in p.lrs for e in DEGREE_EDGES], qa,
+                f"{method} sweep"
+            )
+        )
         pick = choose_lr(grid, p.retain_floor)
-        more = _runs(store, src, [(e, method, pick["lr"], s, {"phase": "seeds"}) for s in range(1, p.seeds) for e in DEGREE_EDGES], qa, f"{method} seeds")
+        more = _runs(
+            store, src,
+            [(e, method, pick["lr"], s, {"phase": "seeds"}) for s in range(1, p.seeds) for e in DEGREE_EDGES], qa,
+            f"{method} seeds"
+        )
         runs = pd.concat([grid, pd.DataFrame(more)], ignore_index=True)
         runs["chosen"] = runs.lr == pick["lr"]
         runs.to_csv(out / "runs.csv", index=False)
-        (out / "lr.json").write_text(json.dumps({"method": method, **pick, "retain_floor": p.retain_floor, "lrs": list(p.lrs)}))
-    # the seeds are 0 … pistol.seeds−1, not the run's seed (which reaches the runs through the fine-tuned model's stage);
-    # the registry's defaults fill every hyperparameter PISTOL's protocol does not set
+        (out / "lr.json").write_text(
+            json.dumps({"method": method, **pick, "retain_floor": p.retain_floor, "lrs": list(p.lrs)})
+        )
+
+    # the seeds are 0 … pistol.seeds−1, not the run's seed (which reaches the runs through the fine-tuned model's
+    # stage); the registry's defaults fill every hyperparameter PISTOL's protocol does not set
     inputs = {"edges": DEGREE_EDGES, "defaults": get_spec(method).defaults}
     reads = _protocol("lrs", "retain_floor", "seeds")
-    return pd.read_csv(store.stage(f"pistol_degree_{method}", fn, reads=reads, inputs=inputs, deps=["pistol", src]) / "runs.csv")
+    return pd.read_csv(
+        store.stage(f"pistol_degree_{method}", fn, reads=reads, inputs=inputs, deps=["pistol", src]) / "runs.csv"
+    )
 
+# %% ../../../nbs/pipeline/stages/07_pistol.ipynb #ed81ff4f
 def chosen_lr(store: RunStore, method: str) -> dict:
     "The learning-rate choice of `method` (stage `pistol_degree_<method>`): lr, floor_met, retain_floor, lrs."
     stage_pistol_degree(store, method)
@@ -194,20 +274,32 @@ def density_draws(seed: int, n: int) -> list[dict]:
     return [density_forget_edges(1000 * seed + d) for d in range(n)]
 
 def stage_pistol_density(store: RunStore, method: str) -> pd.DataFrame:
-    "Table 3 runs of `method` on Dataset 2: one edge per density and draw, at the learning rate chosen on Dataset 1 (stage `pistol_density_<method>`)."
+    """Table 3 runs of `method` on Dataset 2: one edge per density and draw, at the learning rate chosen on Dataset 1
+    (stage `pistol_density_<method>`)."""
     c, p = store.config, store.config.pistol
     lr = chosen_lr(store, method)["lr"]
     stage_pistol_finetune(store, "dataset2"); qa = pistol_qa(store, "dataset2")
     src = "pistol_finetune_dataset2"
-    jobs = [(e, method, lr, d, {"density": dens, "draw": d}) for d, draw in enumerate(density_draws(c.seed, p.density_draws)) for dens, e in draw.items()]
+    jobs = [
+        (e, method, lr, d, {"density": dens, "draw": d})
+        for d, draw in enumerate(density_draws(c.seed, p.density_draws))
+        for dens, e in draw.items()
+    ]
     def fn(out): pd.DataFrame(_runs(store, src, jobs, qa, f"{method} density")).to_csv(out / "runs.csv", index=False)
-    inputs = {"lr": lr, "defaults": get_spec(method).defaults}   # the rate the degree stage chose: read from its files, not the config
-    return pd.read_csv(store.stage(f"pistol_density_{method}", fn, reads=[*_protocol("density_draws"), "seed"], inputs=inputs,
-                                   deps=["pistol", src, f"pistol_degree_{method}"]) / "runs.csv")
+    # the rate the degree stage chose: read from its files, not the config
+    inputs = {"lr": lr, "defaults": get_spec(method).defaults}
+    return pd.read_csv(
+        store.stage(
+            f"pistol_density_{method}", fn, reads=[*_protocol("density_draws"), "seed"], inputs=inputs,
+            deps=["pistol", src, f"pistol_degree_{method}"]
+        )
+        / "runs.csv"
+    )
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #551232c7
 def before_rows(store: RunStore, dataset: str, edges: list[tuple[str, dict]]) -> pd.DataFrame:
-    "`score_summary` of the fine-tuned model of `dataset` on each (edge, extra columns) in `edges`, as method `none` (stage `pistol_before_<dataset>`)."
+    """`score_summary` of the fine-tuned model of `dataset` on each (edge, extra columns) in `edges`, as method `none`
+    (stage `pistol_before_<dataset>`)."""
     p = store.config.pistol
     src = f"pistol_finetune_{dataset}"; stage_pistol_finetune(store, dataset); qa = pistol_qa(store, dataset)
     def fn(out):
@@ -215,15 +307,26 @@ def before_rows(store: RunStore, dataset: str, edges: list[tuple[str, dict]]) ->
         rows = []
         for edge, extra in edges:
             sp = forget_retain(qa, edge)
-            sc = pistol_scores(model, tok, {"forget": sp["forget"].to_list(), "retain": eval_sample(sp["retain"].to_list(), p.eval_retain_rows, edge)}, p.max_new_tokens)
+            sc = pistol_scores(
+                model,
+                tok,
+                {
+                    "forget": sp["forget"].to_list(),
+                    "retain": eval_sample(sp["retain"].to_list(), p.eval_retain_rows, edge),
+                },
+                p.max_new_tokens,
+            )
             rows.append({**extra, "method": "none", "edge": edge, "lr": float("nan"), "seed": 0, **score_summary(sc)})
         pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)
     reads = ["pistol.questions_per_contract", "pistol.eval_retain_rows", "pistol.max_new_tokens"]
-    return pd.read_csv(store.stage(f"pistol_before_{dataset}", fn, reads=reads, inputs={"edges": edges}, deps=[src]) / "runs.csv")
+    return pd.read_csv(
+        store.stage(f"pistol_before_{dataset}", fn, reads=reads, inputs={"edges": edges}, deps=[src]) / "runs.csv"
+    )
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #65e4ef40
 def pistol_table(runs: pd.DataFrame, by: str, paper: dict | None = None, lrs: dict | None = None) -> pd.DataFrame:
-    "Per (`by`, method) of `runs` (the chosen learning rate only): mean ± std of the scores, `ds` of the mean ROUGE-1s, n runs, paper DS."
+    """Per (`by`, method) of `runs` (the chosen learning rate only):
+    mean ± std of the scores, `ds` of the mean ROUGE-1s, n runs, paper DS."""
     cols = [f"{s}_{c}" for s in ("forget", "retain") for c in SCORE_COLUMNS]
     g = runs.groupby([by, "method"], sort=False)
     t = g[cols].mean().join(g[cols].std(ddof=0).add_suffix("_std")).join(g.size().rename("n_runs"))
@@ -255,16 +358,22 @@ def density_trend(table3: pd.DataFrame) -> pd.DataFrame:
     t = table3[table3.method != "none"]
     ours = t.pivot(index="method", columns="density", values="ds")[list(DENSITIES)].add_prefix("ds_")
     for name in PAPER_MODELS:
-        ours[f"{name} (paper)"] = [" / ".join(f"{PAPER_TABLE3_DS[(d, m)][PAPER_MODELS.index(name)]:.1f}" for d in DENSITIES) for m in ours.index]
+        ours[f"{name} (paper)"] = [
+            " / ".join(f"{PAPER_TABLE3_DS[(d, m)][PAPER_MODELS.index(name)]:.1f}" for d in DENSITIES)
+            for m in ours.index
+        ]
     return ours.loc[[m for m in dict.fromkeys(t.method)]].reset_index()
 
 # %% ../../../nbs/pipeline/stages/07_pistol.ipynb #0271a8eb
 def plot_ds(table: pd.DataFrame, by: str, order: list[str], title: str):
-    "Bar chart of DS per method and `by` (edge or density): ours and the paper's three models in four panels; returns the Figure."
+    """Bar chart of DS per method and `by` (edge or density): ours and the paper's three models in four panels;
+    returns the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
     t = table[table.method != "none"]
-    long = [t.assign(source="ours", DS=t.ds)] + [t.assign(source=f"{n} (paper)", DS=t[f"ds {n} (paper)"]) for n in PAPER_MODELS]
+    long = ([t.assign(source="ours", DS=t.ds)]
+            + [t.assign(source=f"{n} (paper)", DS=t[f"ds {n} (paper)"]) for n in PAPER_MODELS])
     d = pd.concat(long, ignore_index=True)[["method", by, "source", "DS"]]
-    g = sns.catplot(data=d, x="method", y="DS", hue=by, hue_order=order, col="source", kind="bar", height=3, aspect=1.2, sharey=True)
+    g = sns.catplot(data=d, x="method", y="DS", hue=by, hue_order=order, col="source", kind="bar", height=3, aspect=1.2,
+                    sharey=True)
     g.set_xticklabels(rotation=30); g.figure.suptitle(title, y=1.04)
     return g.figure

@@ -25,7 +25,8 @@ __all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'CI_COLU
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #af288d47
 def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
-    "(never-injected profiles, their questions, their paraphrased questions) on `field`: REMIND's holdout class, the export's holdout split."
+    """(never-injected profiles, their questions, their paraphrased questions) on `field`:
+    REMIND's holdout class, the export's holdout split."""
     from lume_lab.data.pii import make_profiles, render_qa
     c, pii = store.config, load_pii(store)
     fresh = make_profiles(c.remind.n_holdout, c.seed, exclude_names=set(pii["profiles"]["full_name"]), id_prefix="h")
@@ -40,15 +41,19 @@ def remind_examples(store: RunStore, field: str) -> pd.DataFrame:
     c, tb, pii = store.config, stage_testbed(store), load_pii(store)
     names = field_split_names(field)
     cols = ["prompt", "question", "answer", "profile_id"]
-    def frame(rows, cls, inp): return pd.DataFrame([{k: r[k] for k in cols} for r in rows], columns=cols).assign(**{"class": cls, "input": inp})
+    def frame(rows, cls, inp):
+        return pd.DataFrame([{k: r[k] for k in cols} for r in rows],
+                            columns=cols).assign(**{"class": cls, "input": inp})
     mem = pd.read_csv(store.path("testbed") / "memorized.csv")
     memorized = mem.memorized | (not c.testbed.require_memorized)   # as the testbed's splits: smoke takes every profile
     kept = set(mem[(mem.role == "testbed") & (mem.side == "retain") & (mem.field == field) & memorized].profile_id)
     def of(split): return [r for r in pii[split] if r["field"] == field and r["profile_id"] in kept]
     _, hold, hold_r = holdout_qa(store, field)
-    parts = [frame(tb[names["forget"]], "forgotten", "orig"), frame(tb[names["forget"] + "_paraphrase"], "forgotten", "reph"),
-             frame(of("qa_train"), "retained", "orig"), frame(of("qa_paraphrase"), "retained", "reph"),
-             frame(hold, "holdout", "orig"), frame(hold_r, "holdout", "reph")]
+    parts = [
+        frame(tb[names["forget"]], "forgotten", "orig"),
+        frame(tb[names["forget"] + "_paraphrase"], "forgotten", "reph"), frame(of("qa_train"), "retained", "orig"),
+        frame(of("qa_paraphrase"), "retained", "reph"), frame(hold, "holdout", "orig"), frame(hold_r, "holdout", "reph")
+    ]
     return pd.concat(parts, ignore_index=True)[["class", "input"] + cols]
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #1c8dcf73
@@ -70,7 +75,8 @@ def remind_reads(c) -> list[str]:
     return section_fields(c, "remind", drop=("n_boot",))   # the bootstrap draws: only `stage_remind_ci` reads them
 
 def stage_remind_inputs(store: RunStore, field: str) -> Path:
-    "Examples of the three classes with their K perturbed prompts and embedding distances (stage `remind_inputs_<field>`)."
+    """Examples of the three classes with their K perturbed prompts and embedding distances (stage
+    `remind_inputs_<field>`)."""
     from lume_lab.analysis.remind import epp_variants, neighbor_table, variant_distances
     from lume_lab.models.ops import special_ids
     c = store.config
@@ -91,41 +97,71 @@ def load_remind_inputs(store: RunStore, field: str) -> list[dict]:
     return [json.loads(l) for l in (stage_remind_inputs(store, field) / "examples.jsonl").read_text().splitlines()]
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #b1583eca
-SCORE_COLUMNS = ["model", "input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n", "n_per_class"]
+SCORE_COLUMNS = ["model", "input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n",
+                 "n_per_class"]
 
-def score_model(model, tokenizer, examples: list[dict], label: str, *, n_splits: int, seed: int, scaler: str,
-                max_new_tokens: int = 32, rf_trees: int = 100, oof: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(features, scores) of one model: per input its class, profile, 14 features and baselines; per detector × comparison the
-    metrics. A list `oof` receives the fair protocol's out-of-fold probabilities, one record per detector × comparison."""
+def score_model(
+    model, tokenizer, examples: list[dict], label: str, *, n_splits: int, seed: int, scaler: str,
+    max_new_tokens: int = 32, rf_trees: int = 100, oof: list | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(features, scores) of one model: per input its class, profile, 14 features and baselines;
+    per detector × comparison the metrics. A list `oof` receives the fair protocol's out-of-fold probabilities, one
+    record per detector × comparison."""
     from lume_lab.analysis.remind import FEATURES, ill_features, variant_losses
     from lume_lab.analysis.remind_eval import baseline_scores
     from lume_lab.models.ops import generate_texts
+
     feats, scores = [], []
     for inp in ("orig", "reph"):
         ex = [e for e in examples if e["input"] == inp]
-        if not ex: continue
+        if not ex:
+            continue
         L = variant_losses(model, ex)
         F = ill_features(L, np.array([e["distances"] for e in ex]))
         gens = generate_texts(model, tokenizer, [e["prompt"] for e in ex], max_new_tokens)
         B = baseline_scores(model, tokenizer, ex, L, k=0.1, generations=gens)
         y, g = np.array([e["class"] for e in ex]), np.array([e["profile_id"] for e in ex])
         meta = pd.DataFrame({"model": label, "input": inp, "class": y, "profile_id": g})
-        feats.append(pd.concat([meta, F[list(FEATURES)].reset_index(drop=True), B[[c for c in B if c not in meta and c not in F]].reset_index(drop=True)], axis=1))
-        scores.append(detector_scores(F[list(FEATURES)], B, y, g, label, inp, n_splits=n_splits, seed=seed, scaler=scaler,
-                                      rf_trees=rf_trees, oof=oof))
+        feats.append(
+            pd.concat(
+                [
+                    meta, F[list(FEATURES)].reset_index(drop=True),
+                    B[[c for c in B if c not in meta and c not in F]].reset_index(drop=True)
+                ],
+                axis=1,
+            )
+        )
+        scores.append(
+            detector_scores(
+                F[list(FEATURES)], B, y, g, label, inp, n_splits=n_splits, seed=seed, scaler=scaler, rf_trees=rf_trees,
+                oof=oof
+            )
+        )
     return pd.concat(feats, ignore_index=True), pd.concat(scores, ignore_index=True)
 
-def detector_scores(F: pd.DataFrame, B: pd.DataFrame, y, g, label: str, inp: str, *, n_splits: int, seed: int, scaler: str,
-                    rf_trees: int = 100, oof: list | None = None) -> pd.DataFrame:
-    """`SCORE_COLUMNS` of one model's inputs of one kind: REMIND (LR, RF) on the features `F` and every baseline of `B`, in
-    the same folds. A list `oof` receives their fair-protocol out-of-fold records, each with its `OOF_KEYS`."""
+# %% ../../../nbs/pipeline/stages/04_remind.ipynb #51c06c1e
+def detector_scores(
+    F: pd.DataFrame, B: pd.DataFrame, y, g, label: str, inp: str, *, n_splits: int, seed: int, scaler: str,
+    rf_trees: int = 100, oof: list | None = None
+) -> pd.DataFrame:
+    """`SCORE_COLUMNS` of one model's inputs of one kind:
+    REMIND (LR, RF) on the features `F` and every baseline of `B`, in the same folds. A list `oof` receives their
+    fair-protocol out-of-fold records, each with its `OOF_KEYS`."""
     from lume_lab.analysis.remind_eval import baseline_table, remind_scores
+
     recs = []
     rs = remind_scores(F, y, g, n_splits=n_splits, seed=seed, scaler=scaler, rf_trees=rf_trees, oof=recs)
     bt = baseline_table(B, y, g, n_splits=n_splits, seed=seed, oof=recs)
     if oof is not None:
-        oof += [dict(r, model=label, input=inp, detector="remind_" + r["classifier"] if "classifier" in r else r["baseline"]) for r in recs]
-    sc = pd.concat([rs.assign(detector="remind_" + rs.classifier, protocol="fair"), bt.assign(detector=bt.baseline)], ignore_index=True)
+        oof += [
+            dict(r, model=label, input=inp,
+                 detector="remind_" + r["classifier"] if "classifier" in r else r["baseline"])
+            for r in recs
+        ]
+    sc = pd.concat(
+        [rs.assign(detector="remind_" + rs.classifier, protocol="fair"), bt.assign(detector=bt.baseline)],
+        ignore_index=True,
+    )
     return sc.assign(model=label, input=inp)[SCORE_COLUMNS]
 
 OOF_KEYS = ["model", "input", "detector", "comparison"]
@@ -134,9 +170,15 @@ def oof_table(records: list[dict]) -> pd.DataFrame:
     """`score_model`'s out-of-fold records as one long table (`oof.parquet` of `remind_<field>`): per record and row its
     `OOF_KEYS`, the positive class `pos` ("" for the multi-class comparison), label `y`, `group` (the profile) and one
     `p_<class>` column per class of the comparison (NaN in the columns of the other comparisons' classes)."""
-    parts = [pd.DataFrame({**{k: r[k] for k in OOF_KEYS}, "pos": r["pos"] or "", "y": np.asarray(r["y"], dtype=str),
-                           "group": np.asarray(r["groups"], dtype=str), **{f"p_{c}": r["P"][c].to_numpy() for c in r["P"].columns}})
-             for r in records]
+    parts = [
+        pd.DataFrame(
+            {
+                **{k: r[k] for k in OOF_KEYS}, "pos": r["pos"] or "", "y": np.asarray(r["y"], dtype=str),
+                "group": np.asarray(r["groups"], dtype=str), **{f"p_{c}": r["P"][c].to_numpy() for c in r["P"].columns}
+            }
+        )
+        for r in records
+    ]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*OOF_KEYS, "pos", "y", "group"])
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #429dfe14
@@ -148,58 +190,85 @@ def remind_class_sizes(examples: list[dict]) -> pd.DataFrame:
 def _remind_folds(c, exs: list[dict]) -> tuple[int, pd.Series, pd.DataFrame]:
     "(profile-grouped folds, profiles per class of the original inputs, class sizes) of REMIND's examples."
     sizes = remind_class_sizes(exs)
-    orig = sizes[sizes.input == "orig"].set_index("class").profiles.reindex(["retained", "forgotten", "holdout"]).fillna(0)
+    orig = (
+        sizes[sizes.input == "orig"].set_index("class").profiles.reindex(["retained", "forgotten", "holdout"]).fillna(0)
+    )
     return int(min(c.remind.n_splits, orig.min())), orig, sizes
 
 def _too_few_folds(c, field: str, n_splits: int, orig: pd.Series, out: Path) -> bool:
-    "Warn (recorded by the stage) when a class is too small for the folds; True, with `skipped.json` written, when REMIND cannot run."
+    """Warn (recorded by the stage) when a class is too small for the folds;
+    True, with `skipped.json` written, when REMIND cannot run."""
     import warnings
     from lume_lab.pipeline.stages.unlearn import EmptySplitWarning
     if n_splits < 2:
-        warnings.warn(EmptySplitWarning(f"SKIPPED REMIND on {field!r}: a class has fewer than 2 profiles ({orig.to_dict()}); "
-                                        f"profile-grouped folds need at least 2 per class", field=field, **{k: int(v) for k, v in orig.items()}))
+        warnings.warn(
+            EmptySplitWarning(
+                f"SKIPPED REMIND on {field!r}: a class has fewer than 2 profiles ({orig.to_dict()}); "
+                f"profile-grouped folds need at least 2 per class",
+                field=field,
+                **{k: int(v) for k, v in orig.items()},
+            )
+        )
         (out / "skipped.json").write_text(json.dumps(orig.to_dict())); return True
     if n_splits < c.remind.n_splits:
-        warnings.warn(EmptySplitWarning(f"REMIND on {field!r}: {n_splits} folds instead of remind.n_splits={c.remind.n_splits} "
-                                        f"(the smallest class has {int(orig.min())} profiles)", field=field, n_splits=n_splits))
+        warnings.warn(
+            EmptySplitWarning(
+                f"REMIND on {field!r}: {n_splits} folds instead of remind.n_splits={c.remind.n_splits} "
+                f"(the smallest class has {int(orig.min())} profiles)",
+                field=field,
+                n_splits=n_splits,
+            )
+        )
     return False
 
-def _score_models(store: RunStore, field: str, loaders: dict, exs: list[dict], n_splits: int, sizes: pd.DataFrame, out: Path) -> None:
+# %% ../../../nbs/pipeline/stages/04_remind.ipynb #94777d7e
+def _score_models(store: RunStore, field: str, loaders: dict, exs: list[dict], n_splits: int, sizes: pd.DataFrame,
+                  out: Path) -> None:
     "Features, scores and out-of-fold probabilities (`score_model`) of every model `loaders` names, written to `out`."
     from lume_lab.models.accel import progress
+
     c, tok = store.config, load_stage_model(store, "instruct_masked")[1]
     feats, scores, oof = [], [], []
     for label, load in progress(list(loaders.items()), desc=f"REMIND {field}"):
-        f_, s_ = score_model(load().eval(), tok, exs, label, n_splits=n_splits, seed=c.seed, scaler=c.remind.scaler,
-                             max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees, oof=oof)
-        feats.append(f_); scores.append(s_)
+        f_, s_ = score_model(
+            load().eval(), tok, exs, label, n_splits=n_splits, seed=c.seed, scaler=c.remind.scaler,
+            max_new_tokens=c.testbed.max_new_tokens, rf_trees=c.remind.rf_trees, oof=oof
+        )
+        feats.append(f_)
+        scores.append(s_)
     oof_table(oof).to_parquet(out / "oof.parquet", index=False)
     pd.concat(feats, ignore_index=True).to_csv(out / "features.csv", index=False)
     pd.concat(scores, ignore_index=True).assign(n_splits=n_splits).to_csv(out / "scores.csv", index=False)
     sizes.to_csv(out / "class_sizes.csv", index=False)
 
 def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
-    "REMIND and the baselines on every compared model of `field` (stage `remind_<field>`); None when a class is too small."
+    """REMIND and the baselines on every compared model of `field` (stage `remind_<field>`);
+    None when a class is too small."""
     c, exs = store.config, load_remind_inputs(store, field)
     n_splits, orig, sizes = _remind_folds(c, exs)
     loaders = remind_models(store, field)
     for m in run_methods(c): stage_unlearn(store, m, field)        # REMIND reads the masked runs, not the controls
     def fn(out):
-        if not _too_few_folds(c, field, n_splits, orig, out): _score_models(store, field, loaders, exs, n_splits, sizes, out)
-    deps = [f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"] + [unlearn_name(m, field) for m in run_methods(c)]
+        if not _too_few_folds(c, field, n_splits, orig, out):
+            _score_models(store, field, loaders, exs, n_splits, sizes, out)
+    deps = ([f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"]
+            + [unlearn_name(m, field) for m in run_methods(c)])
     reads = remind_reads(c) + ["unlearn.methods", "seed", "testbed.max_new_tokens"]   # unlearn.methods: `run_methods`
     d = store.stage(f"remind_{field}", fn, reads=reads, deps=deps)
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
+# %% ../../../nbs/pipeline/stages/04_remind.ipynb #302eabd9
 def remind_source(store: RunStore, src) -> pd.DataFrame | None:
-    """REMIND and the baselines on one more model, a `stages.unlearn.ModelSource` (e.g. an external checkpoint), with the
-    inputs, folds and seed of `stage_remind`: stage `src.result_stage('remind')`; None when a class is too small."""
+    """REMIND and the baselines on one more model, a `stages.unlearn.ModelSource` (e.g. an external checkpoint), with
+    the inputs, folds and seed of `stage_remind`: stage `src.result_stage('remind')`; None when a class is too small."""
     c, exs = store.config, load_remind_inputs(store, src.field)
     n_splits, orig, sizes = _remind_folds(c, exs)
     def fn(out):
-        if not _too_few_folds(c, src.field, n_splits, orig, out): _score_models(store, src.field, {src.label: lambda: src.load()[0]}, exs, n_splits, sizes, out)
+        if not _too_few_folds(c, src.field, n_splits, orig, out):
+            _score_models(store, src.field, {src.label: lambda: src.load()[0]}, exs, n_splits, sizes, out)
     reads = remind_reads(c) + ["seed", "testbed.max_new_tokens"]
-    d = store.stage(src.result_stage("remind"), fn, reads=reads, deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
+    d = store.stage(src.result_stage("remind"), fn, reads=reads,
+                    deps=[f"remind_inputs_{src.field}", "instruct_masked", src.stage])
     return pd.read_csv(d / "scores.csv") if (d / "scores.csv").exists() else None
 
 def load_remind_features(store: RunStore, field: str) -> pd.DataFrame:
@@ -213,7 +282,8 @@ def ablation_method(cfg) -> str:
     return "npo" if "npo" in ms else ms[0]
 
 def stage_remind_ablation(store: RunStore, field: str) -> pd.DataFrame | None:
-    "REMIND's multi-class AUC (LR, RF) over K × p on `ablation_method`'s model (stage `remind_ablation_<field>`); None if skipped."
+    """REMIND's multi-class AUC (LR, RF) over K × p on `ablation_method`'s model (stage `remind_ablation_<field>`);
+    None if skipped."""
     import torch
     from lume_lab.analysis.remind import epp_variants, ill_features, variant_distances, variant_losses
     from lume_lab.analysis.remind_eval import remind_scores
@@ -232,24 +302,32 @@ def stage_remind_ablation(store: RunStore, field: str) -> pd.DataFrame | None:
             ev = epp_variants(tok, exs, nb, K=Kmax, p=p, m=r.neighbors, mode=r.mode, pick=r.pick, seed=c.seed)
             L, D = variant_losses(model, ev), variant_distances(emb, ev)
             for K in sorted(set(r.ablation_variants)):
-                s = remind_scores(ill_features(L[:, :K + 1], D[:, :K]), y, g, n_splits=n_splits, seed=c.seed, scaler=r.scaler,
-                                  rf_trees=r.rf_trees)
+                s = remind_scores(
+                    ill_features(L[:, : K + 1], D[:, :K]), y, g, n_splits=n_splits, seed=c.seed, scaler=r.scaler,
+                    rf_trees=r.rf_trees
+                )
                 rows += [dict(method=method, p=p, K=K, **row) for row in s[s.comparison == "multi"].to_dict("records")]
         pd.DataFrame(rows).to_csv(out / "ablation.csv", index=False)
     reads = remind_reads(c) + ["unlearn.methods", "seed"]   # unlearn.methods: which method `ablation_method` picks
-    d = store.stage(f"remind_ablation_{field}", fn, reads=reads, deps=[f"remind_{field}", f"remind_inputs_{field}", "base", unlearn_name(method, field)])
+    d = store.stage(
+        f"remind_ablation_{field}", fn, reads=reads,
+        deps=[f"remind_{field}", f"remind_inputs_{field}", "base", unlearn_name(method, field)]
+    )
     return pd.read_csv(d / "ablation.csv")
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #4b2ab432
 def remind_report(scores: pd.DataFrame) -> pd.DataFrame:
-    "Wide Table 1/2 of `stage_remind`'s scores: AUC % per comparison, TPR@1%FPR % per one-vs-rest comparison, n_per_class."
+    """Wide Table 1/2 of `stage_remind`'s scores:
+    AUC % per comparison, TPR@1%FPR % per one-vs-rest comparison, n_per_class."""
     idx = ["model", "input", "detector", "protocol"]
     s = scores.assign(auc=100 * scores.auc, tpr=100 * scores.tpr_at_1fpr)
     order = list(dict.fromkeys(s.comparison))
     auc = s.pivot_table(index=idx, columns="comparison", values="auc", sort=False)[order]
     ovr = [c for c in order if c.endswith("_vs_all")]
     tpr = s[s.comparison.isin(ovr)].pivot_table(index=idx, columns="comparison", values="tpr", sort=False)[ovr]
-    out = pd.concat([auc, tpr.rename(columns=lambda c: f"tpr@1%fpr {c}"), s.groupby(idx, sort=False).n_per_class.first()], axis=1)
+    out = pd.concat(
+        [auc, tpr.rename(columns=lambda c: f"tpr@1%fpr {c}"), s.groupby(idx, sort=False).n_per_class.first()], axis=1
+    )
     return out.reindex(pd.MultiIndex.from_frame(s[idx].drop_duplicates()))
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #7ac7e1d1
@@ -258,8 +336,9 @@ CI_COLUMNS = ["model", "input", "detector", "comparison", "auc", "auc_lo", "auc_
 
 def remind_intervals(features: pd.DataFrame, *, n_splits: int, seed: int, scaler: str = "pooled", rf_trees: int = 100,
                      n_boot: int = 1000, level: float = CI_LEVEL) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(intervals, separation) of `stage_remind`'s features: per model × input the fair protocol's AUCs (REMIND LR / RF, every
-    baseline) with bootstrap intervals over profiles, and per classifier × comparison REMIND against the best fair baseline."""
+    """(intervals, separation) of `stage_remind`'s features:
+    per model × input the fair protocol's AUCs (REMIND LR / RF, every baseline) with bootstrap intervals over profiles,
+    and per classifier × comparison REMIND against the best fair baseline."""
     from lume_lab.analysis.remind import FEATURES
     from lume_lab.analysis.remind_eval import CLASSIFIERS, baseline_table, ci_separation, remind_scores
     kw, ci, sep = dict(n_splits=n_splits, seed=seed, n_boot=n_boot, level=level), [], []
@@ -267,11 +346,16 @@ def remind_intervals(features: pd.DataFrame, *, n_splits: int, seed: int, scaler
         y, g = d["class"].to_numpy(), d.profile_id.astype(str).to_numpy()
         rs = remind_scores(d[list(FEATURES)], y, g, scaler=scaler, rf_trees=rf_trees, **kw)
         bt = baseline_table(d, y, g, **kw).query("protocol == 'fair'")
-        ci += [t.assign(model=m, input=inp) for t in (rs.assign(detector="remind_" + rs.classifier), bt.assign(detector=bt.baseline))]
+        ci += [
+            t.assign(model=m, input=inp)
+            for t in (rs.assign(detector="remind_" + rs.classifier), bt.assign(detector=bt.baseline))
+        ]
         sep += [ci_separation(rs, bt, k).assign(model=m, input=inp, classifier=k) for k in CLASSIFIERS]
     sep = pd.concat(sep, ignore_index=True)
-    return pd.concat(ci, ignore_index=True)[CI_COLUMNS], sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]]
+    return (pd.concat(ci, ignore_index=True)[CI_COLUMNS],
+            sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]])
 
+# %% ../../../nbs/pipeline/stages/04_remind.ipynb #8d56371b
 def oof_intervals(oof: pd.DataFrame, scores: pd.DataFrame, *, seed: int, n_boot: int = 1000,
                   level: float = CI_LEVEL) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`remind_intervals`' two tables from the out-of-fold probabilities `stage_remind` saved (`oof_table`) and its
@@ -285,34 +369,51 @@ def oof_intervals(oof: pd.DataFrame, scores: pd.DataFrame, *, seed: int, n_boot:
     fair = scores[scores.protocol == "fair"]
     ci = fair.merge(pd.DataFrame(rows, columns=[*OOF_KEYS, "auc_lo", "auc_hi"]), on=OOF_KEYS, how="left")[CI_COLUMNS]
     if ci.auc_lo.isna().any() or len(rows) != len(ci):
-        raise ValueError(f"the out-of-fold probabilities cover {len(rows)} of the {len(ci)} fair-protocol scores: not the same REMIND stage")
+        raise ValueError(
+            f"the out-of-fold probabilities cover {len(rows)} of the {len(ci)} fair-protocol scores: not the same "
+            "REMIND stage"
+        )
     sep = []
     for (m, inp), d in ci.groupby(["model", "input"], sort=False):
         rem = d.detector.str.startswith("remind_")
-        rs, bt = d[rem].assign(classifier=d.detector[rem].str[len("remind_"):]), d[~rem].assign(baseline=d.detector[~rem], protocol="fair")
+        rs, bt = (
+            d[rem].assign(classifier=d.detector[rem].str[len("remind_") :]),
+            d[~rem].assign(baseline=d.detector[~rem], protocol="fair"),
+        )
         sep += [ci_separation(rs, bt, k).assign(model=m, input=inp, classifier=k) for k in CLASSIFIERS]
     sep = pd.concat(sep, ignore_index=True)
-    return ci.reset_index(drop=True), sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]]
+    return (ci.reset_index(drop=True),
+            sep[["model", "input", "classifier"] + [c for c in sep if c not in ("model", "input", "classifier")]])
 
+# %% ../../../nbs/pipeline/stages/04_remind.ipynb #9cff8f9c
 def stage_remind_ci(store: RunStore, field: str, src=None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """`remind_intervals` on the features `stage_remind` (or, for a `stages.unlearn.ModelSource`, `remind_source`) saved: stage
-    `remind_ci_<field>` (`src.result_stage('remind_ci')`); None when REMIND skipped the field."""
+    """`remind_intervals` on the features `stage_remind` (or, for a `stages.unlearn.ModelSource`, `remind_source`)
+    saved: stage `remind_ci_<field>` (`src.result_stage('remind_ci')`); None when REMIND skipped the field."""
     c = store.config
     scores = stage_remind(store, field) if src is None else remind_source(store, src)
     if scores is None: return None
-    name, dep = (f"remind_ci_{field}", f"remind_{field}") if src is None else (src.result_stage("remind_ci"), src.result_stage("remind"))
+    name, dep = (
+        (f"remind_ci_{field}", f"remind_{field}")
+        if src is None
+        else (src.result_stage("remind_ci"), src.result_stage("remind"))
+    )
     def fn(out):
         if (store.path(dep) / "oof.parquet").exists():          # the probabilities REMIND saved: the bootstrap only
-            ci, sep = oof_intervals(pd.read_parquet(store.path(dep) / "oof.parquet"), scores, seed=c.seed, n_boot=c.remind.n_boot)
+            ci, sep = oof_intervals(pd.read_parquet(store.path(dep) / "oof.parquet"), scores, seed=c.seed,
+                                    n_boot=c.remind.n_boot)
             ci.to_csv(out / "intervals.csv", index=False); sep.to_csv(out / "separation.csv", index=False)
             return
-        feats = pd.read_csv(store.path(dep) / "features.csv", dtype={"profile_id": str})   # a stage cached before: refit, as REMIND did
+        # a stage cached before: refit, as REMIND did
+        feats = pd.read_csv(store.path(dep) / "features.csv", dtype={"profile_id": str})
         ci, sep = remind_intervals(feats, n_splits=int(scores.n_splits.iloc[0]), seed=c.seed, scaler=c.remind.scaler,
                                    rf_trees=c.remind.rf_trees, n_boot=c.remind.n_boot)
-        both = scores[scores.protocol == "fair"].merge(ci, on=["model", "input", "detector", "comparison"], suffixes=("", "_ci"))
+        both = scores[scores.protocol == "fair"].merge(ci, on=["model", "input", "detector", "comparison"],
+                                                       suffixes=("", "_ci"))
         if len(both) != len(ci) or not np.allclose(both.auc, both.auc_ci, rtol=0, atol=1e-9):
-            warnings.warn(f"{name}: the AUCs recomputed from {dep}/features.csv differ from {dep}/scores.csv (another sklearn?); "
-                          f"the intervals belong to the recomputed ones (max |diff| {np.abs(both.auc - both.auc_ci).max():.2g})")
+            warnings.warn(
+                f"{name}: the AUCs recomputed from {dep}/features.csv differ from {dep}/scores.csv (another sklearn?); "
+                f"the intervals belong to the recomputed ones (max |diff| {np.abs(both.auc - both.auc_ci).max():.2g})"
+            )
         ci.to_csv(out / "intervals.csv", index=False); sep.to_csv(out / "separation.csv", index=False)
     # scaler and rf_trees: the refit of a stage cached without `oof.parquet`
     reads = ["remind.n_boot", "seed", "remind.scaler", "remind.rf_trees"]

@@ -44,12 +44,16 @@ def attack_rows(store: RunStore, field: str) -> list[dict]:
     c, tb = store.config, stage_testbed(store)
     rows = attack_training_rows(tb["resurface"], c.pii.target_fields if c.resurface.attack_fields == "all" else [field])
     sp = field_splits(tb, field)
-    assert_disjoint(rows, {r["profile_id"] for k in ("forget", "retain") for r in sp[k]}, what=f"the forget/retain sets of {field!r}")
+    assert_disjoint(
+        rows, {r["profile_id"] for k in ("forget", "retain") for r in sp[k]},
+        what=f"the forget/retain sets of {field!r}"
+    )
     return rows
 
 def attempt_rows(store: RunStore, field: str) -> tuple[list[dict], pd.DataFrame]:
     """(attempt prompts of every forget profile of `field`, per-profile counts: requested, distinct prompts obtained and
-    how many of them are the profile's extraction prompts, which open its attempts when `resurface.extraction_prompts`)."""
+    how many of them are the profile's extraction prompts, which open its attempts when
+    `resurface.extraction_prompts`)."""
     from lume_lab.analysis.resurfacing import attack_set
     from lume_lab.inject.testbed import field_splits
     c = store.config
@@ -57,10 +61,16 @@ def attempt_rows(store: RunStore, field: str) -> tuple[list[dict], pd.DataFrame]
     ids = sorted({r["profile_id"] for r in forget})
     prof = {p["profile_id"]: p for p in load_pii(store)["profiles"]}
     first = forget if c.resurface.extraction_prompts else []
-    rows, n = attack_set([prof[i] for i in ids], field, c.resurface.attempts, c.seed, paraphrases=c.resurface.paraphrases, first=first)
+    rows, n = attack_set([prof[i] for i in ids], field, c.resurface.attempts, c.seed,
+                         paraphrases=c.resurface.paraphrases, first=first)
     known = {q["prompt"] for q in first}
     n_first = [sum(r["prompt"] in known for r in rows if r["profile_id"] == i) for i in ids]
-    return rows, pd.DataFrame({"profile_id": ids, "requested": c.resurface.attempts, "distinct": [n[i] for i in ids], "extraction_prompts": n_first})
+    return rows, pd.DataFrame(
+        {
+            "profile_id": ids, "requested": c.resurface.attempts, "distinct": [n[i] for i in ids],
+            "extraction_prompts": n_first
+        }
+    )
 
 def _loader(store: RunStore, label: str, field: str):
     "(load the model to attack, rewrap(attacked) -> the model to prompt) of `label`."
@@ -73,69 +83,111 @@ def _loader(store: RunStore, label: str, field: str):
             lambda m: spec.load(store.path(unlearn_name(label, field)), lambda: m, tok, store.config.model.dtype))
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #eb095045
-def _resurface_stage(store: RunStore, label: str, field: str, name: str, load, rewrap, deps: list[str]) -> dict[str, pd.DataFrame]:
-    "Attack the model `load()` returns (prompted as `rewrap(model)`), as stage `name`: leaked profiles before and after."
+def _resurface_stage(store: RunStore, label: str, field: str, name: str, load, rewrap,
+                     deps: list[str]) -> dict[str, pd.DataFrame]:
+    """Attack the model `load()` returns (prompted as `rewrap(model)`), as stage `name`:
+    leaked profiles before and after."""
     from lume_lab.analysis.resurfacing import leakage_attempts, leaked_profiles, sampling_config
     from lume_lab.inject.instruct import instruction_tune
+
     c = store.config
     rows, counts = attempt_rows(store, field)
     attack = attack_rows(store, field)
     tok = load_stage_model(store, "instruct_masked")[1]
     r = c.resurface
-    icfg = replace(c.instruct, lr=c.instruct.lr if r.lr is None else r.lr, epochs=c.instruct.epochs if r.epochs is None else r.epochs)
+    icfg = replace(
+        c.instruct, lr=c.instruct.lr if r.lr is None else r.lr,
+        epochs=c.instruct.epochs if r.epochs is None else r.epochs
+    )
+
     def fn(out):
         model = load().eval()
         kw = dict(max_new_tokens=c.testbed.max_new_tokens, sampling=sampling_config(c.resurface), seed=c.seed)
         before = leaked_profiles(rows, leakage_attempts(rewrap(model), tok, rows, **kw))
         attacked, log = instruction_tune(model, tok, attack, icfg, c.seed, progress=False)
         after = leaked_profiles(rows, leakage_attempts(rewrap(attacked).eval(), tok, rows, **kw))
-        before.to_csv(out / "before.csv", index=False); after.to_csv(out / "after.csv", index=False)
-        log.to_csv(out / "attack_log.csv", index=False); counts.to_csv(out / "attempts.csv", index=False)
+        before.to_csv(out / "before.csv", index=False)
+        after.to_csv(out / "after.csv", index=False)
+        log.to_csv(out / "attack_log.csv", index=False)
+        counts.to_csv(out / "attempts.csv", index=False)
+
     # the attack's recipe `icfg` is the `instruct` section with `resurface.lr` / `resurface.epochs` laid over it
     reads = ["resurface", "instruct", "seed", "testbed.max_new_tokens"]
-    d = launched_stage(store, name, fn, reads=reads, deps=["testbed", "pii"] + deps)   # the attack's fine-tune: DDP with --num-processes
+    # the attack's fine-tune: DDP with --num-processes
+    d = launched_stage(store, name, fn, reads=reads, deps=["testbed", "pii"] + deps)
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("before", "after")}
 
+# %% ../../../nbs/pipeline/stages/05_resurface.ipynb #5e827bb0
 def stage_resurface(store: RunStore, label: str, field: str) -> dict[str, pd.DataFrame]:
-    "Leaked profiles of `label` (a method, `none` or `floor`) on `field` before and after the attack: {'before': …, 'after': …}."
+    """Leaked profiles of `label` (a method, `none` or `floor`) on `field` before and after the attack:
+    {'before': …, 'after': …}."""
     if label not in REFERENCE_MODELS: get_spec(label)                    # an unknown method fails before any compute
     if label == "floor": stage_instruct_floor(store)
     elif label not in REFERENCE_MODELS: stage_unlearn(store, label, field)
     load, rewrap = _loader(store, label, field)
-    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(label, ["instruct_masked", unlearn_name(label, field)])
+    src = {"none": ["instruct_masked"], "floor": ["instruct_floor"]}.get(
+        label, ["instruct_masked", unlearn_name(label, field)]
+    )
     return _resurface_stage(store, label, field, f"resurface_{label}_{field}", load, rewrap, src)
 
 def resurface_source(store: RunStore, src) -> dict[str, pd.DataFrame]:
-    "The same attack on one more model, a `stages.unlearn.ModelSource` (e.g. an external checkpoint): stage `src.result_stage('resurface')`."
-    return _resurface_stage(store, src.label, src.field, src.result_stage("resurface"), lambda: src.load()[0], lambda m: m,
-                            ["instruct_masked", src.stage])
+    """The same attack on one more model, a `stages.unlearn.ModelSource` (e.g. an external checkpoint):
+    stage `src.result_stage('resurface')`."""
+    return _resurface_stage(
+        store, src.label, src.field, src.result_stage("resurface"), lambda: src.load()[0], lambda m: m,
+        ["instruct_masked", src.stage]
+    )
 
 def resurface_labels(cfg) -> list[str]:
     "Every model the attack runs on: the references, then the run's methods."
     return [*REFERENCE_MODELS, *run_methods(cfg)]
 
 def resurface_results(store: RunStore, field: str, sources=()) -> pd.DataFrame:
-    "Leakage table (`analysis.resurfacing.leakage_table`) of every label, then of each of `sources` on `field`, before and after the attack."
+    """Leakage table (`analysis.resurfacing.leakage_table`) of every label, then of each of `sources` on `field`, before
+    and after the attack."""
     from lume_lab.analysis.resurfacing import leakage_table
     res = {lab: stage_resurface(store, lab, field) for lab in resurface_labels(store.config)}
     res |= {s.label: resurface_source(store, s) for s in sources if s.field == field}
-    return pd.concat([leakage_table({lab: r[when] for lab, r in res.items()}).rename(columns={"label": "method"}).assign(stage=when, field=field)
-                      for when in ("before", "after")], ignore_index=True)
+    return pd.concat(
+        [
+            leakage_table({lab: r[when] for lab, r in res.items()})
+            .rename(columns={"label": "method"})
+            .assign(stage=when, field=field)
+            for when in ("before", "after")
+        ],
+        ignore_index=True,
+    )
 
 # %% ../../../nbs/pipeline/stages/05_resurface.ipynb #d86effa7
 def attack_summary(store: RunStore, field: str, sources=()) -> pd.DataFrame:
-    "Per attacked label of `field` (then each of `sources`): attack-set size, its answer NLL before the attack, and the attack's validation loss at step 0 and kept."
+    """Per attacked label of `field` (then each of `sources`):
+    attack-set size, its answer NLL before the attack, and the attack's validation loss at step 0 and kept."""
     from lume_lab.models.ops import qa_nll
     rows, tok, out = attack_rows(store, field), load_stage_model(store, "instruct_masked")[1], []
-    attacked = [(lab, lambda lab=lab: stage_resurface(store, lab, field), f"resurface_{lab}_{field}", *_loader(store, lab, field))
-                for lab in resurface_labels(store.config)]          # (label, its attack, its stage, load, rewrap)
-    attacked += [(s.label, lambda s=s: resurface_source(store, s), s.result_stage("resurface"), lambda s=s: s.load()[0], lambda m: m)
-                 for s in sources if s.field == field]
+    attacked = [
+        (
+            lab, lambda lab=lab: stage_resurface(store, lab, field), f"resurface_{lab}_{field}",
+            *_loader(store, lab, field)
+        )
+        for lab in resurface_labels(store.config)
+    ]  # (label, its attack, its stage, load, rewrap)
+    attacked += [
+        (
+            s.label, lambda s=s: resurface_source(store, s), s.result_stage("resurface"), lambda s=s: s.load()[0],
+            lambda m: m
+        )
+        for s in sources
+        if s.field == field
+    ]
     for lab, attack, stage, load, rewrap in attacked:
         attack()                                                             # cached: the attack and its log
         log = pd.read_csv(store.path(stage) / "attack_log.csv")
         kept = log[log.is_best.astype(bool)].iloc[-1]
-        out.append(dict(field=field, method=lab, attack_rows=len(rows), attack_profiles=len({r["profile_id"] for r in rows}),
-                        nll_before=qa_nll(rewrap(load().eval()), tok, rows), val_start=float(log.val_loss.iloc[0]),
-                        val_kept=float(kept.val_loss), kept_step=int(kept.step), steps=int(log.step.iloc[-1])))
+        out.append(
+            dict(
+                field=field, method=lab, attack_rows=len(rows), attack_profiles=len({r["profile_id"] for r in rows}),
+                nll_before=qa_nll(rewrap(load().eval()), tok, rows), val_start=float(log.val_loss.iloc[0]),
+                val_kept=float(kept.val_loss), kept_step=int(kept.step), steps=int(log.step.iloc[-1])
+            )
+        )
     return pd.DataFrame(out)

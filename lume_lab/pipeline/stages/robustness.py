@@ -26,23 +26,26 @@ __all__ = ['SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_s
 SCORED = ("em", "prob", "accuracy")
 
 def robust_labels(cfg) -> list[str]:
-    """The registered models the stress tests run on: `none` (before unlearning), then every run method that changes weights,
-    or those of them `robustness.methods` names (each attacked model costs several evaluations: a large model attacks a few;
-    a named method the run does not unlearn is not attacked)."""
+    """The registered models the stress tests run on:
+    `none` (before unlearning), then every run method that changes weights, or those of them `robustness.methods` names
+    (each attacked model costs several evaluations: a large model attacks a few; a named method the run does not unlearn
+    is not attacked)."""
     chosen = cfg.robustness.methods
     return ["none", *(m for m in run_methods(cfg) if get_spec(m).changes_weights and (chosen is None or m in chosen))]
 
 def none_source(store: RunStore, field: str) -> ModelSource:
     "The testbed model before unlearning as a `ModelSource` labelled `none`."
     load = lambda: load_stage_model(store, "instruct_masked")
-    return ModelSource("none", field, "instruct_masked", load, lambda: _weights(store.path("instruct_masked") / "model", load))
+    return ModelSource("none", field, "instruct_masked", load,
+                       lambda: _weights(store.path("instruct_masked") / "model", load))
 
 def robust_sources(store: RunStore, field: str) -> list[ModelSource]:
     "`none`, each weight-changing method (its unlearning stage run first), then each checkpoint scored on `field`."
     from lume_lab.pipeline.stages.external import external_sources
     methods = robust_labels(store.config)[1:]
     for m in methods: stage_unlearn(store, m, field)
-    return [none_source(store, field), *(method_source(store, m, field) for m in methods), *external_sources(store, [field])]
+    return [none_source(store, field), *(method_source(store, m, field) for m in methods),
+            *external_sources(store, [field])]
 
 def _splits(store: RunStore, field: str) -> dict[str, list[dict]]:
     from lume_lab.inject.testbed import field_splits
@@ -52,7 +55,10 @@ def _splits(store: RunStore, field: str) -> dict[str, list[dict]]:
 def example_scores(model, tok, splits: dict, max_new_tokens: int) -> pd.DataFrame:
     "Per example of `splits`: split, profile, and EM, Prob and extraction (`metrics.evaluate`, greedy generation)."
     from lume_lab.metrics.evaluate import evaluate
-    _, ex = evaluate(model, tok, {k: v for k, v in splits.items() if v}, metrics=list(SCORED), max_new_tokens=max_new_tokens, return_examples=True)
+    _, ex = evaluate(
+        model, tok, {k: v for k, v in splits.items() if v}, metrics=list(SCORED), max_new_tokens=max_new_tokens,
+        return_examples=True
+    )
     return ex[["split", "profile_id", *SCORED]].assign(accuracy=lambda d: d.accuracy.astype(float))
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #371eaca7
@@ -72,10 +78,12 @@ def stage_robust_scores(store: RunStore, src: ModelSource) -> pd.DataFrame:
     return pd.read_csv(d / "examples.csv")
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #b870374b
-def _named(mapping, names) -> dict: return {n: mapping[n].detach() if hasattr(mapping[n], "detach") else mapping[n] for n in names}
+def _named(mapping, names) -> dict:
+    return {n: mapping[n].detach() if hasattr(mapping[n], "detach") else mapping[n] for n in names}
 
 def stage_quantization(store: RunStore, src: ModelSource) -> dict[str, pd.DataFrame]:
-    "Scores of `src` quantized at each bit width, and its update's bucket survival by mask region: {'examples', 'survival'}."
+    """Scores of `src` quantized at each bit width, and its update's bucket survival by mask region:
+    {'examples', 'survival'}."""
     from lume_lab.analysis.quantization import bucket_survival, quantize_model, quantized_names
     from lume_lab.analysis.weightspace import weight_regions
     c, r = store.config, store.config.robustness
@@ -83,19 +91,28 @@ def stage_quantization(store: RunStore, src: ModelSource) -> dict[str, pd.DataFr
     def fn(out):
         model, tok = src.load()
         names = quantized_names(model)
-        b = _named(_weights(store.path("instruct_masked") / "model", lambda: load_stage_model(store, "instruct_masked")), names)
-        a = _named(src.weights(), names)                  # a checkpoint's weights rounded to the testbed's where only the cast differs
+        b = _named(
+            _weights(store.path("instruct_masked") / "model", lambda: load_stage_model(store, "instruct_masked")), names
+        )
+        # a checkpoint's weights rounded to the testbed's where only the cast differs
+        a = _named(src.weights(), names)
         regions = weight_regions(owner, forget_groups(c), {n: b[n].shape for n in names})
         ex, surv = [], []
         for bits in r.quant_bits:
-            ex.append(example_scores(quantize_model(model, bits, r.group_size), tok, sp, c.testbed.max_new_tokens).assign(bits=bits))
+            ex.append(example_scores(quantize_model(model, bits, r.group_size), tok, sp,
+                                     c.testbed.max_new_tokens).assign(bits=bits))
             surv.append(bucket_survival(b, a, bits, r.group_size, regions))
-        pd.concat(ex).to_csv(out / "examples.csv", index=False); pd.concat(surv).to_csv(out / "survival.csv", index=False)
-    d = store.stage(src.result_stage("robust_quant"), fn, reads=_reads("robustness.quant_bits", "robustness.group_size"), deps=_deps(src) + ["masks"])
+        pd.concat(ex).to_csv(out / "examples.csv", index=False)
+        pd.concat(surv).to_csv(out / "survival.csv", index=False)
+    d = store.stage(
+        src.result_stage("robust_quant"), fn, reads=_reads("robustness.quant_bits", "robustness.group_size"),
+        deps=_deps(src) + ["masks"]
+    )
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("examples", "survival")}
 
 def stage_q4_1(store: RunStore, src: ModelSource) -> pd.DataFrame:
-    "Scores of `src` with GGUF's Q4_1 re-applied to its decoder projections, blocks from each of `robustness.q4_1_offsets`."
+    """Scores of `src` with GGUF's Q4_1 re-applied to its decoder projections, blocks from each of
+    `robustness.q4_1_offsets`."""
     from lume_lab.analysis.quantization import q4_1_model
     c, r = store.config, store.config.robustness
     if not r.q4_1_offsets: raise ValueError("robustness.q4_1_offsets is empty: no Q4_1 layout to score")
@@ -109,7 +126,8 @@ def stage_q4_1(store: RunStore, src: ModelSource) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #33bcc031
 def full_finetune(model, tok, rows: list[dict], lr: float, epochs: int, batch_size: int, seed: int):
-    "Every weight trained on the answer NLL of QA `rows` by the shared loop (`unlearn_loop`, as PISTOL's fine-tune); returns (model, log)."
+    """Every weight trained on the answer NLL of QA `rows` by the shared loop (`unlearn_loop`, as PISTOL's fine-tune);
+    returns (model, log)."""
     from lume_lab.pipeline.stages.pistol import descent_step
     from lume_lab.unlearn.base import BASE_HPARAMS, unlearn_loop
     hp = {**BASE_HPARAMS, "lr": lr, "batch_size": batch_size, "epochs": epochs}
@@ -125,19 +143,24 @@ def relearn(model, tok, rows: list[dict], cfg):
     return full_finetune(model, tok, rows, icfg.lr, icfg.epochs, icfg.batch_size, cfg.seed)
 
 def stage_relearning(store: RunStore, src: ModelSource, attack: str) -> pd.DataFrame:
-    "Per-example scores, on the profiles `attack` scores, of `src` after the attack (stage `src.result_stage('robust_relearn_<attack>')`)."
+    """Per-example scores, on the profiles `attack` scores, of `src` after the attack (stage
+    `src.result_stage('robust_relearn_<attack>')`)."""
     from lume_lab.analysis.relearning import relearning_data
     c, field = store.config, src.field
     sp = _splits(store, field)
-    rows, scored = relearning_data(attack, sp["forget"], sp["retain"], load_pii(store)["qa_train"], field, c.seed)   # refuses before compute
+    # refuses before compute
+    rows, scored = relearning_data(attack, sp["forget"], sp["retain"], load_pii(store)["qa_train"], field, c.seed)
     def fn(out):
         model, tok = src.load()
         attacked, log = relearn(model, tok, rows, c)
         target = {"forget": [e for e in sp["forget"] if e["profile_id"] in set(scored)]}
         example_scores(attacked, tok, target, c.testbed.max_new_tokens).to_csv(out / "examples.csv", index=False)
         log.to_csv(out / "log.csv", index=False)
-        (out / "data.json").write_text(json.dumps({"rows": len(rows), "profiles": len({e["profile_id"] for e in rows}), "scored": list(scored)}))
-    reads = _reads("robustness.relearn_mode", "robustness.relearn_lr", "robustness.relearn_epochs", "instruct")   # `relearn`'s recipe
+        (out / "data.json").write_text(
+            json.dumps({"rows": len(rows), "profiles": len({e["profile_id"] for e in rows}), "scored": list(scored)})
+        )
+    # `relearn`'s recipe
+    reads = _reads("robustness.relearn_mode", "robustness.relearn_lr", "robustness.relearn_epochs", "instruct")
     d = store.stage(src.result_stage(f"robust_relearn_{attack}"), fn, reads=reads, deps=_deps(src) + ["pii"])
     return pd.read_csv(d / "examples.csv")
 
@@ -147,7 +170,9 @@ def stage_weightspace(store: RunStore, src: ModelSource) -> dict[str, pd.DataFra
     from lume_lab.analysis.weightspace import lmc_curve, weight_distances, weight_regions
     from lume_lab.models.ops import qa_nll
     c = store.config
-    if src.label == "none": raise ValueError("weight-space diagnostics compare an unlearned model with the testbed model: 'none' has nothing to compare")
+    if src.label == "none":
+        raise ValueError("weight-space diagnostics compare an unlearned model with the testbed model: "
+                         "'none' has nothing to compare")
     sp, owner = _splits(store, src.field), stage_masks(store)
     def fn(out):
         base, tok = load_stage_model(store, "instruct_masked")
@@ -157,7 +182,8 @@ def stage_weightspace(store: RunStore, src: ModelSource) -> dict[str, pd.DataFra
         weight_distances(before, after, regions).to_csv(out / "distances.csv", index=False)
         losses = {k: (lambda m, k=k: qa_nll(m, tok, sp[k])) for k in ("forget", "retain") if sp[k]}
         lmc_curve(base, before, after, losses, c.robustness.lmc_alphas).to_csv(out / "lmc.csv", index=False)
-    d = store.stage(src.result_stage("robust_weights"), fn, reads=_reads("robustness.lmc_alphas"), deps=_deps(src) + ["masks"])
+    d = store.stage(src.result_stage("robust_weights"), fn, reads=_reads("robustness.lmc_alphas"),
+                    deps=_deps(src) + ["masks"])
     return {k: pd.read_csv(d / f"{k}.csv") for k in ("distances", "lmc")}
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #580dbf20
@@ -168,8 +194,10 @@ def _recovery_row(method, test, before, unl, after, r, n_boot_seed) -> dict:
     from lume_lab.analysis.relearning import recovery_ci
     pp = pd.DataFrame({"before": before, "unlearned": unl, "after": after}).dropna()
     ci = recovery_ci(pp, n_boot=r.n_boot, min_drop=r.min_drop, seed=n_boot_seed)
-    return {"method": method, "test": test, "value": ci["recovery"], "lo": ci["lo"], "hi": ci["hi"], "n": ci["n_profiles"],
-            "note": "" if not math.isnan(ci["recovery"]) else f"n/a: unlearning lowered EM by < {r.min_drop:g} points"}
+    return {
+        "method": method, "test": test, "value": ci["recovery"], "lo": ci["lo"], "hi": ci["hi"], "n": ci["n_profiles"],
+        "note": "" if not math.isnan(ci["recovery"]) else f"n/a: unlearning lowered EM by < {r.min_drop:g} points"
+    }
 
 ROBUST_COLUMNS = ["method", "test", "value", "lo", "hi", "n", "note"]
 
@@ -180,56 +208,69 @@ def _em_row(method: str, test: str, scores: pd.DataFrame) -> dict:
             "note": "forget EM (%)" + (" after quantization" if test.startswith(("quant", "q4_1")) else "")}
 
 def reference_rows(store: RunStore, none: ModelSource, ref: pd.DataFrame) -> list[dict]:
-    """`none`, the model before unlearning, quantized as the attack quantizes the others: its forget EM at full precision and
-    at each bit width. What a quantization attack can bring back is bounded by what the quantized original still knows."""
+    """`none`, the model before unlearning, quantized as the attack quantizes the others:
+    its forget EM at full precision and at each bit width. What a quantization attack can bring back is bounded by what
+    the quantized original still knows."""
     r, q = store.config.robustness, stage_quantization(store, none)["examples"]
     q41 = stage_q4_1(store, none) if r.q4_1_offsets else None
-    return [_em_row("none", "forget_em", ref), *(_em_row("none", f"quant{b}_forget_em", q[q.bits == b]) for b in r.quant_bits),
-            *(_em_row("none", f"q4_1_off{o}_forget_em", q41[q41.offset == o]) for o in r.q4_1_offsets)]
+    return [
+        _em_row("none", "forget_em", ref),
+        *(_em_row("none", f"quant{b}_forget_em", q[q.bits == b]) for b in r.quant_bits),
+        *(_em_row("none", f"q4_1_off{o}_forget_em", q41[q41.offset == o]) for o in r.q4_1_offsets),
+    ]
 
+# %% ../../../nbs/pipeline/stages/10_robustness.ipynb #62af03b7
 def robustness_rows(store: RunStore, src: ModelSource, ref: pd.DataFrame) -> list[dict]:
-    "Every stress test of one unlearned model `src`, against `ref` (the per-example scores of `none`): rows of `ROBUST_COLUMNS`."
+    """Every stress test of one unlearned model `src`, against `ref` (the per-example scores of `none`):
+    rows of `ROBUST_COLUMNS`."""
     from lume_lab.analysis.relearning import MIN_RELEARN_PROFILES
     from lume_lab.analysis.weightspace import lmc_barrier
     c, r, rows, field = store.config, store.config.robustness, [], src.field
     n_forget = ref[ref.split == "forget"].profile_id.nunique()
     m = src.label
-    unl = stage_robust_scores(store, src)
-    q = stage_quantization(store, src)
+    unl = stage_robust_scores(store, src); q = stage_quantization(store, src)
     rows.append(_em_row(m, "forget_em", unl))
     for bits in r.quant_bits:
         qe = q["examples"][q["examples"].bits == bits]
-        rows.append(_recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed))
+        rows.append(_recovery_row(m, f"quant{bits}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r,
+                                  c.seed))
         rows.append(_em_row(m, f"quant{bits}_forget_em", qe))
         s = q["survival"][q["survival"].bits == bits].set_index("region")
         for region in ("forget", "other_masks"):
-            rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"], "lo": None, "hi": None,
-                         "n": int(s.loc[region, "changed"]), "note": "share of changed weights that leave their bucket"})
+            rows.append({"method": m, "test": f"quant{bits}_survival_{region}", "value": s.loc[region, "share"],
+                         "lo": None, "hi": None, "n": int(s.loc[region, "changed"]),
+                         "note": "share of changed weights that leave their bucket"})
     if r.q4_1_offsets:
         q41 = stage_q4_1(store, src)
         for o in r.q4_1_offsets:
             qe = q41[q41.offset == o]
-            rows.append(_recovery_row(m, f"q4_1_off{o}_recovery", _per_profile(ref), _per_profile(unl), _per_profile(qe), r, c.seed))
+            rows.append(_recovery_row(m, f"q4_1_off{o}_recovery", _per_profile(ref), _per_profile(unl),
+                                      _per_profile(qe), r, c.seed))
             rows.append(_em_row(m, f"q4_1_off{o}_forget_em", qe))
     for attack in r.attacks:
         if attack == "forget_half" and n_forget < MIN_RELEARN_PROFILES:
-            warnings.warn(f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half needs; skipped")
-            rows.append({"method": m, "test": f"relearn_{attack}_recovery", "value": None, "lo": None, "hi": None, "n": n_forget,
-                         "note": f"skipped: {n_forget} forget profiles < {MIN_RELEARN_PROFILES}"})
+            warnings.warn(f"{field}: {n_forget} forget profile(s), fewer than the {MIN_RELEARN_PROFILES} forget_half "
+                          "needs; skipped")
+            rows.append({"method": m, "test": f"relearn_{attack}_recovery", "value": None, "lo": None, "hi": None,
+                         "n": n_forget, "note": f"skipped: {n_forget} forget profiles < {MIN_RELEARN_PROFILES}"})
             continue
         after = stage_relearning(store, src, attack)
         ids = list(after.profile_id.unique())
-        rows.append(_recovery_row(m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids), _per_profile(unl).reindex(ids),
-                                  _per_profile(after), r, c.seed))
+        rows.append(_recovery_row(m, f"relearn_{attack}_recovery", _per_profile(ref).reindex(ids),
+                                  _per_profile(unl).reindex(ids), _per_profile(after), r, c.seed))
     w = stage_weightspace(store, src)
     d = w["distances"].set_index("region")
-    rows.append({"method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None, "n": int(d.loc["forget", "weights"]), "note": ""})
+    rows.append({"method": m, "test": "l2_forget", "value": d.loc["forget", "l2"], "lo": None, "hi": None,
+                 "n": int(d.loc["forget", "weights"]), "note": ""})
     out = d.loc[["unowned", "unmasked"]]
-    rows.append({"method": m, "test": "l2_outside", "value": float((out.l2 ** 2).sum() ** 0.5), "lo": None, "hi": None, "n": int(out.weights.sum()), "note": ""})
+    rows.append({"method": m, "test": "l2_outside", "value": float((out.l2**2).sum() ** 0.5), "lo": None, "hi": None,
+                 "n": int(out.weights.sum()), "note": ""})
     for k, v in lmc_barrier(w["lmc"]).items():
-        rows.append({"method": m, "test": f"lmc_barrier_{k}", "value": v, "lo": None, "hi": None, "n": len(w["lmc"].alpha.unique()), "note": "answer NLL"})
+        rows.append({"method": m, "test": f"lmc_barrier_{k}", "value": v, "lo": None, "hi": None,
+                     "n": len(w["lmc"].alpha.unique()), "note": "answer NLL"})
     return rows
 
+# %% ../../../nbs/pipeline/stages/10_robustness.ipynb #e268573c
 def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
     "Every stress test of `field`, one row per (method, test): value, interval, n and a note."
     none, *sources = robust_sources(store, field)

@@ -32,20 +32,27 @@ def stage_masks(store: RunStore):
         model, _ = load_base(store, device="cpu")
         make = random_element_masks if c.inject.mask_kind == "element" else random_structural_masks
         owner = make(model, c.pii.n_groups, c.inject.mask_fraction, seed=c.seed)
-        save_masks(owner, out / "masks.safetensors", n_groups=c.pii.n_groups, fraction=c.inject.mask_fraction, kind=c.inject.mask_kind, seed=c.seed)
+        save_masks(
+            owner, out / "masks.safetensors", n_groups=c.pii.n_groups, fraction=c.inject.mask_fraction,
+            kind=c.inject.mask_kind, seed=c.seed
+        )
     reads = ["pii.n_groups", "inject.mask_fraction", "inject.mask_kind", "seed"]
     return load_masks(store.stage("masks", fn, reads=reads, deps=["base"]) / "masks.safetensors")[0]
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #36b0ffbe
-MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")   # inject fields the unmasked control never reads
-CONTROL_ONLY_FIELDS = ("control_steps",)                                          # and the one the masked model never reads
-INJECT_CHECKPOINT_SECONDS = 600   # an injection in one process checkpoints every 10 minutes; an interrupted e02 resumes from the last
+# inject fields the unmasked control never reads
+MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")
+# and the one the masked model never reads
+CONTROL_ONLY_FIELDS = ("control_steps",)
+# an injection in one process checkpoints every 10 minutes; an interrupted e02 resumes from the last
+INJECT_CHECKPOINT_SECONDS = 600
 
 def inject_reads(c: RunConfig, masked: bool) -> list[str]:
     """The config fields an injection stage reads. The unmasked control owns no mask, so it reads none of the mask
     fields: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
     return section_fields(c, "inject", drop=CONTROL_ONLY_FIELDS if masked else MASK_ONLY_FIELDS) + ["seed"]
 
+# %% ../../../nbs/pipeline/stages/01_testbed.ipynb #ba0fd425
 def stage_inject(store: RunStore, masked: bool = True) -> Path:
     "Masked continual pretraining (Algorithm 1) or, with `masked=False`, the unmasked control on the same data."
     from lume_lab.inject.mixture import injection_examples
@@ -56,18 +63,46 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
         model, tok = load_base(store)
         ex = injection_examples(load_world(store.path("world")), load_pii(store), tok, c.inject, c.seed)
         steps = c.inject.steps if masked or c.inject.control_steps is None else c.inject.control_steps
-        # the partial stage dir survives an interruption, so a rerun finds these (DDP/FSDP2 jobs restart the stage instead)
-        ck = {"work_dir": out / "checkpoints", "checkpoint_seconds": INJECT_CHECKPOINT_SECONDS} if process_rank()[1] == 1 else {}
-        log = train_masked(model, ex, owner, steps, c.inject.batch_size, c.inject.lr, c.inject.weight_decay,
-                           seed=c.seed, masked=masked, pad_id=pad_id(tok), n_groups=c.pii.n_groups, autocast=c.inject.autocast,
-                           micro_batch_size=c.inject.micro_batch_size, warmup_steps=c.inject.warmup_steps,
-                           min_lr_ratio=c.inject.min_lr_ratio, masked_lr=c.inject.masked_lr, fsdp2=fsdp2_requested(),
-                           neutral_scope=c.inject.neutral_scope,
-                           **ck, **({"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped} if masked and c.inject.segmented else {}))
-        save_model(model, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
+        # the partial stage dir survives an interruption, so a rerun finds these
+        # (DDP/FSDP2 jobs restart the stage instead)
+        ck = (
+            {"work_dir": out / "checkpoints", "checkpoint_seconds": INJECT_CHECKPOINT_SECONDS}
+            if process_rank()[1] == 1
+            else {}
+        )
+        log = train_masked(
+            model,
+            ex,
+            owner,
+            steps,
+            c.inject.batch_size,
+            c.inject.lr,
+            c.inject.weight_decay,
+            seed=c.seed,
+            masked=masked,
+            pad_id=pad_id(tok),
+            n_groups=c.pii.n_groups,
+            autocast=c.inject.autocast,
+            micro_batch_size=c.inject.micro_batch_size,
+            warmup_steps=c.inject.warmup_steps,
+            min_lr_ratio=c.inject.min_lr_ratio,
+            masked_lr=c.inject.masked_lr,
+            fsdp2=fsdp2_requested(),
+            neutral_scope=c.inject.neutral_scope,
+            **ck,
+            **(
+                {"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped}
+                if masked and c.inject.segmented
+                else {}
+            ),
+        )
+        save_model(model, tok, out / "model")
+        log.to_csv(out / "log.csv", index=False)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return launched_stage(store, name, fn, reads=inject_reads(c, masked), deps=["world", "pii", "base"] + (["masks"] if masked else []))
+    return launched_stage(store, name, fn, reads=inject_reads(c, masked),
+                          deps=["world", "pii", "base"] + (["masks"] if masked else []))
 
+# %% ../../../nbs/pipeline/stages/01_testbed.ipynb #1e78e57b
 def stage_instruct(store: RunStore, masked: bool = True) -> Path:
     "LoRA instruction tuning on the last two layers (best validation checkpoint, merged)."
     from lume_lab.inject.instruct import instruction_tune
@@ -76,7 +111,8 @@ def stage_instruct(store: RunStore, masked: bool = True) -> Path:
         model, tok = load_stage_model(store, src)
         merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
-    return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, reads=["instruct", "seed"], deps=["pii", src])
+    return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, reads=["instruct", "seed"],
+                          deps=["pii", src])
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #6cec6204
 def stage_testbed(store: RunStore):
@@ -86,8 +122,12 @@ def stage_testbed(store: RunStore):
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
         build_testbed(model, tok, load_pii(store), c.testbed, c.seed, out, target_fields=c.pii.target_fields)
-    return load_testbed(store.stage("testbed", fn, reads=["testbed", "seed"], inputs={"min_split_profiles": MIN_SPLIT_PROFILES},
-                                    deps=["pii", "instruct_masked"]))
+    return load_testbed(
+        store.stage(
+            "testbed", fn, reads=["testbed", "seed"], inputs={"min_split_profiles": MIN_SPLIT_PROFILES},
+            deps=["pii", "instruct_masked"]
+        )
+    )
 
 def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.DataFrame:
     "Extraction rates per field of the model of `stage` on every injected profile (Fig. 3b), cached."
@@ -99,14 +139,18 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
         mem = memorized_profiles(extraction_table(model, tok, rows, c.testbed.max_new_tokens), c.testbed.min_share)
         extraction_rates(mem, ["field", "group", "role", "side"]).to_csv(out / "extraction_rates.csv", index=False)
         mem.to_csv(out / "memorized.csv", index=False)
-    d = store.stage(f"extraction_{stage}", fn, reads=["testbed.max_new_tokens", "testbed.min_share"], deps=["pii", stage])
+    d = store.stage(f"extraction_{stage}", fn, reads=["testbed.max_new_tokens", "testbed.min_share"],
+                    deps=["pii", stage])
     return pd.read_csv(d / "memorized.csv")
 
+# %% ../../../nbs/pipeline/stages/01_testbed.ipynb #90c1929c
 def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh: int = 2) -> pd.DataFrame:
-    """Facts or strings (`inject.testbed.reachability`): accuracy of the model of `stage` on its memorized (profile, field)
-    pairs through the trained questions, `n_fresh` fresh ones in the training templates and the paraphrases; cached."""
+    """Facts or strings (`inject.testbed.reachability`):
+    accuracy of the model of `stage` on its memorized (profile, field) pairs through the trained questions, `n_fresh`
+    fresh ones in the training templates and the paraphrases; cached."""
     from lume_lab.inject.testbed import extraction_table, reachability, reachability_rows
-    if isinstance(n_fresh, bool) or not isinstance(n_fresh, int) or n_fresh < 1: raise ValueError(f"n_fresh must be a positive int, got {n_fresh!r}")
+    if isinstance(n_fresh, bool) or not isinstance(n_fresh, int) or n_fresh < 1:
+        raise ValueError(f"n_fresh must be a positive int, got {n_fresh!r}")
     c = store.config
     if stage == "instruct_masked": stage_testbed(store); mem = pd.read_csv(store.path("testbed") / "memorized.csv")
     else: mem = stage_extraction(store, stage)
@@ -117,12 +161,14 @@ def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh:
         ext.to_csv(out / "answers.csv", index=False)
         reachability(ext).to_csv(out / "reachability.csv", index=False)
     deps = ["pii", stage, "testbed" if stage == "instruct_masked" else f"extraction_{stage}"]
-    d = store.stage(f"reachability_{stage}", fn, reads=["testbed.max_new_tokens", "seed"], inputs={"n_fresh": n_fresh}, deps=deps)
+    d = store.stage(f"reachability_{stage}", fn, reads=["testbed.max_new_tokens", "seed"], inputs={"n_fresh": n_fresh},
+                    deps=deps)
     return pd.read_csv(d / "reachability.csv")
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #c8bfc979
 def prepare_testbed(store: RunStore):
-    "world → tokenizer → base → pii → masks → masked/unmasked injection → instruction tuning → testbed; returns the testbed."
+    """world → tokenizer → base → pii → masks → masked/unmasked injection → instruction tuning → testbed;
+    returns the testbed."""
     prepare_base(store); stage_pii(store)
     for masked in (True, False): stage_inject(store, masked); stage_instruct(store, masked)
     return stage_testbed(store)

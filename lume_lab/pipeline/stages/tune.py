@@ -28,7 +28,8 @@ __all__ = ['TUNE_UTILITY_TEXTS', 'tuning_score', 'grid_points', 'matched_steps',
 def tuning_score(forget_before: float, forget_after: float, retain_before: float, retain_after: float) -> dict:
     "Forgetting, retention and their harmonic mean (`score`), each in [0, 1], from EM before/after unlearning."
     for k, v in dict(forget_before=forget_before, retain_before=retain_before).items():
-        if not v > 0: raise ValueError(f"{k} must be > 0 (the validation split must be memorized before unlearning), got {v!r}")
+        if not v > 0:
+            raise ValueError(f"{k} must be > 0 (the validation split must be memorized before unlearning), got {v!r}")
     clip = lambda x: min(1.0, max(0.0, x))
     f, r = clip(1 - forget_after / forget_before), clip(retain_after / retain_before)
     return {"forgetting": f, "retention": r, "score": 0.0 if f + r == 0 else 2 * f * r / (f + r)}
@@ -36,9 +37,11 @@ def tuning_score(forget_before: float, forget_after: float, retain_before: float
 # %% ../../../nbs/pipeline/stages/03_tune.ipynb #27dd8425
 def grid_points(grid: dict) -> list[dict]:
     "Every combination of `grid` (`{hyperparameter: [values]}`), first key slowest."
-    if not isinstance(grid, dict) or not grid: raise ValueError(f"grid must be a non-empty dict of hyperparameter → list of values, got {grid!r}")
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError(f"grid must be a non-empty dict of hyperparameter → list of values, got {grid!r}")
     for k, v in grid.items():
-        if not isinstance(v, (list, tuple)) or not v: raise ValueError(f"grid[{k!r}] must be a non-empty list of values, got {v!r}")
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError(f"grid[{k!r}] must be a non-empty list of values, got {v!r}")
     keys = list(grid)
     return [dict(zip(keys, vals)) for vals in itertools.product(*(grid[k] for k in keys))]
 
@@ -49,16 +52,25 @@ def _em(model, tokenizer, rows, batch_size: int = 16) -> float:
 
 def _score(before: dict, after: dict) -> dict:
     "`tuning_score`, or NaNs where a validation split was not memorized before unlearning."
-    if before["forget"] > 0 and before["retain"] > 0: return tuning_score(before["forget"], after["forget"], before["retain"], after["retain"])
+    if before["forget"] > 0 and before["retain"] > 0:
+        return tuning_score(before["forget"], after["forget"], before["retain"], after["retain"])
     return {"forgetting": math.nan, "retention": math.nan, "score": math.nan}
 
 def matched_steps(hp: dict, reference_rows: int | None) -> int | None:
-    "`epochs × ⌈reference_rows / batch_size⌉` for resolved hyperparameters `hp` that count epochs; None when `hp` sets `max_steps`, has no epochs, or no reference is given."
-    if reference_rows is not None and (isinstance(reference_rows, bool) or not isinstance(reference_rows, int) or reference_rows < 1):
-        raise ValueError(f"reference_rows must be a positive int (rows of the split the epochs are counted on), got {reference_rows!r}")
-    if reference_rows is None or hp.get("max_steps") is not None or "epochs" not in hp or "batch_size" not in hp: return None
+    """`epochs × ⌈reference_rows / batch_size⌉` for resolved hyperparameters `hp` that count epochs;
+    None when `hp` sets `max_steps`, has no epochs, or no reference is given."""
+    if reference_rows is not None and (
+        isinstance(reference_rows, bool) or not isinstance(reference_rows, int) or reference_rows < 1
+    ):
+        raise ValueError(
+            "reference_rows must be a positive int (rows of the split the epochs are counted on), got "
+            f"{reference_rows!r}"
+        )
+    if reference_rows is None or hp.get("max_steps") is not None or "epochs" not in hp or "batch_size" not in hp:
+        return None
     return int(hp["epochs"]) * math.ceil(reference_rows / int(hp["batch_size"]))
 
+# %% ../../../nbs/pipeline/stages/03_tune.ipynb #9f4d7b0a
 def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict], retain: list[dict], grid: dict,
                 base: dict | None = None, seed: int = 0, method_kwargs: dict | None = None, batch_size: int = 16,
                 progress: bool = True, em_fn: Callable | None = None, require_memorized: bool = True,
@@ -66,41 +78,50 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
                 reference_rows: int | None = None) -> pd.DataFrame:
     """One row per grid point: hyperparameters, validation EM before/after, forgetting, retention, score, seconds.
     `utility_fn(model)` → a perplexity (lower is better) measured before and after: columns `ppl_before`, `ppl_after`,
-    `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each point
-    trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows."""
+    `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each
+    point trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
-    if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool) or not isinstance(max_ppl_ratio, (int, float)) or not max_ppl_ratio >= 1):   # `not >=`: NaN fails too
-        raise ValueError(f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} (utility_fn {'given' if utility_fn else 'None'})")
-    steps = [matched_steps(spec.resolve({**(base or {}), **pt}), reference_rows) for pt in points]   # unknown keys and bad values fail here
-    if not forget or not retain: raise ValueError(f"the validation forget ({len(forget)}) and retain ({len(retain)}) splits must both be non-empty")
+    if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool)
+                                      or not isinstance(max_ppl_ratio, (int, float))
+                                      or not max_ppl_ratio >= 1):   # `not >=`: NaN fails too
+        raise ValueError(f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} "
+                         f"(utility_fn {'given' if utility_fn else 'None'})")
+    # unknown keys and bad values fail here
+    steps = [matched_steps(spec.resolve({**(base or {}), **pt}), reference_rows) for pt in points]
+    if not forget or not retain: raise ValueError(f"the validation forget ({len(forget)}) and retain ({len(retain)}) "
+                                                  "splits must both be non-empty")
     em = em_fn or (lambda m, rows: _em(m, tokenizer, rows, batch_size))
     model = make_model()
     before = {"forget": em(model, forget), "retain": em(model, retain)}
-    if require_memorized: tuning_score(before["forget"], 0.0, before["retain"], 0.0)  # fails now if a split is not memorized
+    # fails now if a split is not memorized
+    if require_memorized: tuning_score(before["forget"], 0.0, before["retain"], 0.0)
     elif not (before["forget"] > 0 and before["retain"] > 0):
         warnings.warn(f"tune {method}: the validation split is not memorized (EM before: {before}); scores are NaN")
     ppl_before = None if utility_fn is None else float(utility_fn(model))
     rows = []
     for i, pt in enumerate(progress_bar(points, f"tune {method}", disable=not progress)):
-        model = model if i == 0 else make_model()
-        t0 = time.perf_counter()
+        model = model if i == 0 else make_model(); t0 = time.perf_counter()
         hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
         unl, log = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
         after = {"forget": em(unl, forget), "retain": em(unl, retain)}
         util = {}
         if utility_fn is not None:
-            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf   # a diverged model: never eligible
+            # a diverged model: never eligible
+            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
             util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
                     "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
-        rows.append({"method": method, "point": i, **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
-                     **({} if reference_rows is None else {"steps": hp.get("max_steps")}),   # matched, or the point's own
+        rows.append({"method": method, "point": i,
+                     **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
+                     # steps: matched, or the point's own
+                     **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
                      "em_forget_before": before["forget"], "em_forget_after": after["forget"],
                      "em_retain_before": before["retain"], "em_retain_after": after["retain"], **_score(before, after),
                      **util, "seconds": time.perf_counter() - t0})
         del unl
     return pd.DataFrame(rows)
 
+# %% ../../../nbs/pipeline/stages/03_tune.ipynb #354a1f18
 def select_best(results: pd.DataFrame, grid: dict) -> dict:
     """The hyperparameters of the highest-scoring *eligible* row of `grid_search` output (first one on ties); when no
     scored row is eligible (every point broke the utility guard), the one with the smallest `ppl_ratio`; when no row is
@@ -110,9 +131,12 @@ def select_best(results: pd.DataFrame, grid: dict) -> dict:
     ok = results["eligible"].astype(bool) if "eligible" in results else pd.Series(True, index=results.index)
     if (scores.notna() & ok).any(): best = int(scores.where(ok).idxmax())
     elif scores.notna().any() and "ppl_ratio" in results:
-        best = int(results.loc[scores.notna(), "ppl_ratio"].astype(float).fillna(math.inf).idxmin())   # NaN: a diverged model
-        warnings.warn(f"no grid point kept perplexity within the guard (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); "
-                      "taking the least damaging point")
+        # NaN: a diverged model
+        best = int(results.loc[scores.notna(), "ppl_ratio"].astype(float).fillna(math.inf).idxmin())
+        warnings.warn(
+            f"no grid point kept perplexity within the guard (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); "
+            "taking the least damaging point"
+        )
     else: best = results.index[0]
     return grid_points(grid)[int(results.loc[best, "point"])]
 
@@ -120,7 +144,8 @@ def select_best(results: pd.DataFrame, grid: dict) -> dict:
 TUNE_UTILITY_TEXTS = 200   # neutral corpus texts whose perplexity guards a grid point
 
 def tune_utility_texts(store: RunStore, n: int = TUNE_UTILITY_TEXTS) -> list[str]:
-    "A seeded sample of `n` texts of the run's neutral corpus (pretraining text, not the held-out utility set the evaluation reports)."
+    """A seeded sample of `n` texts of the run's neutral corpus (pretraining text, not the held-out utility set the
+    evaluation reports)."""
     stage_world(store)
     texts = corpus_texts(load_world(store.path("world")))
     return random.Random(f"tune-utility:{store.config.seed}").sample(texts, min(n, len(texts)))
@@ -140,13 +165,18 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
     def fn(out):
         tok = load_stage_model(store, "instruct_masked")[1]
         texts = tune_utility_texts(store)
-        res = grid_search(method, lambda: load_stage_model(store, "instruct_masked")[0], tok, tb["validation_forget"].to_list(),
-                          tb["validation_retain"].to_list(), grid, base=fixed, seed=c.seed, method_kwargs=method_inputs(store, method),
-                          require_memorized=c.testbed.require_memorized, utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"],
-                          max_ppl_ratio=ratio, reference_rows=ref)
+        res = grid_search(
+            method, lambda: load_stage_model(store, "instruct_masked")[0], tok, tb["validation_forget"].to_list(),
+            tb["validation_retain"].to_list(), grid, base=fixed, seed=c.seed,
+            method_kwargs=method_inputs(store, method), require_memorized=c.testbed.require_memorized,
+            utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"], max_ppl_ratio=ratio, reference_rows=ref
+        )
         res.to_csv(out / "grid.csv", index=False)
     # the method's row is read but for the grid's keys; `ref` comes from the testbed's and forget_fields' files
-    reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + ["seed", "testbed.require_memorized", "unlearn.tune_max_ppl_ratio"]
-    d = store.stage(f"tune_{method}", fn, reads=reads, inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS},
-                    deps=deps)
+    reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + ["seed", "testbed.require_memorized",
+                                                                "unlearn.tune_max_ppl_ratio"]
+    d = store.stage(
+        f"tune_{method}", fn, reads=reads,
+        inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS}, deps=deps
+    )
     return pd.read_csv(d / "grid.csv")

@@ -28,8 +28,10 @@ __all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'LOCALIZATION_READS', 'input
            'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
-INPUT_PROVIDERS = {   # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
-    "ground_truth_mask": (lambda store: ground_truth_forget_mask(stage_masks(store), forget_groups(store.config)), ("masks",), stage_masks),
+# input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
+INPUT_PROVIDERS = {
+    "ground_truth_mask": (lambda store: ground_truth_forget_mask(stage_masks(store), forget_groups(store.config)),
+                          ("masks",), stage_masks),
     "neutral_texts": (lambda store: corpus_texts(load_world(store.path("world")))[:2000], ("world",), stage_world),
 }
 
@@ -48,15 +50,23 @@ def method_inputs(store: RunStore, method: str) -> dict:
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #d265b0a7
 def runs_control(cfg: RunConfig, method: str) -> bool:
-    "Whether this run also unlearns `method` from the unmasked control: its spec has a control run and `unlearn.controls` is on."
+    """Whether this run also unlearns `method` from the unmasked control:
+    its spec has a control run and `unlearn.controls` is on."""
     return cfg.unlearn.controls and get_spec(method).has_control
 
 def unlearn_jobs(cfg: RunConfig, fields: list[str] | None = None) -> list[tuple[str, str, bool]]:
-    "(method, field, control) of every unlearning run: each method on each of `fields` (default `unlearn.forget_fields`), and its control if it runs one."
+    """(method, field, control) of every unlearning run:
+    each method on each of `fields` (default `unlearn.forget_fields`), and its control if it runs one."""
     fields = cfg.unlearn.forget_fields if fields is None else fields
     unknown = [f for f in fields if f not in cfg.unlearn.forget_fields]
     if unknown: raise ValueError(f"fields {unknown} are not in unlearn.forget_fields {list(cfg.unlearn.forget_fields)}")
-    return [(m, f, ctl) for f in fields for m in run_methods(cfg) for ctl in (False, True) if not ctl or runs_control(cfg, m)]
+    return [
+        (m, f, ctl)
+        for f in fields
+        for m in run_methods(cfg)
+        for ctl in (False, True)
+        if not ctl or runs_control(cfg, m)
+    ]
 
 def unlearn_name(method: str, field: str, control: bool = False) -> str:
     "Stage name of one unlearning run."
@@ -67,7 +77,8 @@ class EmptySplitWarning(StageWarning):
     "A forget field is skipped: its testbed forget or retain set holds no memorized profile."
 
 def usable_forget_fields(testbed, fields: list[str]) -> tuple[list[str], list[dict]]:
-    "(usable, skipped) of `fields` on a testbed DatasetDict: a field is skipped, with an `EmptySplitWarning`, when its forget or retain set is empty."
+    """(usable, skipped) of `fields` on a testbed DatasetDict:
+    a field is skipped, with an `EmptySplitWarning`, when its forget or retain set is empty."""
     from lume_lab.inject.testbed import field_split_names, field_splits, split_size
     usable, skipped = [], []
     for f in fields:
@@ -83,50 +94,73 @@ def usable_forget_fields(testbed, fields: list[str]) -> tuple[list[str], list[di
     return usable, skipped
 
 def stage_forget_fields(store: RunStore) -> list[str]:
-    "The fields of `unlearn.forget_fields` with non-empty forget and retain sets (stage `forget_fields`); fails when there is none."
+    """The fields of `unlearn.forget_fields` with non-empty forget and retain sets (stage `forget_fields`);
+    fails when there is none."""
     c, tb = store.config, stage_testbed(store)
     def fn(out):
         usable, skipped = usable_forget_fields(tb, list(c.unlearn.forget_fields))
         if not usable:
-            raise ValueError(f"no usable forget field: every field of unlearn.forget_fields {list(c.unlearn.forget_fields)} has an empty "
-                             f"forget or retain set ({skipped}); inject longer, choose fields the model memorized "
-                             f"(testbed/extraction_rates.csv), or set testbed.require_memorized=false")
+            raise ValueError(
+                f"no usable forget field: every field of unlearn.forget_fields {list(c.unlearn.forget_fields)} has an "
+                f"empty forget or retain set ({skipped}); inject longer, choose fields the model memorized "
+                f"(testbed/extraction_rates.csv), or set testbed.require_memorized=false"
+            )
         (out / "fields.json").write_text(json.dumps({"usable": usable, "skipped": skipped}, indent=1))
-    return json.loads((store.stage("forget_fields", fn, reads=["unlearn.forget_fields"], deps=["testbed"]) / "fields.json").read_text())["usable"]
+    return json.loads(
+        (
+            store.stage("forget_fields", fn, reads=["unlearn.forget_fields"], deps=["testbed"]) / "fields.json"
+        ).read_text()
+    )["usable"]
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0e5a2af2
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
     "Unlearn the forget set of `field` with `method` from the masked model (or the unmasked control)."
     from lume_lab.inject.testbed import field_split_names, field_splits, warn_small_splits
     c, spec = store.config, get_spec(method)                           # unknown method fails here, before any compute
-    if control and not spec.has_control: raise ValueError(f"{method} has no unmasked-control run (its spec has has_control=False)")
-    if control and not c.unlearn.controls: raise ValueError(f"unlearn.controls is false: this run unlearns no control model ({method}); set it to true for e04's contrast scores")
+    if control and not spec.has_control:
+        raise ValueError(f"{method} has no unmasked-control run (its spec has has_control=False)")
+    if control and not c.unlearn.controls:
+        raise ValueError(
+            f"unlearn.controls is false: this run unlearns no control model ({method}); set it to true for e04's "
+            "contrast scores"
+        )
     src = "instruct_unmasked" if control else "instruct_masked"
     hp = method_hparams(c, method)
     sp = field_splits(stage_testbed(store), field)          # the testbed first: a dep of this stage
     empty = [k for k in ("forget", "retain") if len(sp[k]) == 0]
-    if empty: raise ValueError(f"the testbed's {' and '.join(empty)} set for forget field {field!r} is empty: the masked model memorized "
-                               f"no profile there (see testbed/extraction_rates.csv; stage_forget_fields skips such fields); inject longer or set testbed.require_memorized=false")
+    if empty:
+        raise ValueError(
+            f"the testbed's {' and '.join(empty)} set for forget field {field!r} is empty: the masked model memorized "
+            "no profile there (see testbed/extraction_rates.csv; stage_forget_fields skips such fields); inject "
+            "longer or set testbed.require_memorized=false"
+        )
     deps = ["testbed", src] + ensure_inputs(store, method)
     names = field_split_names(field)
     def fn(out):
-        warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")}, f"unlearning {method}" + (" (control)" if control else ""))
+        warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")},
+                          f"unlearning {method}" + (" (control)" if control else ""))
         model, tok = load_stage_model(store, src)
-        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed, **method_inputs(store, method))
+        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed,
+                            **method_inputs(store, method))
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
     # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`
     return launched_stage(store, unlearn_name(method, field, control), fn, reads=[f"unlearn.hparams.{method}", "seed"],
                           deps=deps)   # multi-process with --num-processes
 
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #e427981c
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
-    "(model, tokenizer) after unlearning, read back by the method's `spec.load` (ULD: the testbed model with its assistant)."
-    return load_method_stage(store, method, unlearn_name(method, field, control), "instruct_unmasked" if control else "instruct_masked")
+    """(model, tokenizer) after unlearning, read back by the method's `spec.load` (ULD: the testbed model with its
+    assistant)."""
+    return load_method_stage(store, method, unlearn_name(method, field, control),
+                             "instruct_unmasked" if control else "instruct_masked")
 
 def load_method_stage(store: RunStore, method: str, stage: str, src: str = "instruct_masked"):
-    "(model, tokenizer) that `method`'s spec saved in `stage`, run from the model of stage `src` (e11's dose points use it too)."
+    """(model, tokenizer) that `method`'s spec saved in `stage`, run from the model of stage `src` (e11's dose points
+    use it too)."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(store.path(src) / "model"))
-    load_src = lambda: load_stage_model(store, src)[0]      # loaded only by a spec whose result wraps the model it ran on
+    # loaded only by a spec whose result wraps the model it ran on
+    load_src = lambda: load_stage_model(store, src)[0]
     return get_spec(method).load(store.path(stage), load_src, tok, store.config.model.dtype).eval(), tok
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #44b011ae
@@ -142,32 +176,42 @@ def _weights(model_dir: Path, load: Callable) -> Mapping:
 
 @dataclass(frozen=True)
 class ModelSource:
-    "One unlearned model as the stages after unlearning see it: a registered method's run, or a checkpoint made elsewhere."
+    """One unlearned model as the stages after unlearning see it:
+    a registered method's run, or a checkpoint made elsewhere."""
     label: str                                  # its name in every table: the method, or `external:<name>`
     field: str                                  # the forget field it unlearned
-    stage: str                                  # the stage holding it: its hash enters the hash of every stage reading it
+    # the stage holding it: its hash enters the hash of every stage reading it
+    stage: str
     load: Callable                              # () -> (model, tokenizer), eval mode
     weights: Callable                           # () -> name -> tensor, read lazily (localization)
-    control_weights: Callable | None = None     # the same unlearning from the unmasked control (contrast scores), if any
+    # the same unlearning from the unmasked control (contrast scores), if any
+    control_weights: Callable | None = None
     control_stage: str | None = None            # the stage holding that control run, when it is not `stage` itself
     prefix: str = ""                            # '': results in `<kind>_<label>_<field>`; else `<prefix><kind>_<field>`
-    summary_columns: Callable | None = None     # () -> {column: value} its localization summary adds (a checkpoint's precision)
+    # () -> {column: value} its localization summary adds (a checkpoint's precision)
+    summary_columns: Callable | None = None
 
     def result_stage(self, kind: str) -> str:
         "The stage holding this model's `kind` results (evaluate, localization, remind, resurface)."
         return f"{self.prefix}{kind}_{self.field}" if self.prefix else f"{kind}_{self.label}_{self.field}"
 
 def method_source(store: RunStore, method: str, field: str) -> ModelSource:
-    "The model `method` unlearned on `field` (stage `unlearn_<method>_<field>`), with its control run when the run has one (`runs_control`)."
+    """The model `method` unlearned on `field` (stage `unlearn_<method>_<field>`), with its control run when the run has
+    one (`runs_control`)."""
     s, ctl_on = get_spec(method), runs_control(store.config, method)   # an unknown method fails here
     W = lambda stage, load: _weights(store.path(stage) / "model", load)
     testbed = lambda st: W(st, lambda: load_stage_model(store, st))
-    unl = (lambda: W(unlearn_name(method, field), lambda: load_unlearned(store, method, field))) if s.changes_weights else \
-          (lambda: testbed("instruct_masked"))          # ULD: the testbed's own weights (localization: not applicable)
+    unl = (
+        (lambda: W(unlearn_name(method, field), lambda: load_unlearned(store, method, field)))
+        if s.changes_weights
+        else (lambda: testbed("instruct_masked"))
+    )  # ULD: the testbed's own weights (localization: not applicable)
     ctl = ((lambda: W(unlearn_name(method, field, True), lambda: load_unlearned(store, method, field, control=True)))
            if s.changes_weights else (lambda: testbed("instruct_unmasked"))) if ctl_on else None
-    return ModelSource(method, field, unlearn_name(method, field), lambda: load_unlearned(store, method, field), unl, ctl,
-                       unlearn_name(method, field, True) if ctl_on else None)
+    return ModelSource(
+        method, field, unlearn_name(method, field), lambda: load_unlearned(store, method, field), unl, ctl,
+        unlearn_name(method, field, True) if ctl_on else None
+    )
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #dc0b069e
 def reference_utility(store: RunStore) -> dict:
@@ -175,29 +219,45 @@ def reference_utility(store: RunStore) -> dict:
     from lume_lab.metrics.utility import utility_scores
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
-        (out / "utility.json").write_text(json.dumps(utility_scores(model, tok, load_world(store.path("world")), max_heldout=store.config.world.utility_texts)))
+        (out / "utility.json").write_text(
+            json.dumps(
+                utility_scores(model, tok, load_world(store.path("world")),
+                               max_heldout=store.config.world.utility_texts)
+            )
+        )
     d = store.stage("utility_reference", fn, reads=["world.utility_texts"], deps=["world", "instruct_masked"])
     return json.loads((d / "utility.json").read_text())
 
-def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str], name: str | None = None) -> pd.DataFrame:
-    "Table 2 rows of the model `load()` returns on `field`, cached as stage `name` (default `evaluate_<label>_<field>`)."
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #9a623212
+def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[str],
+                    name: str | None = None) -> pd.DataFrame:
+    """Table 2 rows of the model `load()` returns on `field`, cached as stage `name` (default
+    `evaluate_<label>_<field>`)."""
     from lume_lab.metrics.evaluate import COLUMNS, evaluate
     from lume_lab.inject.testbed import field_split_names, field_splits, warn_small_splits
+
     c, names = store.config, field_split_names(field)
     sp = {k: list(v) for k, v in field_splits(stage_testbed(store), field).items() if len(v)}
     reference_utility(store)
+
     def fn(out):
         warn_small_splits({names[k]: v for k, v in sp.items()}, f"evaluation of {label}")
         model, tok = load()
-        df = evaluate(model, tok, sp, world=load_world(store.path("world")), reference_utility=reference_utility(store),
-                      max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts)
+        df = evaluate(
+            model, tok, sp, world=load_world(store.path("world")), reference_utility=reference_utility(store),
+            max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts
+        )
         df.assign(method=label, field=field).to_csv(out / "metrics.csv", index=False)
-    d = store.stage(name or f"evaluate_{label}_{field}", fn, reads=["testbed.max_new_tokens", "world.utility_texts"],
-                    inputs={"columns": COLUMNS}, deps=["testbed", "world", "instruct_masked"] + deps)
+
+    d = store.stage(
+        name or f"evaluate_{label}_{field}", fn, reads=["testbed.max_new_tokens", "world.utility_texts"],
+        inputs={"columns": COLUMNS}, deps=["testbed", "world", "instruct_masked"] + deps
+    )
     return pd.read_csv(d / "metrics.csv", dtype={"n_profiles": "Int64", "n_rows": "Int64"})
 
 def evaluate_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
-    "Lacuna Table 2 rows (forget / retain / paraphrases / utility and Δ) of one model source, stage `src.result_stage('evaluate')`."
+    """Lacuna Table 2 rows (forget / retain / paraphrases / utility and Δ) of one model source, stage
+    `src.result_stage('evaluate')`."""
     return _evaluate_stage(store, src.label, src.field, src.load, [src.stage], name=src.result_stage("evaluate"))
 
 def stage_evaluate(store: RunStore, method: str, field: str) -> pd.DataFrame:
@@ -212,7 +272,8 @@ def stage_evaluate_before(store: RunStore, field: str) -> pd.DataFrame:
 LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
 
 def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFrame:
-    "Per label set (forget: m^F, unified: m^F ∪ m^R): the forget set's profiles and rows, and the groups and injected profiles behind the mask."
+    """Per label set (forget: m^F, unified: m^F ∪ m^R):
+    the forget set's profiles and rows, and the groups and injected profiles behind the mask."""
     from lume_lab.analysis.localization import default_groups
     from lume_lab.inject.testbed import split_size
     F, R = default_groups(n_groups); n = split_size(forget_split); g = pd.Series(list(profile_groups))
@@ -221,7 +282,8 @@ def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFr
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #6a600d6b
 def localization_frames(store: RunStore, field: str, sources: list[ModelSource]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "(every score's AUC, best AUC per source and label set with the sizes behind it) of `sources` on `field` (`analysis.localization`)."
+    """(every score's AUC, best AUC per source and label set with the sizes behind it) of `sources` on `field`
+    (`analysis.localization`)."""
     from lume_lab.analysis.localization import localization_table, precision_summary
     from lume_lab.inject.testbed import field_split_names, warn_small_splits
     from lume_lab.pipeline.stages.base import load_pii
@@ -229,23 +291,28 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
     forget = stage_testbed(store)[name]
     warn_small_splits({name: forget}, "localization")
     sizes = localization_sizes(forget, load_pii(store)["profiles"]["group"], c.pii.n_groups)
-    W = lambda stage: _weights(store.path(stage) / "model", lambda: load_base(store) if stage == "base" else load_stage_model(store, stage))
+    W = lambda stage: _weights(store.path(stage) / "model",
+                               lambda: load_base(store) if stage == "base" else load_stage_model(store, stage))
     pre, inj, inj_ctrl = W("base"), W("instruct_masked"), W("instruct_unmasked")
     runs = []
     for s in sources:
         run = {"field": field, "method": s.label, "unl": s.weights()}
         if s.control_weights is not None: run["unl_ctrl"] = s.control_weights()
         runs.append(run)
-    table = localization_table(runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl,
-                               no_contrast_methods=[s.label for s in sources if s.control_weights is None],
-                               composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed,
-                               max_weights=c.localization.max_weights)
+    table = localization_table(
+        runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl,
+        no_contrast_methods=[s.label for s in sources if s.control_weights is None],
+        composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed,
+        max_weights=c.localization.max_weights
+    )
     summary = precision_summary(table).merge(sizes, on="labels", how="left")
     at = list(summary.columns).index("auc") + 1                  # the sizes beside the AUC they stand behind
     cols = [k for k in summary.columns if k not in LOCALIZATION_SIZES]
     return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]]
 
-LOCALIZATION_READS = ["localization", "seed"]   # the config fields a localization stage reads (the rest come through its deps)
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #697293b8
+# the config fields a localization stage reads (the rest come through its deps)
+LOCALIZATION_READS = ["localization", "seed"]
 
 def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.DataFrame:
     "Localization precision (App. E scores, composite, exact AUC) of every method on `field`, vs m^F and m^F ∪ m^R."
@@ -253,7 +320,11 @@ def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.Da
     def fn(out):
         table, summary = localization_frames(store, field, sources)
         table.to_csv(out / "aucs.csv", index=False); summary.to_csv(out / "summary.csv", index=False)
-    deps = ["base", "instruct_masked", "instruct_unmasked", "masks"] + [s.stage for s in sources] + [s.control_stage for s in sources if s.control_stage]
+    deps = (
+        ["base", "instruct_masked", "instruct_unmasked", "masks"]
+        + [s.stage for s in sources]
+        + [s.control_stage for s in sources if s.control_stage]
+    )
     return pd.read_csv(store.stage(f"localization_{field}", fn, reads=LOCALIZATION_READS,
                                    inputs={"methods": methods, "sizes": LOCALIZATION_SIZES}, deps=deps) / "summary.csv")
 
@@ -262,7 +333,14 @@ def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
     def fn(out):
         table, summary = localization_frames(store, src.field, [src])
         table.to_csv(out / "aucs.csv", index=False)
-        summary.assign(**(src.summary_columns() if src.summary_columns else {})).to_csv(out / "summary.csv", index=False)
-    deps = ["base", "instruct_masked", "instruct_unmasked", "masks", src.stage] + ([src.control_stage] if src.control_stage else [])
-    return pd.read_csv(store.stage(src.result_stage("localization"), fn, reads=LOCALIZATION_READS, inputs={"sizes": LOCALIZATION_SIZES},
-                                   deps=deps) / "summary.csv")
+        summary.assign(**(src.summary_columns() if src.summary_columns else {})).to_csv(
+            out / "summary.csv", index=False)
+    deps = (["base", "instruct_masked", "instruct_unmasked", "masks", src.stage]
+            + ([src.control_stage] if src.control_stage else []))
+    return pd.read_csv(
+        store.stage(
+            src.result_stage("localization"), fn, reads=LOCALIZATION_READS, inputs={"sizes": LOCALIZATION_SIZES},
+            deps=deps
+        )
+        / "summary.csv"
+    )
