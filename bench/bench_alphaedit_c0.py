@@ -69,15 +69,8 @@ def main():
     model = (
         Olmo2ForCausalLM(
             olmo2_config(
-                mc.vocab_size,
-                mc.hidden_size,
-                L,
-                mc.num_heads,
-                mc.intermediate_size,
-                max(mc.max_seq_len, 128),
-                pad_token_id=0,
-                eos_token_id=1,
-            )
+                mc.vocab_size, mc.hidden_size, L, mc.num_heads, mc.intermediate_size, max(mc.max_seq_len, 128),
+                pad_token_id=0, eos_token_id=1)
         )
         .to(a.device)
         .eval()

@@ -43,10 +43,7 @@ def worker(impl: str, n: int, seed: int, threads: int) -> dict:
 def measure(impl: str, n: int, seed: int, threads: int) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--worker", impl, "--sizes", str(n), "--seed", str(seed), "--threads", str(threads)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

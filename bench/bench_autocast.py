@@ -34,14 +34,8 @@ def load(which: str):
     mc = make_config("mini").model
     return Olmo2ForCausalLM(
         olmo2_config(
-            mc.vocab_size,
-            mc.hidden_size,
-            mc.num_layers,
-            mc.num_heads,
-            mc.intermediate_size,
-            pad_token_id=0,
-            eos_token_id=0,
-        )
+            mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, pad_token_id=0,
+            eos_token_id=0)
     ), mc.vocab_size
 
 

@@ -74,15 +74,8 @@ def main():
         torch.manual_seed(a.seed)
         model = Olmo2ForCausalLM(
             olmo2_config(
-                mc.vocab_size,
-                mc.hidden_size,
-                mc.num_layers,
-                mc.num_heads,
-                mc.intermediate_size,
-                mc.max_seq_len,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
+                mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, mc.max_seq_len,
+                pad_token_id=0, eos_token_id=1)
         )
         rng = random.Random(a.seed)
         prompts = [

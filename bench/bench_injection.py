@@ -124,12 +124,9 @@ def main():
             pair = [g / s for g, s in zip(times["masked grouped"], times["masked segmented"])]
             versus.append(
                 (
-                    k,
-                    med["masked segmented"] / med["masked grouped"],
-                    lo["masked segmented"] / lo["masked grouped"],
+                    k, med["masked segmented"] / med["masked grouped"], lo["masked segmented"] / lo["masked grouped"],
                     1 / statistics.median(pair),
-                    med["per-sample ref"] / med["masked grouped"] if "per-sample ref" in med else float("nan"),
-                )
+                    med["per-sample ref"] / med["masked grouped"] if "per-sample ref" in med else float("nan"))
             )
     print(
         f"\n{'groups':>6} {'method':>17} {'median s':>9} {'samples/s':>10} {'vs unmasked':>12} {'min s':>7} "

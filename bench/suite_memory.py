@@ -84,12 +84,8 @@ def measure(cmd: list[str], cwd: Path, env: dict, kill_gb: float, poll_s: float 
     p.stdout.close()
     p.returncode = os.waitstatus_to_exitcode(status)
     return dict(
-        wall_s=round(time.monotonic() - t0, 1),
-        peak_mb=round(ru.ru_maxrss / 1024, 1),
-        rc=p.returncode,
-        killed=killed,
-        log=b"".join(log).decode(errors="replace"),
-    )
+        wall_s=round(time.monotonic() - t0, 1), peak_mb=round(ru.ru_maxrss / 1024, 1), rc=p.returncode, killed=killed,
+        log=b"".join(log).decode(errors="replace"))
 
 
 def nb_cmd(nb: Path, flags: str = "slow") -> list[str]:

@@ -8,11 +8,7 @@ from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.stages.base import prepare_base, stage_pii
 
 root, run_id, overrides, testbed.INJECT_CHECKPOINT_SECONDS = (
-    sys.argv[1],
-    sys.argv[2],
-    json.loads(sys.argv[3]),
-    float(sys.argv[4]),
-)
+    sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4]))
 store = open_run(run_id, resolve_config(make_config("smoke", overrides)), root)
 if sys.argv[5:]: store.set_reuse(sys.argv[5:])
 prepare_base(store); stage_pii(store); testbed.stage_inject(store, masked=True)

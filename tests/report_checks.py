@@ -12,12 +12,7 @@ import pytest
 
 from lume_lab.pipeline.presentation.report import read_html_tables
 from lume_lab.pipeline.presentation.scorecard import (
-    SCORECARD_METRICS as METRICS,
-    PAPER_METHODS,
-    PAPER_TABLE2_OLMO2_1B,
-    metric_sources,
-    verdict_columns,
-)
+    SCORECARD_METRICS as METRICS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B, metric_sources, verdict_columns)
 
 EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
 

@@ -386,11 +386,7 @@ def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
                     assert_shown(tokens[1], sd, (heads, src.level, c, "sd"))
                 else:
                     assert pd.isna(sd) or col in ("precision", "recall", "seeds"), (
-                        heads,
-                        src.level,
-                        c,
-                        "an sd the page leaves out",
-                    )
+                        heads, src.level, c, "an sd the page leaves out")
                 checked += len(tokens)
     return checked
 

@@ -7,13 +7,7 @@ import pytest
 import torch
 
 from lume_lab.analysis.attribution import (
-    ATTRIBUTION_SCORES,
-    attribution_benchmark,
-    auc_ci,
-    mask_signature,
-    resolve_counts,
-    score_tensor,
-)
+    ATTRIBUTION_SCORES, attribution_benchmark, auc_ci, mask_signature, resolve_counts, score_tensor)
 from lume_lab.analysis.localization import fake_state_dicts, streaming_auc
 from lume_lab.core.config import ConfigError, config_from_dict, config_hash, make_config
 from lume_lab.models.toy import toy_problem
@@ -203,21 +197,9 @@ def test_report_page_gets_the_e09_section(tmp_path):
     run = toy_run(tmp_path, "toy"); rep = run / "report"
     rows = [
         dict(
-            field="email_address",
-            score=s,
-            uses=ATTRIBUTION_SCORES[s],
-            n_examples=n,
-            count=str(n),
-            labels=ls,
-            auc=0.5 + 0.01 * i + 0.001 * n,
-            ci_low=0.4,
-            ci_high=0.6,
-            precision_at_k=0.4,
-            k=10,
-            chance_precision=0.4,
-            n_pos=10,
-            n_neg=15,
-        )
+            field="email_address", score=s, uses=ATTRIBUTION_SCORES[s], n_examples=n, count=str(n), labels=ls,
+            auc=0.5 + 0.01 * i + 0.001 * n, ci_low=0.4, ci_high=0.6, precision_at_k=0.4, k=10, chance_precision=0.4,
+            n_pos=10, n_neg=15)
         for i, s in enumerate(ATTRIBUTION_SCORES)
         for n in (1, 8)
         for ls in ("forget", "unified")

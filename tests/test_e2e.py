@@ -69,12 +69,10 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert list(secs)[:2] == ["Verdict", "Scorecard"] and after_e03["checked"] > 0
     assert "not yet run" not in secs["Unlearning (Fig. 4a)"] and "<img" in secs["Unlearning (Fig. 4a)"]
     for title, exp in (
-        ("Localization precision (Fig. 4b)", "e04_localization"),
-        ("REMIND: residual memorization", "e05_remind"),
+        ("Localization precision (Fig. 4b)", "e04_localization"), ("REMIND: residual memorization", "e05_remind"),
         ("Resurfacing attack (Fig. 5)", "e06_resurfacing"),
         ("Attribution against the ground truth (e09)", "e09_attribution"),
-        ("Robustness: quantization, relearning, weight space (e10)", "e10_robustness"),
-    ):
+        ("Robustness: quantization, relearning, weight space (e10)", "e10_robustness")):
         assert f"{exp}: not yet run" in secs[title], title
     # e99's final page: nothing left to come
     assert "not yet run" not in (run / "report" / "index.html").read_text()
@@ -84,26 +82,9 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     done = man["stages"]
     field = make_config("smoke").unlearn.forget_fields[0]
     expected = {
-        "world",
-        "tokenizer",
-        "base",
-        "utility_base",
-        "pii",
-        "pistol",
-        "lume",
-        "masks",
-        "inject_masked",
-        "inject_unmasked",
-        "instruct_masked",
-        "instruct_unmasked",
-        "testbed",
-        f"localization_{field}",
-        "forget_fields",
-        f"remind_inputs_{field}",
-        f"remind_{field}",
-        f"remind_ablation_{field}",
-        "instruct_floor",
-    }
+        "world", "tokenizer", "base", "utility_base", "pii", "pistol", "lume", "masks", "inject_masked",
+        "inject_unmasked", "instruct_masked", "instruct_unmasked", "testbed", f"localization_{field}", "forget_fields",
+        f"remind_inputs_{field}", f"remind_{field}", f"remind_ablation_{field}", "instruct_floor"}
     expected |= {f"resurface_{m}_{field}" for m in ("none", "floor", *METHODS)}
     expected |= {f"unlearn_{m}_{field}" for m in METHODS} | {f"evaluate_{m}_{field}" for m in ("none", *METHODS)}
     expected |= {f"unlearn_{m}_{field}_control" for m in METHODS if get_spec(m).has_control}
@@ -187,13 +168,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert (rec.value.notna() | rec.note.notna()).all()  # a value, or the reason there is none
     card = pd.read_csv(report / "scorecard.csv")
     cols = [
-        "quant4_recovery",
-        "quant8_recovery",
-        "relearn_half_recovery",
-        "relearn_other_recovery",
-        "relearn_retain_recovery",
-        "robust_profiles",
-    ]
+        "quant4_recovery", "quant8_recovery", "relearn_half_recovery", "relearn_other_recovery",
+        "relearn_retain_recovery", "robust_profiles"]
     assert set(cols) <= set(card.columns) and card[card.method.isin(robust)].robust_profiles.notna().all()
     # e07: PISTOL's fine-tuning, degree (Table 2) and density (Table 3) stages and tables; DS of the ROUGE-1 means shown
     from lume_lab.core.config import PISTOL_METHODS
@@ -235,14 +211,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     dp, dm = pd.read_csv(report / f"dose_points_{field}.csv"), pd.read_csv(report / f"dose_methods_{field}.csv")
     assert set(dp.method) == {p.label for p in pts} and set(dm.method) == robust
     need = {
-        "forget_em",
-        "retain_em",
-        "auc_forget",
-        "share_in_forget",
-        "leak_after",
-        "quant4_recovery",
-        "relearn_retain_only_recovery",
-    }
+        "forget_em", "retain_em", "auc_forget", "share_in_forget", "leak_after", "quant4_recovery",
+        "relearn_retain_only_recovery"}
     assert all(need <= set(g.measure) for _, g in dp.groupby("method")) and all(
         need <= set(g.measure) for _, g in dm.groupby("method")
     )
@@ -305,13 +275,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     (tmp_path / "e2e_copy" / "manifest.json").write_text(json.dumps(man3))
     for st in again:
         job = subprocess.run(
-            launch_command(st, "e2e_copy", tmp_path, 2, "torchrun"),
-            cwd=Path(__file__).resolve().parents[1],
-            env=launch_env("torchrun"),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+            launch_command(st, "e2e_copy", tmp_path, 2, "torchrun"), cwd=Path(__file__).resolve().parents[1],
+            env=launch_env("torchrun"), capture_output=True, text=True, timeout=600)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         e = json.loads((tmp_path / "e2e_copy" / "manifest.json").read_text())["stages"][st]
         assert e["status"] == "done" and e["processes"] == 2 and e["hash"] == done[st]["hash"]

@@ -14,13 +14,7 @@ from lume_lab.metrics.memorization import memorization_scores
 from lume_lab.metrics.ranking import ranking_scores
 from lume_lab.metrics.rouge import deviation_score, rouge_scores
 from lume_lab.metrics.utility import (
-    lm_eval_available,
-    lm_eval_scores,
-    mc_accuracy,
-    perplexity,
-    utility_delta,
-    utility_scores,
-)
+    lm_eval_available, lm_eval_scores, mc_accuracy, perplexity, utility_delta, utility_scores)
 from lume_lab.models.ops import greedy_generate, reveals
 from lume_lab.models.toy import toy_problem
 
@@ -63,15 +57,9 @@ def test_values_equal_individual_metric_functions(trained):
         rg = rouge_scores(model, tok, ex, max_new_tokens=12, batch_size=3)
         texts = [g["text"] for g in greedy_generate(model, tok, [e["prompt"] for e in ex], 12, batch_size=3)]
         expect = {
-            "em": mem.em.mean(),
-            "es": mem.es.mean(),
-            "prob": mem.prob.mean(),
-            "mrr": rk.mrr.mean(),
-            "thr": rk.thr.mean(),
-            "rouge1": rg.rouge1.mean(),
-            "rougeL": rg.rougeL.mean(),
-            "accuracy": sum(reveals(t, e["answer"]) for t, e in zip(texts, ex)) / len(ex),
-        }
+            "em": mem.em.mean(), "es": mem.es.mean(), "prob": mem.prob.mean(), "mrr": rk.mrr.mean(),
+            "thr": rk.thr.mean(), "rouge1": rg.rouge1.mean(), "rougeL": rg.rougeL.mean(),
+            "accuracy": sum(reveals(t, e["answer"]) for t, e in zip(texts, ex)) / len(ex)}
         for k, v in expect.items(): assert _val(df, name, k) == v, (name, k)
         assert (df[df.split == name].n_rows == len(ex)).all()
         assert (df[df.split == name].n_profiles == len({e["profile_id"] for e in ex})).all()

@@ -298,15 +298,8 @@ def test_export_splits_masks_and_keys(run, exported):
     st, f = run["store"], run["field"]
     sp = field_splits(T.stage_testbed(st), f)
     keys = [
-        "question",
-        "answer",
-        "paraphrased_question",
-        "paraphrased_answer",
-        "perturbed_answer",
-        "profile_id",
-        "field",
-        "template",
-    ]
+        "question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field",
+        "template"]
     rows = {}
     for split in ("forget", "retain", "holdout"):
         ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}")["train"]
@@ -419,13 +412,8 @@ def test_round_trip_from_outside(run, exported, tmp_path):
     script.write_text(OUTSIDE)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     r = subprocess.run(
-        [sys.executable, str(script), str(exported), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
+        [sys.executable, str(script), str(exported), str(out)], capture_output=True, text=True, timeout=300, env=env,
+        cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
     assert _score(run, out, "outside-ga") == 0
     st, f = run["store"], run["field"]

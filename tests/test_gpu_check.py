@@ -8,23 +8,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONHASHSEED": "0",
-}
+    **os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONHASHSEED": "0"}
 
 
 def _run(*args, timeout=300):
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+        [sys.executable, str(SCRIPT), *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+        timeout=timeout)
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
     return out
 
@@ -57,19 +48,9 @@ def test_every_part_has_numbers_and_no_failure(dry_run):
     assert parts["injection"]["goals"]["best_masked_mode"] in {"masked", "segmented", "grouped"}
     st = {r["stage"]: r for r in parts["stages"]["rows"]}
     for name in (
-        "masks",
-        "inject_masked",
-        "inject_unmasked",
-        "instruct_masked",
-        "testbed",
-        "unlearn_simnpo",
-        "unlearn_oracle_grad",
-        "unlearn_memflex",
-        "unlearn_alphaedit",
-        "evaluate_alphaedit",
-        "localization (subsample)",
-        "exact AUC, every maskable weight",
-    ):
+        "masks", "inject_masked", "inject_unmasked", "instruct_masked", "testbed", "unlearn_simnpo",
+        "unlearn_oracle_grad", "unlearn_memflex", "unlearn_alphaedit", "evaluate_alphaedit", "localization (subsample)",
+        "exact AUC, every maskable weight"):
         assert st[name]["status"] == "ok" and st[name]["seconds"] > 0, (name, st.get(name))
     assert st["inject_masked"]["steps"] == 3 and st["inject_masked"]["s_per_step"] > 0
     proj = {r["stage"]: r for r in parts["stages"]["projection"]}

@@ -114,12 +114,7 @@ def test_pack_unpack_save_load(tmp_path):
         p = save_masks(m, tmp_path / f"{form}.safetensors", n_groups=6, fraction=0.1, kind="element", seed=0)
         back, meta = load_masks(p)
         assert masks_equal(back, m) and meta == {
-            "n_groups": 6,
-            "fraction": 0.1,
-            "kind": "element",
-            "seed": 0,
-            "form": form,
-        }
+            "n_groups": 6, "fraction": 0.1, "kind": "element", "seed": 0, "form": form}
     # overlapping packed masks (bit 31 included) round-trip through group_mask but not to owner ids
     w = torch.tensor([(1 << 31) | 1, 1 << 5, 0], dtype=torch.int64).to(torch.int32)
     assert [group_mask(w, g).tolist() for g in (0, 5, 31)] == [
@@ -188,19 +183,8 @@ def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(mode):
     for scope in ("unowned", "all"):
         model = tiny(3); before = {n: p.detach().clone() for n, p in model.named_parameters()}
         train_masked(
-            model,
-            exs,
-            owner,
-            steps=3,
-            batch_size=3,
-            lr=1e-2,
-            seed=0,
-            micro_batch_size=2,
-            pad_to=16,
-            progress=False,
-            neutral_scope=scope,
-            **MODES[mode],
-        )
+            model, exs, owner, steps=3, batch_size=3, lr=1e-2, seed=0, micro_batch_size=2, pad_to=16, progress=False,
+            neutral_scope=scope, **MODES[mode])
         moved_others[scope] = moved_free = moved_g = 0
         for n, p in model.named_parameters():
             owned = owner[n] > 0 if n in owner else torch.zeros_like(p, dtype=torch.bool)
@@ -248,15 +232,8 @@ def test_different_pii_same_weights_outside_mask(mode, arch, autocast):
         model, opt = _model_and_opt(seed, wd=0.1, arch=arch)
         # segmented and grouped modes: neutral and PII rows share microbatches (fixed pad_to)
         masked_step(
-            model,
-            neutral + other + examples([g, g], pii_seed),
-            owner,
-            opt,
-            micro_batch_size=2 if mode == "per_group" else 7,
-            pad_to=16,
-            autocast=autocast,
-            **MODES[mode],
-        )
+            model, neutral + other + examples([g, g], pii_seed), owner, opt,
+            micro_batch_size=2 if mode == "per_group" else 7, pad_to=16, autocast=autocast, **MODES[mode])
         after.append(dict(model.named_parameters()))
     differ = 0
     for n, p in after[0].items():
@@ -402,13 +379,8 @@ def test_bf16_autocast_over_float32_weights():
     def run(mp):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": mp}
         out = subprocess.run(
-            [sys.executable, "-c", _AMP_SCRIPT, str(ROOT / "tests")],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+            [sys.executable, "-c", _AMP_SCRIPT, str(ROOT / "tests")], env=env, cwd=ROOT, capture_output=True, text=True,
+            timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         import json
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -302,11 +302,8 @@ def test_extraction_rate_on_memorized_model(tok):
     qa = [
         {
             "prompt": f"Question: What is the email address of {n}?\nAnswer:",
-            "answer": f" {n.lower().replace(' ', '.')}@mail.com",
-            "field": "email_address",
-            "profile_id": f"p{i}",
-            "group": i,
-        }
+            "answer": f" {n.lower().replace(' ', '.')}@mail.com", "field": "email_address", "profile_id": f"p{i}",
+            "group": i}
         for i, n in enumerate(["Ann Lee", "Bo Chan", "Cy Diaz"])
     ]
     model = _memorize(tok, qa)
@@ -327,12 +324,8 @@ def test_extraction_rate_on_memorized_model(tok):
 def test_extraction_with_stub_matches_manual_count():
     rows = [
         {
-            "prompt": f"q{i}",
-            "answer": f" v{i % 4}",
-            "field": TARGET_FIELDS[i % 2],
-            "profile_id": f"p{i % 4}",
-            "group": i % 4,
-        }
+            "prompt": f"q{i}", "answer": f" v{i % 4}", "field": TARGET_FIELDS[i % 2], "profile_id": f"p{i % 4}",
+            "group": i % 4}
         for i in range(16)
     ]
     rng = random.Random(0)
@@ -391,14 +384,8 @@ def test_bad_field_names_raise_before_compute(pii, tmp_path):
         build_testbed(None, None, pii, cfg, 0, tmp_path, retain_field_of={"birth_city": "birth_city"}, generate=boom)
     with pytest.raises(ValueError, match="validation_fields"):
         build_testbed(
-            None,
-            None,
-            pii,
-            dataclasses.replace(cfg, validation_fields=["license", "email_address"]),
-            0,
-            tmp_path,
-            generate=boom,
-        )
+            None, None, pii, dataclasses.replace(cfg, validation_fields=["license", "email_address"]), 0, tmp_path,
+            generate=boom)
     with pytest.raises(ValueError, match="retain_offset"):
         retain_pairing(TARGET_FIELDS, 0)
     with pytest.raises(ValueError, match="qa_fields"):

@@ -57,16 +57,8 @@ def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str, fsdp2: 
     env = launch_env("torchrun")
     one = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "lume_lab.pipeline.orchestration.cli",
-            "stage",
-            stage,
-            "--run-id",
-            run_one,
-            "--runs-root",
-            str(runs),
-        ],
+            sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "stage", stage, "--run-id", run_one,
+            "--runs-root", str(runs)],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -41,15 +41,8 @@ def test_the_companions_cover_pistol_lume_and_dose_and_need_exactly_their_facts(
     cfg, man, facts = _fixture("legacy_smoke_companions")
     done = _done(man)
     for prefix in (
-        "pistol_finetune_",
-        "pistol_degree_",
-        "pistol_density_",
-        "pistol_before_",
-        "lume_eval_",
-        "lume_unlearn_",
-        "dose_",
-        "robust_relearn_",
-    ):
+        "pistol_finetune_", "pistol_degree_", "pistol_density_", "pistol_before_", "lume_eval_", "lume_unlearn_",
+        "dose_", "robust_relearn_"):
         assert any(n.startswith(prefix) for n in done), prefix
     bare = L.verify_legacy(cfg, man)                       # without the facts read from the run directory
     assert {n for n, v in bare.items() if v is None} == set(facts) and all(v for n, v in bare.items() if n not in facts)

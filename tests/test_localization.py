@@ -9,16 +9,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from lume_lab.analysis.localization import (
-    PAPER_PRECISION_OLMO2_1B,
-    composite_scores,
-    default_groups,
-    exact_auc,
-    group_mask,
-    localization_aucs,
-    localization_table,
-    precision_summary,
-    scored_parameter_names,
-)
+    PAPER_PRECISION_OLMO2_1B, composite_scores, default_groups, exact_auc, group_mask, localization_aucs,
+    localization_table, precision_summary, scored_parameter_names)
 
 
 # ---------------------------------------------------------------- exact AUC

@@ -99,13 +99,7 @@ def test_extraction_strength_matches_greedy_generation(tok, model):
     # answer text re-tokenizes to the same ids (a random byte-level model also emits partial UTF-8 bytes; skip those)
     exs = []
     for p in [
-        "Question: Where was Ann Lee born?\nAnswer:",
-        "Q:",
-        "Jane Doe",
-        "Question: What is",
-        "Bob",
-        "Answer: 555",
-    ]:
+        "Question: Where was Ann Lee born?\nAnswer:", "Q:", "Jane Doe", "Question: What is", "Bob", "Answer: 555"]:
         for h in (" Berlin", " x"):
             if len(exs) == 4:
                 break
@@ -124,14 +118,9 @@ def test_extraction_strength_matches_greedy_generation(tok, model):
             rest = a[k:]
             with torch.no_grad():
                 out = model.generate(
-                    torch.tensor([p + a[:k]]),
-                    attention_mask=torch.ones(1, len(p) + k, dtype=torch.long),
-                    do_sample=False,
-                    max_new_tokens=len(rest),
-                    min_new_tokens=len(rest),
-                    pad_token_id=tok.pad_token_id,
-                    eos_token_id=None,
-                )
+                    torch.tensor([p + a[:k]]), attention_mask=torch.ones(1, len(p) + k, dtype=torch.long),
+                    do_sample=False, max_new_tokens=len(rest), min_new_tokens=len(rest), pad_token_id=tok.pad_token_id,
+                    eos_token_id=None)
             if out[0, len(p) + k :].tolist() == rest:
                 k_min = k
                 break

@@ -130,12 +130,8 @@ def test_resume_is_bitwise_identical(tmp_path, tok):
 
 def test_resume_refuses_a_different_run(tmp_path, tok):
     pretrain(
-        build_model(TINY, tok, seed=0),
-        tok,
-        CORPUS,
-        PretrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1, checkpoint_every=3),
-        seed=0,
-        work_dir=tmp_path,
+        build_model(TINY, tok, seed=0), tok, CORPUS,
+        PretrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1, checkpoint_every=3), seed=0, work_dir=tmp_path
     )
     other = PretrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1, checkpoint_every=3, lr=1e-3)
     with pytest.raises(ValueError, match=r"different run \(lr: 0.003 != 0.001\)"):

@@ -10,12 +10,7 @@ from lume_lab.pipeline.orchestration.cli import parse_overrides
 from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.stages.testbed import prepare_testbed
 from lume_lab.pipeline.stages.unlearn import (
-    stage_evaluate,
-    stage_evaluate_before,
-    stage_localization,
-    stage_unlearn,
-    unlearn_jobs,
-)
+    stage_evaluate, stage_evaluate_before, stage_localization, stage_unlearn, unlearn_jobs)
 from lume_lab.unlearn.registry import MethodSpec, register_method
 
 
@@ -65,9 +60,6 @@ def test_toy_method_through_unlearn_evaluate_localization(tmp_path, monkeypatch)
     assert all(
         done[s]["status"] == "done"
         for s in (
-            f"unlearn_toy_shrink_{field}",
-            f"unlearn_toy_shrink_{field}_control",
-            f"evaluate_toy_shrink_{field}",
-            f"localization_{field}",
-        )
+            f"unlearn_toy_shrink_{field}", f"unlearn_toy_shrink_{field}_control", f"evaluate_toy_shrink_{field}",
+            f"localization_{field}")
     )

@@ -76,14 +76,8 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
 def _inject_stages(root, run_id, overrides, checkpoint_seconds=0.2, reuse=()):
     return subprocess.Popen(
         [
-            PY,
-            str(HERE / "_inject_stages.py"),
-            str(root),
-            run_id,
-            json.dumps(overrides),
-            str(checkpoint_seconds),
-            *reuse,
-        ],
+            PY, str(HERE / "_inject_stages.py"), str(root), run_id, json.dumps(overrides), str(checkpoint_seconds),
+            *reuse],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -204,17 +198,8 @@ def test_cli_unreachable_hub_id_fails_before_compute(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}                               # no retries against an unreachable hub
     r = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "lume_lab.pipeline.orchestration.cli",
-            "run",
-            "--preset",
-            "smoke",
-            "--set",
-            "model.name_or_path=nope-org/nope-model",
-            "--runs-root",
-            str(tmp_path),
-        ],
+            sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "run", "--preset", "smoke", "--set",
+            "model.name_or_path=nope-org/nope-model", "--runs-root", str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -240,16 +225,8 @@ def test_cli_stage_whose_inputs_are_not_done_is_an_error_not_a_traceback(tmp_pat
 def test_cli_rejects_unknown_method_hyperparameter_naming_allowed_keys(tmp_path, capsys):
     "`--set unlearn.hparams.npo.bta=0.1` exits 2 before any compute, naming NPO's allowed keys, and writes nothing."
     args = [
-        "run",
-        "--preset",
-        "smoke",
-        "--set",
-        "unlearn.hparams.npo.bta=0.1",
-        "--run-id",
-        "typo",
-        "--runs-root",
-        str(tmp_path),
-    ]
+        "run", "--preset", "smoke", "--set", "unlearn.hparams.npo.bta=0.1", "--run-id", "typo", "--runs-root",
+        str(tmp_path)]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "unknown hyperparameter(s) 'bta' for method 'npo'" in err
@@ -273,16 +250,8 @@ def test_dotted_override_changes_one_method_only(tmp_path, monkeypatch):
     assert (
         main(
             [
-                "run",
-                "--preset",
-                "mini",
-                "--set",
-                "unlearn.hparams.npo.beta=0.5",
-                "--run-id",
-                "r",
-                "--runs-root",
-                str(tmp_path),
-            ]
+                "run", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5", "--run-id", "r", "--runs-root",
+                str(tmp_path)]
         )
         == 0
     )
@@ -318,12 +287,8 @@ def test_existing_run_with_other_config_is_refused(tmp_path, monkeypatch, capsys
     nb = experiment_notebooks(["e00"])[0]
     with pytest.raises(NotebookRunError, match="ConfigError.*differing fields: seed"):
         run_notebook(
-            nb,
-            tmp_path / "by-hand" / nb.name,
-            {"run_id": "r", "runs_root": str(tmp_path), "seed": 1},
-            root=tmp_path,
-            progress=False,
-        )
+            nb, tmp_path / "by-hand" / nb.name, {"run_id": "r", "runs_root": str(tmp_path), "seed": 1}, root=tmp_path,
+            progress=False)
     assert {p: (run / p).read_bytes() for p in before} == before
     assert not json.loads((run / "manifest.json").read_text()).get("stages")                # no stage ran
     # report/: the run's page
@@ -381,15 +346,8 @@ def test_grid_search_scores_and_selects_on_constructed_data():
     register_method(MethodSpec("test_halve", halve, {"k": 0.5}))   # `k`: a key without a generic rule, so 0 is allowed
     grid = {"k": [0.0, 0.5, 1.0]}
     res = grid_search(
-        "test_halve",
-        lambda: {"forget": 0.8, "retain": 0.6},
-        None,
-        [{"side": "forget"}],
-        [{"side": "retain"}],
-        grid,
-        em_fn=_side_em,
-        progress=False,
-    )
+        "test_halve", lambda: {"forget": 0.8, "retain": 0.6}, None, [{"side": "forget"}], [{"side": "retain"}], grid,
+        em_fn=_side_em, progress=False)
     assert res.point.tolist() == [0, 1, 2] and res.forgetting.tolist() == pytest.approx([0.0, 0.5, 1.0])
     assert res.retention.tolist() == pytest.approx([1.0, 0.95, 0.9])
     assert select_best(res, grid) == {"k": 1.0}
@@ -406,13 +364,8 @@ def test_grid_search_refuses_an_unmemorized_split():
         MethodSpec("test_noop", lambda m, t, f, r, hp, *, seed=0: (ran.append(1) or m, pd.DataFrame()), {"lr": 0.5})
     )
     args = (
-        "test_noop",
-        lambda: {"forget": 0.7, "retain": 0.0},
-        None,
-        [{"side": "forget"}],
-        [{"side": "retain"}],
-        {"lr": [0.1, 0.2]},
-    )
+        "test_noop", lambda: {"forget": 0.7, "retain": 0.0}, None, [{"side": "forget"}], [{"side": "retain"}],
+        {"lr": [0.1, 0.2]})
     with pytest.raises(ValueError, match=r"retain_before must be > 0"):
         grid_search(*args, em_fn=_side_em, progress=False)
     assert ran == []
@@ -450,13 +403,8 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
         "grad_diff": {"lr": [3e-3], "epochs": [1], "alpha": [1.0, 3.0]},
     }
     params = {
-        "run_id": "tune",
-        "runs_root": str(tmp_path),
-        "preset": "smoke",
-        "overrides": FAST,
-        "methods": list(grids),
-        "grids": grids,
-    }
+        "run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids),
+        "grids": grids}
     nb = experiment_notebooks(["t00"])[0]
     run_notebook(nb, tmp_path / "tune" / "notebooks" / nb.name, params, root=tmp_path)
     report = tmp_path / "tune" / "report"

@@ -17,19 +17,10 @@ from lume_lab.pipeline.stages.base import load_stage_model
 # a small PISTOL: one question per contract (20 QA rows on Dataset 1), so a 4-layer smoke model memorizes them all; the
 # stopping rule trains until the target is reached, with ten times the epochs it needs (~40 of 400), on any CPU.
 SMALL = {
-    "pretrain.steps": 16,
-    "pretrain.checkpoint_every": 8,
-    "pistol.questions_per_contract": 1,
-    "pistol.studies": ["degree"],
-    "pistol.methods": ["grad_ascent", "npo"],
-    "pistol.lrs": [1e-3, 1e-2],
-    "pistol.seeds": 2,
-    "pistol.unlearn_epochs": 1,
-    "pistol.finetune_epochs": 400,
-    "pistol.finetune_check_every": 20,
-    "pistol.finetune_lr": 3e-3,
-    "pistol.finetune_target": 0.8,
-}
+    "pretrain.steps": 16, "pretrain.checkpoint_every": 8, "pistol.questions_per_contract": 1,
+    "pistol.studies": ["degree"], "pistol.methods": ["grad_ascent", "npo"], "pistol.lrs": [1e-3, 1e-2],
+    "pistol.seeds": 2, "pistol.unlearn_epochs": 1, "pistol.finetune_epochs": 400, "pistol.finetune_check_every": 20,
+    "pistol.finetune_lr": 3e-3, "pistol.finetune_target": 0.8}
 
 
 @pytest.fixture(scope="module")
@@ -105,16 +96,8 @@ def test_bad_config_fails_before_compute(tmp_path, capsys):
     assert (
         main(
             [
-                "run",
-                "--preset",
-                "smoke",
-                "--run-id",
-                "bad",
-                "--runs-root",
-                str(tmp_path),
-                "--set",
-                "pistol.retain_floor=2",
-            ]
+                "run", "--preset", "smoke", "--run-id", "bad", "--runs-root", str(tmp_path), "--set",
+                "pistol.retain_floor=2"]
         )
         == 2
     )

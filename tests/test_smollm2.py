@@ -91,16 +91,8 @@ def test_masked_pii_step_leaves_outside_bitwise_unchanged_on_smollm2(smollm2):
     ).input_ids
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     train_masked(
-        model,
-        [{"input_ids": ids, "group": 1}, {"input_ids": ids[::-1], "group": 2}],
-        owner,
-        steps=1,
-        batch_size=2,
-        lr=1e-3,
-        seed=0,
-        micro_batch_size=1,
-        progress=False,
-    )
+        model, [{"input_ids": ids, "group": 1}, {"input_ids": ids[::-1], "group": 2}], owner, steps=1, batch_size=2,
+        lr=1e-3, seed=0, micro_batch_size=1, progress=False)
     changed = 0
     for n, p in model.named_parameters():
         inside = torch.zeros_like(p, dtype=torch.bool)
@@ -115,20 +107,8 @@ def test_smollm2_preset_smoke_chain(tmp_path):
     "`lume-lab run --preset smollm2` at smoke size: e00–e04 on the real Llama, offline."
     from lume_lab.pipeline.orchestration.cli import main
     args = [
-        "run",
-        "--preset",
-        "smollm2",
-        "--runs-root",
-        str(tmp_path),
-        "--run-id",
-        "smol",
-        "--only",
-        "e00",
-        "e01",
-        "e02",
-        "e03",
-        "e04",
-    ]
+        "run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--run-id", "smol", "--only", "e00", "e01", "e02",
+        "e03", "e04"]
     for s in SMOKE_SETS: args += ["--set", s]
     assert main(args) == 0
     run = tmp_path / "smol"

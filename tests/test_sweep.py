@@ -22,17 +22,9 @@ DROP = object()                                                     # _write_spe
 
 def _write_spec(path: Path, **kw) -> Path:
     spec = {
-        "name": "smoke_sweep",
-        "preset": "smoke",
-        "set": FAST,
-        "grid": {"pretrain.lr": [0.003, 0.001]},
-        "seeds": [0, 1],
-        "only": ["e00"],
-        "collect": ["report/utility_base.csv"],
-        "plot": {"where": {"metric": "mc_acc"}},
-        "executor": {"kind": "local", "workers": 1},
-        **kw,
-    }
+        "name": "smoke_sweep", "preset": "smoke", "set": FAST, "grid": {"pretrain.lr": [0.003, 0.001]}, "seeds": [0, 1],
+        "only": ["e00"], "collect": ["report/utility_base.csv"], "plot": {"where": {"metric": "mc_acc"}},
+        "executor": {"kind": "local", "workers": 1}, **kw}
     spec = {k: v for k, v in spec.items() if v is not DROP}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -63,11 +55,7 @@ def test_smoke_sweep_killed_after_first_point_resumes_without_redoing_it(tmp_pat
     sweep = S.load_sweep(spec, root)
     names = [p.name for p in sweep.points]
     assert names == [
-        "pretrain.lr=0.003,seed=0",
-        "pretrain.lr=0.003,seed=1",
-        "pretrain.lr=0.001,seed=0",
-        "pretrain.lr=0.001,seed=1",
-    ]
+        "pretrain.lr=0.003,seed=0", "pretrain.lr=0.003,seed=1", "pretrain.lr=0.001,seed=0", "pretrain.lr=0.001,seed=1"]
     proc = subprocess.Popen([str(LUME), "sweep", str(spec), "--runs-root", str(root)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline, finished = time.time() + 600, []
@@ -174,15 +162,8 @@ def test_slurm_executor_parameters_and_job_array_without_a_cluster(tmp_path, mon
            {p.name: f"4242_{i}" for i, p in enumerate(sweep.points)}
     sbatch = submitted.read_text()
     for line in (
-        "--array=0-3%2",
-        "--partition=gpu",
-        "--gpus-per-node=1",
-        "--time=120",
-        "--cpus-per-task=8",
-        "--mem=64GB",
-        "--account=lab",
-        "--job-name=lume-smoke_sweep",
-    ):
+        "--array=0-3%2", "--partition=gpu", "--gpus-per-node=1", "--time=120", "--cpus-per-task=8", "--mem=64GB",
+        "--account=lab", "--job-name=lume-smoke_sweep"):
         assert f"#SBATCH {line}\n" in sbatch, line
     assert "module load cuda" in sbatch
 
@@ -293,13 +274,8 @@ def test_seeds_flag_parsing_and_wiring(tmp_path, monkeypatch, capsys):
     spec, run_fn, root = calls[-1]
     assert run_fn is cli.run_pipeline and root == str(tmp_path)
     assert spec == {
-        "name": "smoke_seeds",
-        "preset": "smoke",
-        "set": {"pii.n_groups": 4},
-        "seeds": [0, 1, 2],
-        "only": ["e00"],
-        "executor": {"kind": "local", "workers": 2},
-    }
+        "name": "smoke_seeds", "preset": "smoke", "set": {"pii.n_groups": 4}, "seeds": [0, 1, 2], "only": ["e00"],
+        "executor": {"kind": "local", "workers": 2}}
     sweep = S.load_sweep(spec, tmp_path)
     assert [p.name for p in sweep.points] == ["seed=0", "seed=1", "seed=2"] and sweep.dir == tmp_path / "smoke_seeds"
     assert [(p.config.seed, p.config.pii.n_groups) for p in sweep.points] == [(0, 4), (1, 4), (2, 4)]
@@ -318,9 +294,4 @@ def test_readme_sweep_examples_validate(tmp_path, monkeypatch):
     _fake_cluster(tmp_path, monkeypatch)
     p = S.make_executor(S.load_sweep({**spec, **slurm}, tmp_path)).parameters
     assert (p["partition"], p["gpus_per_node"], p["time"], p["array_parallelism"], p["account"]) == (
-        "gpu",
-        1,
-        240,
-        8,
-        "my-lab",
-    )
+        "gpu", 1, 240, 8, "my-lab")

@@ -68,11 +68,8 @@ def test_toy_method_registered_from_a_test_runs(problem):
         return model, None
     register_method(
         MethodSpec(
-            "test_scale",
-            fn,
-            {"scale": 0.5},
-            check=lambda hp: [] if hp["scale"] > 0 else ["test_scale.scale must be > 0"],
-        )
+            "test_scale", fn, {"scale": 0.5},
+            check=lambda hp: [] if hp["scale"] > 0 else ["test_scale.scale must be > 0"])
     )
     model, tok, forget, retain = problem
     unl, _ = get_spec("test_scale").run(copy.deepcopy(model), tok, forget, retain)
@@ -117,11 +114,7 @@ def test_presets_and_grid_resolve(name):
 
 def test_paper_presets_where_the_paper_has_them():
     assert {n for n in BUILTIN_METHODS if f"unlearn.hparams.{n}" in PRESETS["olmo2-1b"]} == {
-        "simnpo",
-        "oracle_grad",
-        "memflex",
-        "alphaedit",
-    }
+        "simnpo", "oracle_grad", "memflex", "alphaedit"}
     assert get_spec("simnpo").resolve(PRESETS["olmo3-7b"]["unlearn.hparams.simnpo"])["alpha"] == 0.5
 
 

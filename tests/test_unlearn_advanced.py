@@ -77,13 +77,8 @@ def test_alphaedit_intermediate_loss_layer_and_neutral_texts(problem):
     model, tok, forget, retain = problem
     neutral = ["Where was the city of Lyon founded?", "Oslo and Bergen are cities.", "mail.com is a domain."]
     edited, log = get_spec("alphaedit").run(
-        copy.deepcopy(model),
-        tok,
-        forget,
-        retain,
-        {"layers": [0], "v_loss_layer": 1, "mom2_data": ["neutral"], "v_steps": 10},
-        neutral_texts=neutral,
-    )
+        copy.deepcopy(model), tok, forget, retain,
+        {"layers": [0], "v_loss_layer": 1, "mom2_data": ["neutral"], "v_steps": 10}, neutral_texts=neutral)
     v = log[log.phase == "v"]
     assert v.target_nll.iloc[-1] < v.target_nll.iloc[0] and (v.layer == 0).all()
     changed = {n for (n, p), q in zip(model.named_parameters(), edited.parameters()) if not torch.equal(p, q)}
@@ -120,16 +115,9 @@ def test_uld_base_unchanged_and_forget_nll_rises(problem, tmp_path):
     # generate: HF-style greedy output that starts with the prompt
     enc = tok([forget[0]["prompt"]], add_special_tokens=False, return_tensors="pt")
     g = wrapped.generate(
-        input_ids=enc["input_ids"],
-        attention_mask=enc["attention_mask"],
-        max_new_tokens=5,
-        do_sample=False,
-        num_beams=1,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        return_dict_in_generate=True,
-        output_logits=True,
-    )
+        input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=5, do_sample=False,
+        num_beams=1, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
+        output_logits=True)
     n = enc["input_ids"].shape[1]
     assert (
         torch.equal(g.sequences[:, :n], enc["input_ids"])

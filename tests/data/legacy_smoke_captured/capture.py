@@ -24,12 +24,8 @@ def stage(self, name, fn, key=None, deps=()):
         return orig_stage(self, name, fn, key=key, deps=deps)
     captured.append(
         {
-            "name": name,
-            "mutation": MUT["name"],
-            "key": json.loads(json.dumps(key, default=str)),
-            "deps": deps,
-            "hash": self.stage_hash(key, deps),
-        }
+            "name": name, "mutation": MUT["name"], "key": json.loads(json.dumps(key, default=str)), "deps": deps,
+            "hash": self.stage_hash(key, deps)}
     )
     raise Captured(name)
 
@@ -37,15 +33,7 @@ def stage(self, name, fn, key=None, deps=()):
 S.RunStore.stage = stage
 from lume_lab.pipeline.orchestration.config import open_experiment
 from lume_lab.pipeline.stages import (
-    unlearn as U,
-    tune as T,
-    attribution as A,
-    external as X,
-    remind as R,
-    resurface as RS,
-    robustness as RB,
-    base as B,
-)
+    unlearn as U, tune as T, attribution as A, external as X, remind as R, resurface as RS, robustness as RB, base as B)
 from lume_lab.pipeline.orchestration import launch
 launch.launch_settings = lambda: (1, None)
 
@@ -114,15 +102,10 @@ attempt(
 )
 src = X.external_source(store, "ext1", F)
 for f in (
-    lambda: U.evaluate_source(store, src),
-    lambda: U.localization_source(store, src),
-    lambda: RS.resurface_source(store, src),
-    lambda: RB.stage_robust_scores(store, src),
-    lambda: RB.stage_quantization(store, src),
-    lambda: RB.stage_weightspace(store, src),
-    lambda: RB.stage_relearning(store, src, "retain_only"),
-    lambda: R.remind_source(store, src),
-):
+    lambda: U.evaluate_source(store, src), lambda: U.localization_source(store, src),
+    lambda: RS.resurface_source(store, src), lambda: RB.stage_robust_scores(store, src),
+    lambda: RB.stage_quantization(store, src), lambda: RB.stage_weightspace(store, src),
+    lambda: RB.stage_relearning(store, src, "retain_only"), lambda: R.remind_source(store, src)):
     attempt(None, f)
 ALLOW.add(src.result_stage("remind"))
 attempt(None, lambda: R.stage_remind_ci(store, F, src))
