@@ -66,15 +66,9 @@ def main():
     layers = a.layers or list(range(L // 6, max(1, L // 3) + 1))
     if not all(0 <= l < L for l in layers): raise SystemExit(f"--layers must lie in 0..{L - 1}, got {layers}")
     torch.manual_seed(a.seed)
-    model = (
-        Olmo2ForCausalLM(
-            olmo2_config(
-                mc.vocab_size, mc.hidden_size, L, mc.num_heads, mc.intermediate_size, max(mc.max_seq_len, 128),
-                pad_token_id=0, eos_token_id=1)
-        )
-        .to(a.device)
-        .eval()
-    )
+    model = Olmo2ForCausalLM(olmo2_config(
+        mc.vocab_size, mc.hidden_size, L, mc.num_heads, mc.intermediate_size, max(mc.max_seq_len, 128),
+        pad_token_id=0, eos_token_id=1)).to(a.device).eval()
     rng, tok = random.Random(a.seed), IdTokenizer()
     texts = [
         " ".join(str(rng.randrange(2, mc.vocab_size)) for _ in range(a.text_len + rng.randint(-20, 20)))

@@ -62,10 +62,8 @@ def main():
         store = open_run(a.run)
         model, tok = load_stage_model(store, "instruct_masked")
         rows = attempt_rows(store, stage_forget_fields(store)[0])[0]
-        prompts, what = (
-            [r["prompt"] for r in rows][: a.prompts],
-            f"run {a.run!r}: instruct_masked, its resurfacing prompts",
-        )
+        prompts, what = ([r["prompt"] for r in rows][:a.prompts],
+                         f"run {a.run!r}: instruct_masked, its resurfacing prompts")
         enc_tok = tok
     else:
         mc = make_config(a.preset).model
@@ -82,10 +80,8 @@ def main():
             " ".join(str(rng.randrange(4, mc.vocab_size)) for _ in range(rng.randint(a.min_len, a.max_len)))
             for _ in range(a.prompts)
         ]
-        what, enc_tok = (
-            f"{a.preset} architecture, random weights, random prompts of {a.min_len}-{a.max_len} tokens",
-            _IdTok(),
-        )
+        what, enc_tok = (f"{a.preset} architecture, random weights, random prompts of {a.min_len}-{a.max_len} tokens",
+                         _IdTok())
     model = model.to(a.device).eval()
     sorted_path = lambda: [g["text"] for g in greedy_generate(model, enc_tok, prompts, a.new_tokens, a.batch)]
     ordered_path = lambda: prompt_order(model, enc_tok, prompts, a.new_tokens, a.batch)

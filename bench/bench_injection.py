@@ -72,11 +72,8 @@ def main():
     n_params = sum(p.numel() for p in model.parameters()); n_elig = sum(o.numel() for o in owner.values())
     owner_bytes = sum(o.numel() * o.element_size() for o in owner.values())
     packed_bytes = sum(o.numel() * o.element_size() for o in pack_masks(owner, G).values())
-    dev = (
-        torch.cuda.get_device_name(a.device)
-        if a.device.startswith("cuda")
-        else f"CPU, {torch.get_num_threads()} threads"
-    )
+    dev = (torch.cuda.get_device_name(a.device) if a.device.startswith("cuda")
+           else f"CPU, {torch.get_num_threads()} threads")
     print(
         f"torch {torch.__version__}, device {a.device} ({dev}), {a.dtype}; OLMo-2 hidden {a.hidden}, "
         f"{a.layers} layers, "

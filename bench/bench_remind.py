@@ -58,15 +58,9 @@ def main():
             "or smoke)"
         )
     torch.manual_seed(a.seed)
-    model = (
-        Olmo2ForCausalLM(
-            olmo2_config(
-                mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, mc.max_seq_len,
-                pad_token_id=0, eos_token_id=1)
-        )
-        .to(a.device)
-        .eval()
-    )
+    model = Olmo2ForCausalLM(olmo2_config(
+        mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, mc.max_seq_len,
+        pad_token_id=0, eos_token_id=1)).to(a.device).eval()
     ex = examples(a.inputs, a.variants, a.prompt_len, a.answer_len, mc.vocab_size, a.seed)
     n_seq = a.inputs * (a.variants + 1)
     check = min(8, a.inputs)
