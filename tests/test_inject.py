@@ -313,8 +313,8 @@ def test_injection_bad_input():
 
 # ---------------------------------------------------------------- distributed
 def test_distributed_matches_single_process(tmp_path):
-    """2 CPU processes (gloo, torchrun --standalone.
-    DDP via accelerate, and FSDP2) give the gradient and weights of one process with the same global batch."""
+    """2 CPU processes give the gradient and weights of one process with the same global batch.
+    The processes run on gloo: torchrun --standalone; DDP via accelerate, and FSDP2."""
     dist_dir, single_dir = tmp_path / "dist", tmp_path / "single"
     dist_dir.mkdir(); single_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

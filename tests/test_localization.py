@@ -1,5 +1,5 @@
-"""Localization precision (Lacuna §4.2, App.
-E): exact AUC vs scikit-learn, synthetic unlearning on real HF parameter names, bad input."""
+"""Localization precision (Lacuna §4.2, App. E).
+Exact AUC vs scikit-learn, synthetic unlearning on real HF parameter names, bad input."""
 import math
 
 import numpy as np
