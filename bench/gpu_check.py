@@ -315,8 +315,8 @@ def _mode_fns(model, batch, masker, owner, T, autocast):
             "per-sample": lambda: _per_sample(model, batch, owner, autocast)}
 
 def _per_sample(model, batch, owner, autocast):
-    """The per-sample loop under the same autocast as the other modes (its function takes none:
-    a bf16 forward, timed fairly)."""
+    """The per-sample loop under the same autocast as the other modes, so a bf16 forward is timed fairly.
+    Its function takes no autocast of its own."""
     from contextlib import nullcontext
     from lume_lab.inject.injection import per_sample_reference_grads
     dev = next(model.parameters()).device
@@ -421,8 +421,8 @@ def prepare_data(data_dir: Path, dry: bool) -> Path:
     return data_dir
 
 def make_checkpoint(path: Path, tok_dir: Path, shape: dict, dtype: torch.dtype, device) -> Path:
-    """A random OLMo-2 of `shape` (the 1B recipe's config:
-    models.lm.olmo2_config) with the world's tokenizer, saved as a HF checkpoint."""
+    """A random OLMo-2 of `shape` with the world's tokenizer, saved as a HF checkpoint.
+    Its config is the 1B recipe's: models.lm.olmo2_config."""
     from transformers import AutoTokenizer, Olmo2ForCausalLM
     from lume_lab.models.lm import olmo2_config
     from lume_lab.models.ops import special_ids

@@ -205,8 +205,8 @@ def computed_entry(run_dir, name: str) -> tuple[float | None, bool]:
 
 
 def expected_stage_seconds(run_dir) -> pd.Series:
-    """Seconds per stage family of a run, summed straight from the manifests (an adopted stage:
-    the computing run's seconds)."""
+    """Seconds per stage family of a run, summed straight from the manifests.
+    An adopted stage counts the computing run's seconds."""
     cfg, out = run_config(run_dir), {}
     for k in run_manifest(run_dir).get("stages", {}):
         s = computed_entry(run_dir, k)[0]

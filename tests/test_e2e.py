@@ -26,8 +26,8 @@ def quick_start_args() -> tuple[list[str], str]:
 
 
 def make_recipe_args(target: str, *make_args: str) -> list[str]:
-    """The `lume-lab` arguments of the `lume-lab run` line that `make <target> <make_args>` would run (dry run:
-    nothing runs)."""
+    """The `lume-lab` arguments of the `lume-lab run` line that `make <target> <make_args>` would run.
+    A dry run: nothing runs."""
     dry = subprocess.run(["make", "-n", "-o", ".venv/.lume-lab-setup", target, *make_args], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     argv = shlex.split(next(l for l in dry.splitlines() if "lume-lab run" in l))
