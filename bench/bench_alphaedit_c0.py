@@ -78,8 +78,7 @@ def main():
     same = all(torch.equal(full_pass_moment(model, tok, texts, l)[0], one[l]) for l in layers)
     print(
         f"model: {a.preset} width, {L} layers, edited layers {layers}, on {a.device}, threads "
-        f"{torch.get_num_threads()}; "
-        f"{a.texts} texts, {N} keys; C_0 bitwise equal: {same}"
+        f"{torch.get_num_threads()}; {a.texts} texts, {N} keys; C_0 bitwise equal: {same}"
     )
     if not same: raise SystemExit("the one-pass and per-layer C_0 differ: fix before timing")
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)

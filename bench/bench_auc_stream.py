@@ -72,8 +72,7 @@ def main():
     print(f"{'streaming_auc':>22} {sec:>9.1f} {ours_extra:>9.0f} {ours_extra * 2 ** 20 / n:>12.2f}   auc {auc:.12f}")
     print(
         f"{'sklearn (scaled 1e6)':>22} {ref['seconds'] * n / 1e6:>9.1f} {sk_bytes * n / 2**20:>9.0f} "
-        f"{sk_bytes:>12.2f}   "
-        f"(plus the {5 * n / 2**20:.0f} MB of scores and labels it must hold)"
+        f"{sk_bytes:>12.2f}   (plus the {5 * n / 2**20:.0f} MB of scores and labels it must hold)"
     )
     print(
         f"process peak {peak_mb / 1024:.2f} GB ({'<' if peak_mb < 4096 else '>='} the 4 GB goal); "

@@ -88,8 +88,7 @@ def main():
     same = sum(x == y for x, y in zip(sorted_path(), ordered_path()))
     print(
         f"{what}; {len(prompts)} prompts, batch {a.batch}, ≤ {a.new_tokens} new tokens, {a.device}, threads "
-        f"{torch.get_num_threads()}; "
-        f"identical answers: {same} / {len(prompts)}"
+        f"{torch.get_num_threads()}; identical answers: {same} / {len(prompts)}"
     )
     if same < len(prompts):
         print(

@@ -75,9 +75,8 @@ def main():
     dev = (torch.cuda.get_device_name(a.device) if a.device.startswith("cuda")
            else f"CPU, {torch.get_num_threads()} threads")
     print(
-        f"torch {torch.__version__}, device {a.device} ({dev}), {a.dtype}; OLMo-2 hidden {a.hidden}, "
-        f"{a.layers} layers, "
-        f"{n_params / 1e6:.2f}M params ({n_elig / 1e6:.2f}M eligible); batch {a.batch} x {a.seq_len} tokens, "
+        f"torch {torch.__version__}, device {a.device} ({dev}), {a.dtype}; OLMo-2 hidden {a.hidden}, {a.layers} "
+        f"layers, {n_params / 1e6:.2f}M params ({n_elig / 1e6:.2f}M eligible); batch {a.batch} x {a.seq_len} tokens, "
         f"{a.neutral:.0%} neutral; median of {a.reps} interleaved reps (shared 2-core machine: expect noise)"
     )
     print(
@@ -143,16 +142,12 @@ def main():
     print("\n'vs unmasked' = throughput ratio of medians; 'vs unm. (min)' = ratio of the fastest reps, the less "
           "contention-sensitive estimate on a shared machine.")
     print(
-        "'vs unmasked' = throughput ratio (goal for masked: >= 0.9x). Masked does one backward per group sub-batch "
-        "(k PII groups present -> k+1 backwards); 'masked segmented' does one backward: Linear weight-gradient matmuls "
-        "split per group, other "
-        "parameterised modules run per group segment; 'masked grouped' is that backward with each Linear's group parts "
-        "picked by one "
-        "gather and the modules no mask covers run once; the per-sample reference does one backward per row. 'grouped "
-        "vs segmented' = "
-        "throughput ratio (> 1: grouped faster): of medians, of the fastest reps, and the median of the per-rep ratios "
-        "(the two run "
-        "back to back in every rep)."
+        "'vs unmasked' = throughput ratio (goal for masked: >= 0.9x). Masked does one backward per group sub-batch (k "
+        "PII groups present -> k+1 backwards); 'masked segmented' does one backward: Linear weight-gradient matmuls "
+        "split per group, other parameterised modules run per group segment; 'masked grouped' is that backward with "
+        "each Linear's group parts picked by one gather and the modules no mask covers run once; the per-sample "
+        "reference does one backward per row. 'grouped vs segmented' = throughput ratio (> 1: grouped faster): of "
+        "medians, of the fastest reps, and the median of the per-rep ratios (the two run back to back in every rep)."
     )
 
 

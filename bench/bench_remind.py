@@ -67,9 +67,8 @@ def main():
     diff = np.abs(variant_losses(model, ex[:check], batch_size=a.batch) - variant_losses_loop(model, ex[:check])).max()
     print(
         f"model: {a.preset} architecture ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters) on "
-        f"{a.device}, "
-        f"threads {torch.get_num_threads()}; {a.inputs} inputs × {a.variants + 1} sequences = {n_seq}; max |batched − "
-        f"loop| = {diff:.2e}"
+        f"{a.device}, threads {torch.get_num_threads()}; {a.inputs} inputs × {a.variants + 1} sequences = {n_seq}; max "
+        f"|batched − loop| = {diff:.2e}"
     )
     if diff > 1e-4: raise SystemExit("batched and per-variant losses differ: fix before timing")
     times = {"batched": [], "per-variant": []}

@@ -46,9 +46,8 @@ def main():
                 t = time.perf_counter(); fn(yy, PP, pos, g, a.boot); times[label].append(time.perf_counter() - t)
         fast, slow = statistics.median(times["all draws at once"]), statistics.median(times["draw by draw"])
         print(
-            f"{name}: {len(y)} rows, {a.boot} draws — all at once {fast * 1e3:.1f} ms, draw by draw "
-            f"{slow * 1e3:.1f} ms, "
-            f"ratio {slow / fast:.1f}x (bitwise-equal intervals)"
+            f"{name}: {len(y)} rows, {a.boot} draws — all at once {fast * 1e3:.1f} ms, draw by draw {slow * 1e3:.1f} "
+            f"ms, ratio {slow / fast:.1f}x (bitwise-equal intervals)"
         )
 
 

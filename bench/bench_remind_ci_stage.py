@@ -81,9 +81,8 @@ def main():
                 if not same: raise SystemExit("the two paths' intervals differ")
     med = {k: statistics.median(v) for k, v in times.items()}
     print(
-        f"{d}: {feats.groupby(['model', 'input']).ngroups} model x input, {len(oof):,} out-of-fold rows, "
-        f"{n_boot} draws; "
-        f"intervals bitwise equal"
+        f"{d}: {feats.groupby(['model', 'input']).ngroups} model x input, {len(oof):,} out-of-fold rows, {n_boot} "
+        "draws; intervals bitwise equal"
     )
     print(f"refit {med['refit']:.2f} s | oof {med['oof']:.2f} s | refit / oof {med['refit'] / med['oof']:.1f}x")
 

@@ -171,11 +171,9 @@ def markdown(d: dict) -> str:
         elif name == "injection":
             out += [
                 f"shape {p.get('shape')} ({_fmt(p.get('params'))} parameters), batch {p.get('batch')} × "
-                f"{p.get('seq_len')} tokens "
-                f"(largest of {p.get('batch_probe')} that fits), {N_GROUPS} groups in {MASK_FRACTION:.0%} masks, half "
-                "the rows neutral; "
-                "one gradient per step (forward and backward(s), no optimizer step); medians of the interleaved reps "
-                "after a warm-up.",
+                f"{p.get('seq_len')} tokens (largest of {p.get('batch_probe')} that fits), {N_GROUPS} groups in "
+                f"{MASK_FRACTION:.0%} masks, half the rows neutral; one gradient per step (forward and backward(s), no "
+                "optimizer step); medians of the interleaved reps after a warm-up.",
                 "",
             ]
             out += _table(

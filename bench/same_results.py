@@ -113,9 +113,8 @@ def main(argv=None):
             counts = mig["migration"].value_counts().to_dict()
             page += [f"## The key migration on a copy of `{a.old.name}`\n",
                      "The old run copied, then run again by the new code with the same command: each stage the old "
-                     "code had "
-                     "finished is adopted under its declared key (`adopted`), or computed again (`unverified`, or no "
-                     "entry).\n",
+                     "code had finished is adopted under its declared key (`adopted`), or computed again "
+                     "(`unverified`, or no entry).\n",
                      "Counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()) + ".\n", md(mig)]
         a.out.write_text("\n".join(p for p in page if p != "") + "\n")
         print(f"wrote {a.out}")

@@ -164,12 +164,10 @@ CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placem
     "inject/injection.py": (2, "the injection checkpoint's RNG-state key 'cpu', written and read back (the CPU "
                                "generator's state)"),
     "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') "
-                        "of optimizer state, "
-                        "which load_state_dict then moves to the parameters' device"),
+                        "of optimizer state, which load_state_dict then moves to the parameters' device"),
     "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),
     "unlearn/localized_graddiff.py": (1, "top-k selection of attribution scores: numpy's introselect on the CPU copy; "
-                                         "the mask then "
-                                         "moves to the parameters' device"),
+                                         "the mask then moves to the parameters' device"),
     "analysis/attribution.py": (2, "per-weight statistics of two state dicts for the scikit-learn mask-signature "
                                    "classifier (numpy)"),
 }
@@ -184,9 +182,8 @@ def test_no_stage_hard_codes_the_cpu():
                 found.setdefault(rel, []).append(node.lineno)
     stray = {k: v for k, v in found.items() if len(v) != CPU_ALLOWED.get(k, (0,))[0]}
     assert not stray, (f"'cpu' literals in {stray} differ from the reasoned allow-list: a stage that names the CPU "
-                       "runs there "
-                       "even on a GPU machine; use models.accel.default_device() (or update CPU_ALLOWED with "
-                       "the reason)")
+                       "runs there even on a GPU machine; use models.accel.default_device() (or update CPU_ALLOWED "
+                       "with the reason)")
 
 
 def test_bf16_pii_only_steps_keep_out_of_mask_weights_bitwise():

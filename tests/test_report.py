@@ -429,10 +429,8 @@ def test_remind_intervals_on_the_page(tmp_path):
     n = lambda v: (lr.verdict == v).sum()
     assert (
         f"REMIND LR is ahead of the best fair baseline on {(lr.remind_auc > lr.baseline_auc).sum()} of {len(lr)} "
-        "models; its 95 % interval "
-        f"(bootstrap over profiles) lies above the baseline's on {n('REMIND ahead')}, below on "
-        f"{n('baseline ahead')}, and overlaps it "
-        f"(no reading either way) on {n('intervals overlap')}"
+        f"models; its 95 % interval (bootstrap over profiles) lies above the baseline's on {n('REMIND ahead')}, below "
+        f"on {n('baseline ahead')}, and overlaps it (no reading either way) on {n('intervals overlap')}"
     ) in html.unescape(h2_sections(page)["REMIND: residual memorization"])
     # email_address has no intervals: no table
     assert sum("REMIND LR % [95% CI]" in t.columns for t in read_html_tables(page)) == 1

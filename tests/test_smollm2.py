@@ -15,8 +15,7 @@ from lume_lab.models.arch import architecture, missing_names, tied_embeddings
 # A fixed English paragraph (written for this test): a model that knows English predicts most of its tokens well.
 PARAGRAPH = ("The museum opens at nine in the morning and closes at five in the evening. Visitors can walk through the "
              "old rooms, read about the history of the town, and buy a cup of coffee in the small shop near the "
-             "entrance. "
-             "On weekends, the staff offer free tours for children and their parents.")
+             "entrance. On weekends, the staff offer free tours for children and their parents.")
 
 # The smoke-size chain: what `lume-lab run --preset smollm2` needs to pass every stage quickly on 2 cores.
 SMOKE_SETS = [
