@@ -41,8 +41,9 @@ def worker(impl: str, n: int, seed: int, threads: int) -> dict:
 
 
 def measure(impl: str, n: int, seed: int, threads: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--worker", impl, "--sizes", str(n), "--seed", str(seed), "--threads", str(threads)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", impl, "--sizes", str(n), "--seed", str(seed), "--threads", str(threads)],
+        capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -59,7 +60,10 @@ def main():
     for n in sizes:
         r = {impl: measure(impl, n, a.seed, a.threads) for impl in ("sklearn", "ours")}
         for impl, m in r.items():
-            print(f"{n:>12.0e} {impl:>8} {m['seconds']:>9.2f} {m['peak_extra_mb']:>14.0f} {m['peak_total_mb']:>14.0f} {m['auc']:>20.17f}")
+            print(
+                f"{n:>12.0e} {impl:>8} {m['seconds']:>9.2f} {m['peak_extra_mb']:>14.0f} {m['peak_total_mb']:>14.0f} "
+                f"{m['auc']:>20.17f}"
+            )
         sk, us = r["sklearn"], r["ours"]
         print(f"{n:>12.0e}   speed-up {sk['seconds'] / us['seconds']:.2f}x, peak extra memory sklearn/ours "
               f"{sk['peak_extra_mb'] / max(us['peak_extra_mb'], 1):.1f}x, |Δauc| = {abs(sk['auc'] - us['auc']):.1e}, "

@@ -55,19 +55,30 @@ def main():
     ref = json.loads(subprocess.run([sys.executable, __file__, "--sklearn-worker", str(10 ** 6), "--seed", str(a.seed)],
                                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     ours_small = streaming_auc(chunks(10 ** 6, 1 << 16, a.seed))
-    print(f"check on 1e6 scores: streaming {ours_small:.17f}  sklearn {ref['auc']:.17f}  |Δ| = {abs(ours_small - ref['auc']):.1e}")
+    print(
+        f"check on 1e6 scores: streaming {ours_small:.17f}  sklearn {ref['auc']:.17f}  |Δ| = "
+        f"{abs(ours_small - ref['auc']):.1e}"
+    )
     base_mb = _status_kb("VmRSS") / 1024
     t = time.perf_counter(); auc = streaming_auc(chunks(n, a.chunk, a.seed)); sec = time.perf_counter() - t
     peak_mb = _status_kb("VmHWM") / 1024
     sk_bytes = ref["extra_mb"] * 2 ** 20 / 10 ** 6
-    print(f"torch {torch.__version__}, {a.threads} threads; n = {n:.0e} scores in chunks of {a.chunk:,} (3 passes: counts, smaller class, stream)")
+    print(
+        f"torch {torch.__version__}, {a.threads} threads; n = {n:.0e} scores in chunks of {a.chunk:,} (3 passes: "
+        "counts, smaller class, stream)"
+    )
     ours_extra = peak_mb - base_mb
     print(f"{'':>22} {'seconds':>9} {'extra MB':>9} {'bytes/score':>12}")
     print(f"{'streaming_auc':>22} {sec:>9.1f} {ours_extra:>9.0f} {ours_extra * 2 ** 20 / n:>12.2f}   auc {auc:.12f}")
-    print(f"{'sklearn (scaled 1e6)':>22} {ref['seconds'] * n / 1e6:>9.1f} {sk_bytes * n / 2 ** 20:>9.0f} {sk_bytes:>12.2f}   "
-          f"(plus the {5 * n / 2 ** 20:.0f} MB of scores and labels it must hold)")
-    print(f"process peak {peak_mb / 1024:.2f} GB ({'<' if peak_mb < 4096 else '>='} the 4 GB goal); "
-          f"extra memory sklearn/ours {sk_bytes * n / 2 ** 20 / max(ours_extra, 1):.1f}x, time sklearn/ours {ref['seconds'] * n / 1e6 / sec:.1f}x")
+    print(
+        f"{'sklearn (scaled 1e6)':>22} {ref['seconds'] * n / 1e6:>9.1f} {sk_bytes * n / 2**20:>9.0f} "
+        f"{sk_bytes:>12.2f}   (plus the {5 * n / 2**20:.0f} MB of scores and labels it must hold)"
+    )
+    print(
+        f"process peak {peak_mb / 1024:.2f} GB ({'<' if peak_mb < 4096 else '>='} the 4 GB goal); "
+        f"extra memory sklearn/ours {sk_bytes * n / 2**20 / max(ours_extra, 1):.1f}x, time sklearn/ours "
+        f"{ref['seconds'] * n / 1e6 / sec:.1f}x"
+    )
 
 
 if __name__ == "__main__": main()

@@ -32,8 +32,11 @@ def load(which: str):
     from transformers import Olmo2ForCausalLM
     from lume_lab.models.lm import olmo2_config
     mc = make_config("mini").model
-    return Olmo2ForCausalLM(olmo2_config(mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size,
-                                         pad_token_id=0, eos_token_id=0)), mc.vocab_size
+    return Olmo2ForCausalLM(
+        olmo2_config(
+            mc.vocab_size, mc.hidden_size, mc.num_layers, mc.num_heads, mc.intermediate_size, pad_token_id=0,
+            eos_token_id=0)
+    ), mc.vocab_size
 
 
 def main():
@@ -48,7 +51,10 @@ def main():
     model.train()
     owner = random_element_masks(model, a.groups, a.fraction, seed=a.seed)
     rng = random.Random(a.seed)
-    batch = [{"input_ids": [rng.randrange(1, vocab) for _ in range(a.seq_len)], "group": i % (a.groups + 1) - 1} for i in range(a.batch)]
+    batch = [
+        {"input_ids": [rng.randrange(1, vocab) for _ in range(a.seq_len)], "group": i % (a.groups + 1) - 1}
+        for i in range(a.batch)
+    ]
     flags = " ".join(f for f in ("avx512_bf16", "amx_bf16") if f in open("/proc/cpuinfo").read()) or "none"
     print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads, bf16 CPU flags: {flags}; {a.model} "
           f"({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params), batch {a.batch} x {a.seq_len} tokens, "

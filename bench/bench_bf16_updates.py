@@ -6,9 +6,10 @@ in the last place of a weight (|w| · 2⁻⁹) rounds back to the old value. Ada
 the small learning rates of the real-model presets (injection 1e-5) only weights with |w| ≲ 512 · lr move at all.
 
 This script builds a preset's tiny OLMo-2 with `models.lm.build_model` (random weights, std 0.02: trained OLMo-2
-matrices are of the same order), runs the same `--steps` AdamW steps on the same random batch in float32 and in bfloat16, and prints
-the share of matrix weights that changed in each, and, for bf16, the median |w| of the weights that moved and of those
-that did not. Weight-change scores (localization precision) then see weight magnitude as well as the method.
+matrices are of the same order), runs the same `--steps` AdamW steps on the same random batch in float32 and in
+bfloat16, and prints the share of matrix weights that changed in each, and, for bf16, the median |w| of the weights that
+moved and of those that did not. Weight-change scores (localization precision) then see weight magnitude as well as the
+method.
 
     .venv/bin/python bench/bench_bf16_updates.py [--preset smoke] [--lrs 1e-5 1e-4 5e-4] [--steps 3]
 """
@@ -33,7 +34,7 @@ class VocabOnly:
 
 
 def changed_share(model_cfg, dtype: str, lr: float, steps: int, seed: int = 0) -> tuple[float, float, float]:
-    "(share of 2-D weights changed, median |w| of the changed ones, median |w| of the unchanged ones) after `steps` AdamW steps."
+    "(share of 2-D weights changed, median |w| of the changed, median |w| of the unchanged) after `steps` AdamW steps."
     model = build_model(dataclasses.replace(model_cfg, dtype=dtype), VocabOnly(model_cfg.vocab_size), seed).train()
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.dim() == 2}
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -57,7 +58,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     m = make_config(a.preset).model
-    print(f"{a.preset} architecture ({m.num_layers} layers × {m.hidden_size}), {a.steps} AdamW steps, share of matrix weights changed:")
+    print(
+        f"{a.preset} architecture ({m.num_layers} layers × {m.hidden_size}), {a.steps} AdamW steps, share of matrix "
+        "weights changed:"
+    )
     print(f"{'lr':>8} {'float32':>8} {'bfloat16':>9} {'bf16/fp32':>10}   median |w| bf16 moved / unmoved")
     for lr in a.lrs:
         f32, _, _ = changed_share(m, "float32", lr, a.steps)

@@ -1,5 +1,5 @@
-"""REMIND's bootstrap intervals over profiles: all draws at once from running sums over the sorted scores (`grouped_auc_ci`) vs
-draw by draw with `exact_auc` (`grouped_auc_ci_loop`, the reference), side by side.
+"""REMIND's bootstrap intervals over profiles: all draws at once from running sums over the sorted scores
+(`grouped_auc_ci`) vs draw by draw with `exact_auc` (`grouped_auc_ci_loop`, the reference), side by side.
 
 Inputs shaped like one `remind_ci` comparison: `--profiles` profiles per class (retained, forgotten, holdout), each with
 `--rows` rows (the original question and its rephrasing move together), and out-of-fold probabilities (random here:
@@ -45,8 +45,10 @@ def main():
             for label, fn in (("all draws at once", grouped_auc_ci), ("draw by draw", grouped_auc_ci_loop)):
                 t = time.perf_counter(); fn(yy, PP, pos, g, a.boot); times[label].append(time.perf_counter() - t)
         fast, slow = statistics.median(times["all draws at once"]), statistics.median(times["draw by draw"])
-        print(f"{name}: {len(y)} rows, {a.boot} draws — all at once {fast * 1e3:.1f} ms, draw by draw {slow * 1e3:.1f} ms, "
-              f"ratio {slow / fast:.1f}x (bitwise-equal intervals)")
+        print(
+            f"{name}: {len(y)} rows, {a.boot} draws — all at once {fast * 1e3:.1f} ms, draw by draw {slow * 1e3:.1f} "
+            f"ms, ratio {slow / fast:.1f}x (bitwise-equal intervals)"
+        )
 
 
 if __name__ == "__main__":

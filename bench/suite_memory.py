@@ -16,7 +16,8 @@ row from the latest run that measured it, so a rerun of a few notebooks (`--only
 
     .venv/bin/python bench/suite_memory.py [--tests] [--no-nbs] [--only nbs/x/NN_y.ipynb tests/test_x.py ...]
         [--record docs/results/suite-memory.jsonl --out docs/results/suite-memory.md]
-    .venv/bin/python bench/suite_memory.py --render --record docs/results/suite-memory.jsonl --out docs/results/suite-memory.md
+    .venv/bin/python bench/suite_memory.py --render --record docs/results/suite-memory.jsonl
+        --out docs/results/suite-memory.md
 
 Wall times are from a shared 2-core machine: read them as a rough ranking, not a benchmark.
 """
@@ -61,9 +62,12 @@ def _tree_rss(proc: psutil.Process) -> int:
 
 
 def measure(cmd: list[str], cwd: Path, env: dict, kill_gb: float, poll_s: float = 0.5) -> dict:
-    "Run `cmd` to its end; its wall seconds, peak RSS (MB, ru_maxrss of it and its waited-for descendants), exit code, log."
+    """Run `cmd` to its end.
+    Its wall seconds, peak RSS (MB, ru_maxrss of it and its waited-for descendants), exit code, log."""
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     ps, killed, log = psutil.Process(p.pid), False, []
     os.set_blocking(p.stdout.fileno(), False)
     while True:
@@ -79,8 +83,9 @@ def measure(cmd: list[str], cwd: Path, env: dict, kill_gb: float, poll_s: float 
     if rest: log.append(rest)
     p.stdout.close()
     p.returncode = os.waitstatus_to_exitcode(status)
-    return dict(wall_s=round(time.monotonic() - t0, 1), peak_mb=round(ru.ru_maxrss / 1024, 1), rc=p.returncode, killed=killed,
-                log=b"".join(log).decode(errors="replace"))
+    return dict(
+        wall_s=round(time.monotonic() - t0, 1), peak_mb=round(ru.ru_maxrss / 1024, 1), rc=p.returncode, killed=killed,
+        log=b"".join(log).decode(errors="replace"))
 
 
 def nb_cmd(nb: Path, flags: str = "slow") -> list[str]:
@@ -103,7 +108,8 @@ def table(rows: list[dict]) -> str:
     "Markdown table, largest peak first; the goal column says whether the process stays within GOAL_GB."
     lines = [f"| process | wall s | peak RSS MB | ≤ {GOAL_GB:g} GB | result |", "|:---|---:|---:|:---:|:---|"]
     for r in sorted(rows, key=lambda r: (-r["peak_mb"], r["name"])):
-        lines.append(f"| `{r['name']}` | {r['wall_s']:.0f} | {r['peak_mb']:,.0f} | {'**NO**' if over_goal(r) else 'yes'} | {status(r)} |")
+        lines.append(f"| `{r['name']}` | {r['wall_s']:.0f} | {r['peak_mb']:,.0f} | "
+                     f"{'**NO**' if over_goal(r) else 'yes'} | {status(r)} |")
     return "\n".join(lines)
 
 
@@ -113,11 +119,14 @@ def latest(records: list[dict]) -> list[dict]:
 
 
 def section(kind: str, rows: list[dict]) -> str:
-    "A section of the page: the runs its rows come from (command, commit, date, machine), the processes over the goal, the table."
+    """A section of the page:
+    the runs its rows come from (command, commit, date, machine), the processes over the goal, the table."""
     runs = list(dict.fromkeys((r["command"], r["commit"], r["machine"]) for r in rows))
     out = [f"## {SECTIONS[kind]}", ""]
     for cmd, commit, machine in runs:
-        days = sorted({r["started"][:10] for r in rows if (r["command"], r["commit"], r["machine"]) == (cmd, commit, machine)})
+        days = sorted(
+            {r["started"][:10] for r in rows if (r["command"], r["commit"], r["machine"]) == (cmd, commit, machine)}
+        )
         n = sum((r["command"], r["commit"], r["machine"]) == (cmd, commit, machine) for r in rows)
         out += [f"- **Command**: `{cmd}` ({n} process{'es' if n > 1 else ''})", f"  - **Commit**: `{commit}`",
                 f"  - **Date**: {', '.join(days)}", f"  - **Machine**: {machine}"]
@@ -126,7 +135,8 @@ def section(kind: str, rows: list[dict]) -> str:
     missing = sorted({str(p.relative_to(ROOT)) for p in every} - {r["name"] for r in rows})
     if missing: out.append(f"- **Not measured** (no row yet): {', '.join(f'`{n}`' for n in missing)}")
     peak = max(rows, key=lambda r: r["peak_mb"])
-    out += [f"- **Largest**: `{peak['name']}`, {peak['peak_mb']:,.0f} MB; over {GOAL_GB:g} GB: {', '.join(over) or 'none'}", "",
+    out += [f"- **Largest**: `{peak['name']}`, {peak['peak_mb']:,.0f} MB; over {GOAL_GB:g} GB: "
+            f"{', '.join(over) or 'none'}", "",
             table(rows), ""]
     return "\n".join(out)
 
@@ -145,15 +155,21 @@ test process ≤ {GOAL_GB:g} GB. The machine is shared with other jobs: read the
 
 def render(records: list[dict]) -> str:
     rows = latest(records)
-    return PAGE_HEAD + "".join("\n" + section(k, [r for r in rows if r["kind"] == k]) for k in SECTIONS if any(r["kind"] == k for r in rows))
+    return PAGE_HEAD + "".join(
+        "\n" + section(k, [r for r in rows if r["kind"] == k]) for k in SECTIONS if any(r["kind"] == k for r in rows)
+    )
 
 
 def provenance() -> dict:
     """This checkout's commit and this machine, asked of `lume_lab.core.store` in a child process: importing it here (it
-    imports torch) would make this process ~200 MB, and a child's `ru_maxrss` starts from the size of the process it forks."""
+    imports torch) would make this process ~200 MB, and a child's `ru_maxrss` starts from the size of the process it
+    forks."""
     code = ("import json, psutil; from lume_lab.core.store import git_commit, machine_info; print(json.dumps(dict("
-            "commit=git_commit(), machine=f'{machine_info()}, {psutil.virtual_memory().total / 2**30:.0f} GiB memory')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=test_env(), capture_output=True, text=True, check=True)
+            "commit=git_commit(), machine=f'{machine_info()}, {psutil.virtual_memory().total / 2**30:.0f} GiB "
+            "memory')))")
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=test_env(), capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -163,7 +179,8 @@ def read_record(path: Path) -> list[dict]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", nargs="*", default=None, help="notebooks or pytest files to run (default: every library notebook)")
+    ap.add_argument("--only", nargs="*", default=None, help="notebooks or pytest files to run (default: every library "
+                                                            "notebook)")
     ap.add_argument("--tests", action="store_true", help="also run each tests/test_*.py file alone")
     ap.add_argument("--no-nbs", action="store_true", help="skip the notebooks (with --tests: only the pytest files)")
     ap.add_argument("--kill-gb", type=float, default=12.0, help="stop a process tree whose largest process passes this")
@@ -192,7 +209,8 @@ def main(argv=None):
         rows.append(r)
         print(f"[{i}/{len(items)}] {r['name']}: {r['wall_s']:.0f} s, {r['peak_mb']:,.0f} MB, {status(r)}", flush=True)
         if r["rc"] != 0: print(log[-3000:], flush=True)
-        for l in re.findall(r"^\S+\.ipynb:\S+: [\d.]+s$", log, re.M): print("    slow cell", l, flush=True)   # cell_timing_min
+        # cell_timing_min
+        for l in re.findall(r"^\S+\.ipynb:\S+: [\d.]+s$", log, re.M): print("    slow cell", l, flush=True)
         if record:
             with record.open("a") as f: f.write(json.dumps(r) + "\n")
             if args.out: Path(args.out).write_text(render(read_record(record)))

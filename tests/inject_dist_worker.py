@@ -59,7 +59,8 @@ def run(out_dir, accelerator=None):
     if accelerator.is_main_process:
         save_file({n: p.grad.contiguous().clone() for n, p in accelerator.unwrap_model(model).named_parameters()},
                   str(Path(out_dir) / "grad_segmented.safetensors"))
-    model.zero_grad(set_to_none=True)   # and the segmented backward's grouped mode (one gather per Linear, unowned modules once)
+    # and the segmented backward's grouped mode (one gather per Linear, unowned modules once)
+    model.zero_grad(set_to_none=True)
     with GradMasker(accelerator.unwrap_model(model), owner) as masker:
         masked_backward(model, phases["mixed"][0][:7], masker, accelerator=accelerator, micro_batch_size=8,
                         segmented=True, pad_to=16, grouped=True)

@@ -1,5 +1,5 @@
-"""Checks shared by test_report.py and test_pipeline.py's smoke run: a report page shows the values of the CSVs it was made from,
-and a renderer reads only the report files its section declares."""
+"""Checks shared by test_report.py and test_pipeline.py's smoke run: a report page shows the values of the CSVs it was
+made from, and a renderer reads only the report files its section declares."""
 import os, re
 from contextlib import ExitStack, contextmanager
 from fnmatch import fnmatchcase
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from lume_lab.pipeline.presentation.report import read_html_tables
-from lume_lab.pipeline.presentation.scorecard import (SCORECARD_METRICS as METRICS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B, metric_sources,
-                                                        verdict_columns)
+from lume_lab.pipeline.presentation.scorecard import (
+    SCORECARD_METRICS as METRICS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B, metric_sources, verdict_columns)
 
 EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
 
@@ -50,7 +50,8 @@ def h2_sections(page: str) -> dict[str, str]:
 
 
 def assert_verdict_matches(card: pd.DataFrame, page: str):
-    "The verdict table (first table, in the first h2 section) shows each verdict column as 'ours (paper)' at its display digits."
+    """The verdict table shows each verdict column as 'ours (paper)' at its display digits.
+    It is the first table, in the first h2 section."""
     assert re.findall(r"<h2>([^<]+)</h2>", page)[0] == "Verdict"
     t = read_html_tables(h2_sections(page)["Verdict"])[0].set_index(["field", "method"])
     checked = 0
@@ -59,14 +60,15 @@ def assert_verdict_matches(card: pd.DataFrame, page: str):
             if c not in card: continue
             head = next(h for h in t.columns if h.startswith(METRICS[c].label + " "))
             want = _fmt(r[c], METRICS[c].digits)
-            if f"{c}_paper" in card and not pd.isna(r[f"{c}_paper"]): want += f" ({_fmt(r[f'{c}_paper'], METRICS[c].digits)})"
+            if f"{c}_paper" in card and not pd.isna(r[f"{c}_paper"]):
+                want += f" ({_fmt(r[f'{c}_paper'], METRICS[c].digits)})"
             assert t.at[(f, m), head] == want, (f, m, c, t.at[(f, m), head], want)
             checked += 1
     return checked
 
 
 def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
-    "scorecard.csv and the page's scorecard tables hold exactly the values of the run's CSVs (and the paper's typed table)."
+    "scorecard.csv and the page's scorecard tables hold exactly the run's CSV values (and the paper's typed table)."
     rep, out = Path(run_dir) / "report", Path(out_dir or Path(run_dir) / "report")
     card = pd.read_csv(out / "scorecard.csv").set_index(["field", "method"])
     page = (out / "index.html").read_text()
@@ -81,10 +83,15 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
                 checked += 1
             assert card.at[(field, m), "forget_profiles"] == t.at[("forget", "em"), "n_profiles"]
             assert card.at[(field, m), "retain_rows"] == t.at[("retain", "em"), "n_rows"]
-            assert html[field].at[m, "n forget (profiles / rows)"] == f"{t.at[('forget', 'em'), 'n_profiles']:.0f} / {t.at[('forget', 'em'), 'n_rows']:.0f}"
+            assert (
+                html[field].at[m, "n forget (profiles / rows)"]
+                == f"{t.at[('forget', 'em'), 'n_profiles']:.0f} / {t.at[('forget', 'em'), 'n_rows']:.0f}"
+            )
             if field in PAPER_TABLE2_OLMO2_1B and m in PAPER_METHODS:          # the paper's column: the typed Table 2
                 v = PAPER_TABLE2_OLMO2_1B[field][("forget", "em")][PAPER_METHODS.index(m)]
-                assert card.at[(field, m), "forget_em_paper"] == v and html[field].at[m, "forget EM (paper)"] == f"{v:.1f}"
+                assert (
+                    card.at[(field, m), "forget_em_paper"] == v and html[field].at[m, "forget EM (paper)"] == f"{v:.1f}"
+                )
     if (rep / "localization_summary.csv").exists():
         for _, r in pd.read_csv(rep / "localization_summary.csv").iterrows():
             assert _same(card.at[(r.field, r.method), f"auc_{r.labels}"], r.auc)
@@ -94,10 +101,16 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
     for p in sorted(rep.glob("remind_*.csv")):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         field, t = p.stem.removeprefix("remind_"), pd.read_csv(p)
-        for _, r in t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])].iterrows():
-            if (field, r.model) not in card.index: assert r.model in ("base", "none_control"); continue
+        for _, r in t[
+            (t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])
+        ].iterrows():
+            if (field, r.model) not in card.index:
+                assert r.model in ("base", "none_control")
+                continue
             assert _same(card.at[(field, r.model), r.detector.replace("remind_", "remind_auc_")], r["multi"])
-            assert html[field].at[r.model, {"remind_lr": "REMIND LR", "remind_rf": "REMIND RF"}[r.detector]] == _fmt(r["multi"], 1)
+            assert html[field].at[r.model, {"remind_lr": "REMIND LR", "remind_rf": "REMIND RF"}[r.detector]] == _fmt(
+                r["multi"], 1
+            )
             checked += 1
     if (rep / "resurfacing.csv").exists():
         for _, r in pd.read_csv(rep / "resurfacing.csv").iterrows():
@@ -110,9 +123,14 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
         t = next(t for t in read_html_tables(page) if "nll_before" in t.columns).set_index(["field", "method"])
         for _, r in pd.read_csv(rep / "resurfacing_attack.csv").iterrows():
             for c in ("nll_before", "val_start", "val_kept"):
-                assert float(t.at[(r.field, r.method), c]) == pytest.approx(round(r[c], 3), abs=1e-9), (r.field, r.method, c)
+                assert float(t.at[(r.field, r.method), c]) == pytest.approx(round(r[c], 3), abs=1e-9), (
+                    r.field,
+                    r.method,
+                    c,
+                )
             assert int(t.at[(r.field, r.method), "kept_step"]) == r.kept_step
-            if (r.field, r.method) in card.index:             # and the scorecard's held-out PII column (the floor has no row)
+            # and the scorecard's held-out PII column (the floor has no row)
+            if (r.field, r.method) in card.index:
                 assert _same(card.at[(r.field, r.method), "heldout_pii_nll"], r.nll_before)
                 assert html[r.field].at[r.method, "held-out PII NLL"] == _fmt(r.nll_before, 2)
             else: assert r.method == "floor"
@@ -124,7 +142,9 @@ def assert_fig3_table_matches(run_dir: Path, out_dir: Path | None = None):
     "The page's extraction-rate table (Fig. 3b) shows extraction_rates.csv."
     rep, out = Path(run_dir) / "report", Path(out_dir or Path(run_dir) / "report")
     rates = pd.read_csv(rep / "extraction_rates.csv")
-    t = next(t for t in read_html_tables((out / "index.html").read_text()) if "masked rate %" in t.columns).set_index("field")
+    t = next(t for t in read_html_tables((out / "index.html").read_text()) if "masked rate %" in t.columns).set_index(
+        "field"
+    )
     for _, r in rates.iterrows():
         assert t.at[r.field, f"{r.model} rate %"] == str(np.round(r.rate, 1)), (r.field, r.model)
         assert t.at[r.field, f"{r.model} memorized"] == str(r.memorized)
@@ -132,8 +152,13 @@ def assert_fig3_table_matches(run_dir: Path, out_dir: Path | None = None):
 
 @contextmanager
 def names_looked_at(rep: Path):
-    "Every name under `rep` that the block checks, opens, reads or globs (a glob gives its pattern), in order; yields the list."
-    rep, seen, real = os.path.realpath(rep), [], {n: getattr(Path, n) for n in ("exists", "is_file", "open", "read_text", "read_bytes", "glob")}
+    """Every name under `rep` that the block checks, opens, reads or globs, in order; yields the list.
+    A glob gives its pattern."""
+    rep, seen, real = (
+        os.path.realpath(rep),
+        [],
+        {n: getattr(Path, n) for n in ("exists", "is_file", "open", "read_text", "read_bytes", "glob")},
+    )
     def note(p):
         rel = os.path.relpath(os.path.realpath(p), rep)
         if rel != "." and not rel.startswith(".."): seen.append(Path(rel).as_posix())

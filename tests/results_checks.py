@@ -1,9 +1,11 @@
-"""Checks of a results page (`pipeline.presentation.results`): every number in its tables equals its CSV cell after the page's rounding.
+"""Checks of a results page (`pipeline.presentation.results`): every number in its tables equals its CSV cell after the
+page's rounding.
 
-The expected values are read here straight from the runs' CSVs and manifests (table2_<field>.csv, localization_summary.csv,
-remind_<field>.csv, resurfacing*.csv, manifest.json stages; a sweep's points.csv and sweep.csv), not through
-`pipeline.presentation.scorecard`; several runs are averaged here too (mean, sample std). Which scorecard column a label of the page
-shows is learned from `report.format_scorecard` itself on a probe row, so the check follows the report's labels."""
+The expected values are read here straight from the runs' CSVs and manifests (table2_<field>.csv,
+localization_summary.csv, remind_<field>.csv, resurfacing*.csv, manifest.json stages; a sweep's points.csv and
+sweep.csv), not through `pipeline.presentation.scorecard`; several runs are averaged here too (mean, sample std). Which
+scorecard column a label of the page shows is learned from `report.format_scorecard` itself on a probe row, so the check
+follows the report's labels."""
 import fnmatch, re
 from pathlib import Path
 
@@ -17,29 +19,58 @@ from lume_lab.pipeline.presentation.scorecard import paper_scorecard, run_config
 NUM = re.compile(r"-?\d+(?:\.\d+)?")
 HEADER_KEYS = ("Command", "Commit", "Date", "Machine", "Seeds")
 TABLE2_CELLS = {  # scorecard column -> (split, metric) row of table2_<field>.csv (e03's file format)
-    "forget_em": ("forget", "em"), "forget_es": ("forget", "es"), "forget_prob": ("forget", "prob"), "forget_para_em": ("forget_paraphrase", "em"),
-    "retain_em": ("retain", "em"), "retain_es": ("retain", "es"), "retain_prob": ("retain", "prob"), "retain_para_em": ("retain_paraphrase", "em"),
-    "utility_delta": ("utility_delta", "mc_acc")}
+    "forget_em": ("forget", "em"),
+    "forget_es": ("forget", "es"),
+    "forget_prob": ("forget", "prob"),
+    "forget_para_em": ("forget_paraphrase", "em"),
+    "retain_em": ("retain", "em"),
+    "retain_es": ("retain", "es"),
+    "retain_prob": ("retain", "prob"),
+    "retain_para_em": ("retain_paraphrase", "em"),
+    "utility_delta": ("utility_delta", "mc_acc"),
+}
 
 ROBUST_CELLS = {  # test of robustness_<field>.csv -> scorecard column (e10's file format)
-    "quant4_recovery": "quant4_recovery", "quant8_recovery": "quant8_recovery", "relearn_forget_half_recovery": "relearn_half_recovery",
-    "relearn_other_fields_recovery": "relearn_other_recovery", "relearn_retain_only_recovery": "relearn_retain_recovery"}
+    "quant4_recovery": "quant4_recovery",
+    "quant8_recovery": "quant8_recovery",
+    "relearn_forget_half_recovery": "relearn_half_recovery",
+    "relearn_other_fields_recovery": "relearn_other_recovery",
+    "relearn_retain_only_recovery": "relearn_retain_recovery",
+}
 DOSE_CELLS = {  # the dose table's label -> dose_summary_<field>.csv column (e11's file format)
-    "forget EM": "forget_em", "retain EM": "retain_em", "utility Δ": "utility_delta", "AUC m^F": "auc_forget", "share of |Δθ| in m^F": "share_in_forget",
-    "4-bit recovery": "quant4_recovery", "8-bit recovery": "quant8_recovery", "relearn ½ recovery": "relearn_forget_half_recovery",
-    "other-fields recovery": "relearn_other_fields_recovery", "retain-only recovery": "relearn_retain_only_recovery", "leak after": "leak_after"}
+    "forget EM": "forget_em",
+    "retain EM": "retain_em",
+    "utility Δ": "utility_delta",
+    "AUC m^F": "auc_forget",
+    "share of |Δθ| in m^F": "share_in_forget",
+    "4-bit recovery": "quant4_recovery",
+    "8-bit recovery": "quant8_recovery",
+    "relearn ½ recovery": "relearn_forget_half_recovery",
+    "other-fields recovery": "relearn_other_fields_recovery",
+    "retain-only recovery": "relearn_retain_only_recovery",
+    "leak after": "leak_after",
+}
 
 
 def _text(page) -> str:
-    return Path(page).read_text() if isinstance(page, Path) or (isinstance(page, str) and "\n" not in page and Path(page).is_file()) else page
+    return (
+        Path(page).read_text()
+        if isinstance(page, Path) or (isinstance(page, str) and "\n" not in page and Path(page).is_file())
+        else page
+    )
 
 
 def assert_shown(shown: str, expected: float, where) -> int:
-    "`shown` (a number as the page prints it) is `expected` rounded to as many decimals as `shown` has; returns its decimals."
+    """`shown` (a number as the page prints it) is `expected` rounded to as many decimals as `shown` has.
+    Returns its decimals."""
     assert NUM.fullmatch(shown), (where, shown)
     digits = len(shown.split(".")[1]) if "." in shown else 0
     assert expected is not None and not pd.isna(expected), (where, f"page shows {shown}, the CSVs hold nothing")
-    assert shown == f"{expected:.{digits}f}" or abs(float(shown) - expected) <= 0.5 * 10 ** -digits * (1 + 1e-9), (where, shown, expected)
+    assert shown == f"{expected:.{digits}f}" or abs(float(shown) - expected) <= 0.5 * 10**-digits * (1 + 1e-9), (
+        where,
+        shown,
+        expected,
+    )
     return digits
 
 
@@ -51,8 +82,12 @@ def source_card(run_dir) -> pd.DataFrame:
         f, t = p.stem.removeprefix("table2_"), pd.read_csv(p, index_col=[0, 1])
         for m in [c for c in t.columns if c not in ("n_profiles", "n_rows")]:
             for c, key in TABLE2_CELLS.items(): put(f, m, c, t.at[key, m] if key in t.index else np.nan)
-            for c, (split, n) in {"forget_profiles": ("forget", "n_profiles"), "forget_rows": ("forget", "n_rows"),
-                                  "retain_profiles": ("retain", "n_profiles"), "retain_rows": ("retain", "n_rows")}.items():
+            for c, (split, n) in {
+                "forget_profiles": ("forget", "n_profiles"),
+                "forget_rows": ("forget", "n_rows"),
+                "retain_profiles": ("retain", "n_profiles"),
+                "retain_rows": ("retain", "n_rows"),
+            }.items():
                 put(f, m, c, t.at[(split, "em"), n])
             put(f, m, "utility_n", t.at[TABLE2_CELLS["utility_delta"], "n_rows"])
     if (p := rep / "localization_summary.csv").exists():
@@ -60,18 +95,26 @@ def source_card(run_dir) -> pd.DataFrame:
     for p in rep.glob("remind_*.csv"):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         t = pd.read_csv(p)
-        for _, r in t[(t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])].iterrows():
+        for _, r in t[
+            (t.input == "orig") & (t.protocol == "fair") & t.detector.isin(["remind_lr", "remind_rf"])
+        ].iterrows():
             f = p.stem.removeprefix("remind_")
-            put(f, r.model, r.detector.replace("remind_", "remind_auc_"), r["multi"]); put(f, r.model, "remind_n_per_class", r.n_per_class)
+            put(f, r.model, r.detector.replace("remind_", "remind_auc_"), r["multi"])
+            put(f, r.model, "remind_n_per_class", r.n_per_class)
     if (p := rep / "resurfacing.csv").exists():
-        for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, f"leak_{r.stage}", r.rate); put(r.field, r.method, "leak_profiles", r.n_profiles)
-    for p in rep.glob("robustness_*.csv"):                          # e10: one row per (method, test); the recoveries are scorecard columns
+        for _, r in pd.read_csv(p).iterrows():
+            put(r.field, r.method, f"leak_{r.stage}", r.rate)
+            put(r.field, r.method, "leak_profiles", r.n_profiles)
+    # e10: one row per (method, test); the recoveries are scorecard columns
+    for p in rep.glob("robustness_*.csv"):
         for _, r in pd.read_csv(p).iterrows():
             if r.test in ROBUST_CELLS: put(r.field, r.method, ROBUST_CELLS[r.test], r.value)
-            if r.test.startswith("quant") and r.test.endswith("_recovery"): put(r.field, r.method, "robust_profiles", r.n)
+            if r.test.startswith("quant") and r.test.endswith("_recovery"):
+                put(r.field, r.method, "robust_profiles", r.n)
     if (p := rep / "resurfacing_attack.csv").exists():
         for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, "heldout_pii_nll", r.nll_before)
-    if not rows: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))   # a run before e03
+    # a run before e03
+    if not rows: return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=["field", "method"]))
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(["field", "method"])
 
 
@@ -83,10 +126,16 @@ def expected_card(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.
 
 
 def label_columns(columns) -> dict[str, list[str]]:
-    "Which scorecard column(s) each label of `format_scorecard` shows: a probe row holds 101, 102, ... and the label shows them back."
+    """Which scorecard column(s) each label of `format_scorecard` shows: a probe row holds 101, 102, ...
+    and the label shows them back."""
     cols = [c for c in columns if c not in ("field", "method", "direction_mismatch") and not c.endswith("_std")]
-    probe = pd.DataFrame([{"field": "f", "method": "m", "direction_mismatch": "", **{c: 101.0 + i for i, c in enumerate(cols)}}])
-    out = {label: [cols[round(float(x)) - 101] for x in NUM.findall(str(cell))] for label, cell in R.format_scorecard(probe, "f").iloc[0].items()}
+    probe = pd.DataFrame(
+        [{"field": "f", "method": "m", "direction_mismatch": "", **{c: 101.0 + i for i, c in enumerate(cols)}}]
+    )
+    out = {
+        label: [cols[round(float(x)) - 101] for x in NUM.findall(str(cell))]
+        for label, cell in R.format_scorecard(probe, "f").iloc[0].items()
+    }
     for c, label in getattr(R, "COLUMN_LABELS", {}).items():    # the report's own label table, where it has one, agrees
         if label in out: assert out[label] == [c], (label, out[label], c)
     return out
@@ -99,7 +148,8 @@ def _scorecard_columns(run_dirs) -> list[str]:
 
 
 def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
-    "Every number of the page's scorecard tables is its CSV value (mean ± std over runs) or the paper's, rounded as shown."
+    """Every number of the page's scorecard tables is its CSV value or the paper's, rounded as shown.
+    A CSV value is the mean ± std over runs."""
     mean, std, n_runs = expected_card(run_dirs)
     paper, labels = paper_scorecard(), label_columns(_scorecard_columns(run_dirs))
     methods = ["none", *(run_config(run_dirs[0])["unlearn"]["methods"] or [])]
@@ -121,14 +171,21 @@ def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
                 for i, c in enumerate(cols):
                     if c == "n_seeds": exp, s = float(n_runs[key]), np.nan
                     elif c.endswith("_paper"): exp, s = paper[c].get(key, np.nan) if c in paper else np.nan, np.nan
-                    else: exp, s = mean[c].get(key, np.nan) if c in mean else np.nan, std[c].get(key, np.nan) if c in std and len(run_dirs) > 1 else np.nan
+                    else: exp, s = (mean[c].get(key, np.nan) if c in mean else np.nan,
+                                    std[c].get(key, np.nan) if c in std and len(run_dirs) > 1 else np.nan)
                     if i >= len(parts):                       # not shown: the CSVs hold nothing there
                         assert pd.isna(exp), (key, label, c, f"blank on the page, {exp} in the CSVs"); continue
                     tokens = parts[i].split(" ± ")
                     d = assert_shown(tokens[0], exp, (key, label, c))
-                    assert digits.setdefault((label, i), d) == d, (label, "rounded to different digits in different rows")
-                    if pd.isna(s): assert len(tokens) == 1, (key, label, c, "a std where the CSVs give none")
-                    else: assert len(tokens) == 2, (key, label, c, "no ± std over the runs"); assert_shown(tokens[1], s, (key, label, c, "std"))
+                    assert digits.setdefault((label, i), d) == d, (
+                        label,
+                        "rounded to different digits in different rows",
+                    )
+                    if pd.isna(s):
+                        assert len(tokens) == 1, (key, label, c, "a std where the CSVs give none")
+                    else:
+                        assert len(tokens) == 2, (key, label, c, "no ± std over the runs")
+                        assert_shown(tokens[1], s, (key, label, c, "std"))
                     checked += len(tokens)
     return checked
 
@@ -148,7 +205,8 @@ def computed_entry(run_dir, name: str) -> tuple[float | None, bool]:
 
 
 def expected_stage_seconds(run_dir) -> pd.Series:
-    "Seconds per stage family of a run, summed straight from the manifests (an adopted stage: the computing run's seconds)."
+    """Seconds per stage family of a run, summed straight from the manifests.
+    An adopted stage counts the computing run's seconds."""
     cfg, out = run_config(run_dir), {}
     for k in run_manifest(run_dir).get("stages", {}):
         s = computed_entry(run_dir, k)[0]
@@ -173,10 +231,16 @@ def check_stage_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
 
 
 def check_experiment_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
-    "Every cell of the experiment-time table is the manifest's seconds (and total, and for one run the share), rounded as shown."
+    """Every cell of the experiment-time table is the manifest's seconds, rounded as shown.
+    So are the total and, for one run, the share."""
     labels = run_labels(run_dirs)
-    exp = {l: pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float) for l, d in zip(labels, run_dirs)}
-    assert list(t.columns) == ["experiment", *labels, *(["share of the run"] if len(labels) == 1 else [])], list(t.columns)
+    exp = {
+        l: pd.Series({k: v.get("seconds") for k, v in run_manifest(d).get("experiments", {}).items()}, dtype=float)
+        for l, d in zip(labels, run_dirs)
+    }
+    assert list(t.columns) == ["experiment", *labels, *(["share of the run"] if len(labels) == 1 else [])], list(
+        t.columns
+    )
     assert set(t.experiment) == set().union(*(set(s.index) for s in exp.values())) | {"total"}
     checked = 0
     for _, row in t.iterrows():
@@ -186,12 +250,14 @@ def check_experiment_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
             assert_shown(row[l], v, (row.experiment, l)); checked += 1
             if len(labels) == 1:
                 assert row["share of the run"].endswith(" %"), row["share of the run"]
-                assert_shown(row["share of the run"].removesuffix(" %"), 100 * v / s.sum(), (row.experiment, "share")); checked += 1
+                assert_shown(row["share of the run"].removesuffix(" %"), 100 * v / s.sum(), (row.experiment, "share"))
+                checked += 1
     return checked
 
 
 def check_sweep_tables(tables: list, sweep_dir: Path) -> int:
-    "The sweep's tables: swept values, seed, status and seconds as points.csv has them; each value the sweep.csv rows of its point and column."
+    """The sweep's tables: swept values, seed, status and seconds as points.csv has them.
+    Each value the sweep.csv rows of its point and column."""
     d, (_, s) = Path(sweep_dir), sweep_values(sweep_dir)
     points = pd.read_csv(d / "points.csv", dtype=str, keep_default_na=False).set_index("point")
     raw = pd.read_csv(d / "sweep.csv")
@@ -231,30 +297,44 @@ def check_sweep_tables(tables: list, sweep_dir: Path) -> int:
 
 
 def check_remind_interval_tables(tables: list, run_dirs: list[Path]) -> int:
-    "Each row of a REMIND-interval table (run, classifier) counts its models, REMIND-ahead points and verdicts straight from remind_separation_<field>.csv."
+    """Each row of a REMIND-interval table (run, classifier) counts its models, REMIND-ahead points and verdicts.
+    The counts come straight from remind_separation_<field>.csv."""
     labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
-    want = {(p.stem.removeprefix("remind_separation_"), l) for l, d in labels.items() for p in (Path(d) / "report").glob("remind_separation_*.csv")}
+    want = {
+        (p.stem.removeprefix("remind_separation_"), l)
+        for l, d in labels.items()
+        for p in (Path(d) / "report").glob("remind_separation_*.csv")
+    }
     got = {(heads[1], l) for heads, t in tables for l in t.run}
     assert got == want, (sorted(got), sorted(want))
     for heads, t in tables:
         for _, row in t.iterrows():
             s = pd.read_csv(Path(labels[row.run]) / "report" / f"remind_separation_{heads[1]}.csv")
-            s = s[(s.input == "orig") & (s.comparison == "multi") & (s.classifier == row.classifier.removeprefix("REMIND ").lower())]
+            s = s[
+                (s.input == "orig")
+                & (s.comparison == "multi")
+                & (s.classifier == row.classifier.removeprefix("REMIND ").lower())
+            ]
             exp = {"models": len(s), "REMIND AUC above baseline's": int((s.remind_auc > s.baseline_auc).sum()),
                    "intervals separate, REMIND ahead": int((s.verdict == "REMIND ahead").sum()),
                    "intervals separate, baseline ahead": int((s.verdict == "baseline ahead").sum()),
                    "intervals overlap": int((s.verdict == "intervals overlap").sum())}
             assert len(s) and set(t.columns) == {"run", "classifier", *exp}, (heads, row.run, list(t.columns))
-            for c, v in exp.items(): assert row[c] == str(v), (heads, row.run, row.classifier, c, row[c], v); checked += 1
+            for c, v in exp.items():
+                assert row[c] == str(v), (heads, row.run, row.classifier, c, row[c], v)
+                checked += 1
     return checked
 
 
 def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
-    "Each cell of a quantized-EM table (field): the mean ± sample std over the runs of robustness_<field>.csv's forget_em / quant<b>_forget_em / q4_1_off<o>_forget_em rows."
+    """Each cell of a quantized-EM table (field) is the mean ± sample std over the runs of a robustness row.
+    The rows: robustness_<field>.csv's forget_em / quant<b>_forget_em / q4_1_off<o>_forget_em."""
     from lume_lab.pipeline.presentation.results import QUANT_EM, quantized_em_label
     checked = 0
     for heads, t in tables:
-        rows = pd.concat([pd.read_csv(p) for d in run_dirs if (p := Path(d) / "report" / f"robustness_{heads[1]}.csv").is_file()])
+        rows = pd.concat(
+            [pd.read_csv(p) for d in run_dirs if (p := Path(d) / "report" / f"robustness_{heads[1]}.csv").is_file()]
+        )
         rows = rows[rows.test.str.fullmatch(QUANT_EM)]
         test_of = {quantized_em_label(x): x for x in rows.test.unique()}
         assert list(t.columns[2:]) and set(t.columns[2:]) == set(test_of), (heads, list(t.columns), sorted(test_of))
@@ -268,20 +348,32 @@ def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
                 if row[c] == "": assert v.empty, (heads, row.method, c); continue
                 tokens = row[c].split(" ± ")
                 assert_shown(tokens[0], v.mean(), (heads, row.method, c))
-                if len(v) > 1: assert len(tokens) == 2 and assert_shown(tokens[1], v.std(ddof=1), (heads, row.method, c, "std")) is not None
-                else: assert len(tokens) == 1, (heads, row.method, c, "an std from one run")
+                if len(v) > 1:
+                    assert (
+                        len(tokens) == 2
+                        and assert_shown(tokens[1], v.std(ddof=1), (heads, row.method, c, "std")) is not None
+                    )
+                else:
+                    assert len(tokens) == 1, (heads, row.method, c, "an std from one run")
                 checked += len(tokens)
     return checked
 
 
 def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
-    "Every cell of a dose-response table (field, run) is its dose_summary_<field>.csv cell: the point's level and sizes, each measure's mean ± sd."
+    """Every cell of a dose-response table (field, run) is its dose_summary_<field>.csv cell:
+    the point's level and sizes, each measure's mean ± sd."""
     labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
-    want = {(p.stem.removeprefix("dose_summary_"), l) for l, d in labels.items() for p in (Path(d) / "report").glob("dose_summary_*.csv")}
+    want = {
+        (p.stem.removeprefix("dose_summary_"), l)
+        for l, d in labels.items()
+        for p in (Path(d) / "report").glob("dose_summary_*.csv")
+    }
     assert {(h[1], h[2]) for h, _ in tables} == want, (sorted((h[1], h[2]) for h, _ in tables), sorted(want))
     for heads, t in tables:
         s = pd.read_csv(Path(labels[heads[2]]) / "report" / f"dose_summary_{heads[1]}.csv")
-        assert len(t) == len(s) and list(t.kind) == list(s.kind.astype(str)) and list(t.level) == list(s.level.astype(str)), heads
+        assert (
+            len(t) == len(s) and list(t.kind) == list(s.kind.astype(str)) and list(t.level) == list(s.level.astype(str))
+        ), heads
         for (_, row), (_, src) in zip(t.iterrows(), s.iterrows()):
             for c in t.columns[2:]:
                 col = {"precision": "precision", "recall": "recall", "seeds": "seeds"}.get(c) or DOSE_CELLS.get(c)
@@ -290,22 +382,29 @@ def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
                 if not tokens: assert pd.isna(src.get(col, np.nan)), (heads, src.level, c); continue
                 assert_shown(tokens[0], src[col], (heads, src.level, c))
                 sd = src.get(f"{col}_sd", np.nan)
-                if len(tokens) == 2: assert_shown(tokens[1], sd, (heads, src.level, c, "sd"))
-                else: assert pd.isna(sd) or col in ("precision", "recall", "seeds"), (heads, src.level, c, "an sd the page leaves out")
+                if len(tokens) == 2:
+                    assert_shown(tokens[1], sd, (heads, src.level, c, "sd"))
+                else:
+                    assert pd.isna(sd) or col in ("precision", "recall", "seeds"), (
+                        heads, src.level, c, "an sd the page leaves out")
                 checked += len(tokens)
     return checked
 
 
 def check_testbed_tables(tables: list, run_dirs: list[Path]) -> int:
-    """The testbed section: each (run, field) row's memorized count, rate per hour, split sizes and reach are read here from
-    extraction_rates.csv (masked rows), testbed/testbed.json, reachability.csv and the manifest's inject_masked seconds; each
-    utility cell from utility_injection.csv."""
+    """The testbed section: each (run, field) row's memorized count, rate per hour, split sizes and reach are read here
+    from extraction_rates.csv (masked rows), testbed/testbed.json, reachability.csv and the manifest's inject_masked
+    seconds; each utility cell from utility_injection.csv."""
     import json
     labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
     for heads, t in tables:
         if heads[1] == "Utility around the injection":
             for _, row in t.iterrows():
-                u = pd.read_csv(Path(labels[row.run]) / "report" / "utility_injection.csv").set_index(["model", "metric"]).value
+                u = (
+                    pd.read_csv(Path(labels[row.run]) / "report" / "utility_injection.csv")
+                    .set_index(["model", "metric"])
+                    .value
+                )
                 for c in t.columns[2:]:
                     metric = {"held-out perplexity": "heldout_perplexity", "MC accuracy": "mc_acc"}[c.split(", ")[0]]
                     v = u.get(("base" if c.endswith("before injection") else "masked", metric), np.nan)
@@ -320,30 +419,54 @@ def check_testbed_tables(tables: list, run_dirs: list[Path]) -> int:
             d = Path(labels[row.run]); cfg = run_config(d)
             e = pd.read_csv(d / "report" / "extraction_rates.csv")
             e = e[(e.model == "masked") & (e.field == row.field)].iloc[0]
-            assert row["memorized / profiles"] == f"{e.memorized} / {e.profiles}", (row.run, row.field, row["memorized / profiles"])
-            assert row["mask"] == f"{100 * cfg['inject']['mask_fraction']:g} %" and row["masked steps"] == str(cfg["inject"]["steps"]), (row.run, row["mask"])
-            secs, resumed = computed_entry(d, "inject_masked") if "inject_masked" in run_manifest(d).get("stages", {}) else (None, False)
+            assert row["memorized / profiles"] == f"{e.memorized} / {e.profiles}", (
+                row.run,
+                row.field,
+                row["memorized / profiles"],
+            )
+            assert row["mask"] == f"{100 * cfg['inject']['mask_fraction']:g} %" and row["masked steps"] == str(
+                cfg["inject"]["steps"]
+            ), (row.run, row["mask"])
+            secs, resumed = (
+                computed_entry(d, "inject_masked")
+                if "inject_masked" in run_manifest(d).get("stages", {})
+                else (None, False)
+            )
             if resumed: secs = None                             # its time covers only the last attempt: no rate from it
             if secs:
                 assert_shown(row["injection s"], secs, (row.run, "injection s"))
-                assert_shown(row["memorized per hour"], 3600 * e.memorized / secs, (row.run, row.field, "per hour")); checked += 2
-            else: assert row["injection s"] == row["memorized per hour"] == "", (row.run, "a rate without a time")
+                assert_shown(row["memorized per hour"], 3600 * e.memorized / secs, (row.run, row.field, "per hour"))
+                checked += 2
+            else:
+                assert row["injection s"] == row["memorized per hour"] == "", (row.run, "a rate without a time")
             tb = d / "testbed" / "testbed.json"
             counts = {c["split"]: c["profiles"] for c in json.loads(tb.read_text())["counts"]} if tb.is_file() else {}
             for side in ("forget", "retain"):
-                assert row[f"{side} profiles"] == str(counts.get(f"{side}_{row.field}", "")), (row.run, row.field, side); checked += 1
+                assert row[f"{side} profiles"] == str(counts.get(f"{side}_{row.field}", "")), (row.run, row.field, side)
+                checked += 1
             rp = d / "report" / "reachability.csv"
-            r = pd.read_csv(rp).query("field == @row.field and model == 'masked'").set_index("kind") if rp.is_file() else pd.DataFrame()
-            for c, kind, col, k in (("trained EM", "trained", "accuracy", 1), ("fresh, % of trained", "fresh", "vs_trained", 100),
-                                    ("paraphrase, % of trained", "paraphrase", "vs_trained", 100)):
-                if kind not in r.index: assert row[c] == "", (row.run, row.field, c); continue
-                assert_shown(row[c], r.at[kind, col] * (k if k == 100 else 1), (row.run, row.field, c)); checked += 1
+            r = (
+                pd.read_csv(rp).query("field == @row.field and model == 'masked'").set_index("kind")
+                if rp.is_file()
+                else pd.DataFrame()
+            )
+            for c, kind, col, k in (
+                ("trained EM", "trained", "accuracy", 1),
+                ("fresh, % of trained", "fresh", "vs_trained", 100),
+                ("paraphrase, % of trained", "paraphrase", "vs_trained", 100),
+            ):
+                if kind not in r.index:
+                    assert row[c] == "", (row.run, row.field, c)
+                    continue
+                assert_shown(row[c], r.at[kind, col] * (k if k == 100 else 1), (row.run, row.field, c))
+                checked += 1
             checked += 1
     return checked
 
 
 def assert_header(page: str, run_dirs: list[Path]) -> dict[str, str]:
-    "The header names command, commit, date, machine and seeds, with the runs' commit, creation date and seeds; returns them."
+    """The header names command, commit, date, machine and seeds, with the runs' commit, creation date and seeds.
+    Returns them."""
     head = page.split("\n## ")[0]
     found = dict(re.findall(r"^- \*\*(\w+)\*\*[:,] ?(.*)$", head, re.M))
     assert all(k in found for k in HEADER_KEYS), (sorted(found), HEADER_KEYS)
@@ -359,17 +482,22 @@ def assert_header(page: str, run_dirs: list[Path]) -> dict[str, str]:
 
 
 def assert_results_match_csvs(page, run_dirs) -> int:
-    """A results page (its text or path) over `run_dirs` (runs of one or several configs, or one sweep directory): the header names command,
-    commit, date, machine and seeds, every table is one this check knows, and every number in it equals its CSV cell after the
-    page's rounding. Returns how many numbers were checked."""
+    """A results page (its text or path) over `run_dirs` (runs of one or several configs, or one sweep directory): the
+    header names command, commit, date, machine and seeds, every table is one this check knows, and every number in it
+    equals its CSV cell after the page's rounding. Returns how many numbers were checked."""
     text, (kind, dirs) = _text(page), results_sources(run_dirs)
     tables = read_markdown_tables(text)
     if kind == "sweep":
-        points = [dirs[0] / p for p in pd.read_csv(dirs[0] / "points.csv", dtype=str).point if (dirs[0] / p / "config.json").exists()]
+        points = [
+            dirs[0] / p
+            for p in pd.read_csv(dirs[0] / "points.csv", dtype=str).point
+            if (dirs[0] / p / "config.json").exists()
+        ]
         if points: assert_header(text, points)
         return check_sweep_tables(tables, dirs[0])
     assert_header(text, dirs)
-    groups = config_groups(dirs)                                   # the page's grouping is checked against the configs below
+    # the page's grouping is checked against the configs below
+    groups = config_groups(dirs)
     if len(groups) == 1: by_group = {"": (dirs, tables)}
     else:
         labels = dict(zip(run_labels(dirs), dirs))
@@ -391,26 +519,39 @@ def assert_results_match_csvs(page, run_dirs) -> int:
         quant = [t for t in g_tables if t[0][0] == "Quantized forget EM"]
         checked += check_scorecard_tables(card, g_dirs) if card else 0
         if not card: assert "**No scorecard" in text, "a page without scorecard tables must say so"
-        checked += check_remind_interval_tables(remind, g_dirs) + check_dose_tables(dose, g_dirs) + check_quantized_em_tables(quant, g_dirs)
-        if len(groups) > 1: assert len(card) + len(remind) + len(dose) + len(quant) == len(g_tables), [h for h, _ in g_tables]
+        checked += (
+            check_remind_interval_tables(remind, g_dirs)
+            + check_dose_tables(dose, g_dirs)
+            + check_quantized_em_tables(quant, g_dirs)
+        )
+        if len(groups) > 1:
+            assert len(card) + len(remind) + len(dose) + len(quant) == len(g_tables), [h for h, _ in g_tables]
     if len(groups) == 1: tables = [t for t in tables if t[0][0] not in GROUPED]
     testbed = [t for t in tables if t[0][0] == "Testbed"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
     assert len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
     checked += check_testbed_tables(testbed, dirs)
-    return checked + sum(check_stage_table(t, dirs) for t in stages) + sum(check_experiment_table(t, dirs) for t in experiments)
+    return (
+        checked
+        + sum(check_stage_table(t, dirs) for t in stages)
+        + sum(check_experiment_table(t, dirs) for t in experiments)
+    )
 
 
-GROUPED = ("Scorecard", "REMIND intervals", "Dose-response", "Quantized forget EM")   # sections a page over several configs repeats per config
+# sections a page over several configs repeats per config
+GROUPED = ("Scorecard", "REMIND intervals", "Dose-response", "Quantized forget EM")
 
 
 def config_groups(dirs: list[Path]) -> list[list[Path]]:
-    """The runs grouped by config with the seed set aside: two runs are one config when the first's config.json, with the
-    second's seed, would reopen as the second (`pipeline.orchestration.config.same_config`, the check `lume-lab run` makes)."""
+    """The runs grouped by config with the seed set aside: two runs are one config when the first's config.json, with
+    the second's seed, would reopen as the second (`pipeline.orchestration.config.same_config`, the check `lume-lab run`
+    makes)."""
     from lume_lab.core.config import config_from_dict
     from lume_lab.pipeline.orchestration.config import same_config
-    one = lambda a, b: same_config(config_from_dict({**run_config(a), "seed": run_config(b)["seed"]}), config_from_dict(run_config(b)))
+    one = lambda a, b: same_config(
+        config_from_dict({**run_config(a), "seed": run_config(b)["seed"]}), config_from_dict(run_config(b))
+    )
     groups: list[list[Path]] = []
     for d in dirs:
         for g in groups:
@@ -425,7 +566,13 @@ def check_config_table(t: pd.DataFrame, groups: list[list[Path]], by_group: dict
     from lume_lab.core.config import dotted_leaves
     assert list(t.columns) == ["field", *by_group], (list(t.columns), list(by_group))
     leaves = {label: dotted_leaves(run_config(g[0])) for label, (g, _) in by_group.items()}
-    differing = {k for a in leaves.values() for b in leaves.values() for k in a.keys() | b.keys() if a.get(k, object) != b.get(k, object)} - {"seed"}
+    differing = {
+        k
+        for a in leaves.values()
+        for b in leaves.values()
+        for k in a.keys() | b.keys()
+        if a.get(k, object) != b.get(k, object)
+    } - {"seed"}
     assert set(t.field) == differing, sorted(set(t.field) ^ differing)
     for _, row in t.iterrows():
         for label, lv in leaves.items():

@@ -1,5 +1,5 @@
-"""Architecture: imports flow one way, core <- data <- models <- {inject, unlearn, metrics} <- analysis <- pipeline, with no
-cycles; pipeline holds its three concerns as sub-packages (stages, orchestration, presentation)."""
+"""Architecture: imports flow one way, core <- data <- models <- {inject, unlearn, metrics} <- analysis <- pipeline,
+with no cycles; pipeline holds its three concerns as sub-packages (stages, orchestration, presentation)."""
 import ast
 from pathlib import Path
 
@@ -30,7 +30,11 @@ def _imports(path: Path) -> set[str]:
             else: name = node.module or ""
             if not name.startswith("lume_lab"): continue
             # `from lume_lab.metrics import rouge` imports the submodule
-            subs = [f"{name}.{a.name}" for a in node.names if (PKG.parent / f"{name}.{a.name}".replace(".", "/")).with_suffix(".py").exists()]
+            subs = [
+                f"{name}.{a.name}"
+                for a in node.names
+                if (PKG.parent / f"{name}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+            ]
             out |= set(subs) or {name}
     return out
 
@@ -45,7 +49,8 @@ def _area(mod: str) -> str | None:
 
 
 def test_every_area_has_a_layer():
-    areas = {p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("_") and any(p.glob("*.py"))}   # presets/: data
+    # presets/: data
+    areas = {p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("_") and any(p.glob("*.py"))}
     assert areas <= set(LAYER), f"areas without a layer: {areas - set(LAYER)}"
 
 
@@ -59,7 +64,11 @@ def test_imports_flow_one_way():
             if b is None or b == a: continue
             if LAYER[b] >= LAYER[a]:   # upward, or sideways between inject / unlearn / metrics
                 bad.append(f"{mod} -> {d}")
-    assert not bad, "imports against the layer order core <- data <- models <- {inject, unlearn, metrics} <- analysis <- pipeline:\n  " + "\n  ".join(sorted(bad))
+    assert not bad, (
+        "imports against the layer order core <- data <- models <- {inject, unlearn, metrics} <- analysis <- "
+        "pipeline:\n  "
+        + "\n  ".join(sorted(bad))
+    )
 
 
 def test_no_import_cycles():
@@ -94,9 +103,14 @@ def test_pipeline_is_three_concerns():
     "lume_lab/pipeline/ holds only its __init__ and one sub-package per concern, and the walker sees inside them."
     pipe = PKG / "pipeline"
     entries = {p.name for p in pipe.iterdir() if p.name != "__pycache__"}
-    assert entries == {"__init__.py"} | PIPELINE_CONCERNS, f"stray entries in lume_lab/pipeline/: {sorted(entries - {'__init__.py'} - PIPELINE_CONCERNS)}"
+    assert entries == {"__init__.py"} | PIPELINE_CONCERNS, (
+        f"stray entries in lume_lab/pipeline/: {sorted(entries - {'__init__.py'} - PIPELINE_CONCERNS)}"
+    )
     assert all((pipe / c / "__init__.py").exists() for c in PIPELINE_CONCERNS)
     g = _graph()
     for c in PIPELINE_CONCERNS: assert any(m.startswith(f"lume_lab.pipeline.{c}.") for m in g), c
     # three levels up from a concern's module is the package root: `from ...core.store import RunStore`
-    assert "lume_lab.core.store" in g["lume_lab.pipeline.stages.base"] and "lume_lab.pipeline.stages.base" in g["lume_lab.pipeline.stages.testbed"]
+    assert (
+        "lume_lab.core.store" in g["lume_lab.pipeline.stages.base"]
+        and "lume_lab.pipeline.stages.base" in g["lume_lab.pipeline.stages.testbed"]
+    )

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "data" / "mini_run"   # the config and manifest of `make run`'s mini run (see test_report.py)
 HEAVY = ("torch", "transformers", "papermill")
-ENTRY = "import sys; from lume_lab.pipeline.orchestration.cli import main; sys.exit(main())"   # the console script's body
+# the console script's body
+ENTRY = "import sys; from lume_lab.pipeline.orchestration.cli import main; sys.exit(main())"
 
 
 def lume_lab(*args: str, importtime: bool = False, **kw) -> subprocess.CompletedProcess:
@@ -73,7 +74,8 @@ def test_presets_lists_every_preset():
     from lume_lab.core.config import PRESETS
     r = lume_lab("presets")
     assert r.returncode == 0, r.stderr[-2000:]
-    described, table = r.stdout.split("\n\n")[:2]                 # one line per preset with its description, then the sizes
+    # one line per preset with its description, then the sizes
+    described, table = r.stdout.split("\n\n")[:2]
     assert [row.split()[0] for row in described.splitlines()] == list(PRESETS)
     assert [row.split()[0] for row in table.splitlines()[1:]] == list(PRESETS)
 
@@ -83,8 +85,14 @@ def test_a_closed_pipe_ends_quietly(cmd, runs):
     "`lume-lab status RUN | head -1`: here the pipe is closed before the first write, so every write meets it."
     read, write = os.pipe()
     os.close(read)
-    try: r = lume_lab(*(["status", "mini_run", "--runs-root", str(runs)] if cmd == "status" else [cmd]), stdout=write, stderr=subprocess.PIPE)
-    finally: os.close(write)
+    try:
+        r = lume_lab(
+            *(["status", "mini_run", "--runs-root", str(runs)] if cmd == "status" else [cmd]),
+            stdout=write,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(write)
     assert (r.returncode, r.stderr) == (0, "")
 
 

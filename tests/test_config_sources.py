@@ -1,4 +1,5 @@
-"Where each value of a resolved config comes from (`pipeline.orchestration.config.config_sources`, what `lume-lab config` prints)."
+"""Where each value of a resolved config comes from: `pipeline.orchestration.config.config_sources`.
+It is what `lume-lab config` prints."""
 import json
 
 import pytest
@@ -18,15 +19,18 @@ def _table(report: str) -> dict[str, list[str]]:
 
 
 def test_mini_with_one_set_value_names_three_sources():
-    "mini + --set unlearn.hparams.npo.beta=0.5: a --set value, preset values, method-spec values and defaults, each right."
+    """mini + --set unlearn.hparams.npo.beta=0.5:
+    a --set value, preset values, method-spec values and defaults, each right."""
     cfg, src = config_sources("mini", SET)
     assert cfg == resolve_config(make_config("mini", SET))                     # the config `lume-lab run` would write
     assert (src["unlearn.hparams.npo.beta"], cfg["unlearn.hparams.npo.beta"]) == ("--set", 0.5)
     default = dotted_leaves(RunConfig())
-    for k, v in dotted_leaves(PRESETS["mini"]).items():                         # every preset value that is not a default
+    # every preset value that is not a default
+    for k, v in dotted_leaves(PRESETS["mini"]).items():
         if k not in default or v != default[k]: assert (src[k], cfg[k]) == ("preset mini", v), k
     row = PRESETS["mini"]["unlearn.hparams.npo"]
-    for hp, v in get_spec("npo").resolve(row).items():                          # NPO's other values: mini's row or its spec's default
+    # NPO's other values: mini's row or its spec's default
+    for hp, v in get_spec("npo").resolve(row).items():
         if hp == "beta": continue
         want = "preset mini" if hp in row else "method spec npo"
         assert (src[f"unlearn.hparams.npo.{hp}"], cfg[f"unlearn.hparams.npo.{hp}"]) == (want, v), hp
@@ -40,7 +44,9 @@ def test_only_values_that_differ_from_the_defaults_are_listed_unless_asked():
     assert set(src) == {k for k, v in leaves.items() if k not in default or default[k] != v}
     _, every = config_sources("mini", SET, all_fields=True)
     assert set(every) == set(leaves)
-    untouched = [k for k in default if k not in PRESETS["mini"] and k not in ("preset", "seed") and not k.startswith("unlearn.")]
+    untouched = [
+        k for k in default if k not in PRESETS["mini"] and k not in ("preset", "seed") and not k.startswith("unlearn.")
+    ]
     assert untouched and all(every[k] == "default" and leaves[k] == default[k] for k in untouched)
 
 
@@ -50,8 +56,11 @@ def test_seed_and_preset_sources():
     _, src = config_sources("olmo2-1b")
     assert src["unlearn.methods"] == "preset olmo2-1b"                         # the OLMo presets list their methods
     row = PRESETS["olmo2-1b"]["unlearn.hparams.simnpo"]
-    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in row} == {"preset olmo2-1b"}              # the preset file's row
-    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in get_spec("simnpo").defaults if hp not in row} == {"method spec simnpo"}
+    # the preset file's row
+    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in row} == {"preset olmo2-1b"}
+    assert {src[f"unlearn.hparams.simnpo.{hp}"] for hp in get_spec("simnpo").defaults if hp not in row} == {
+        "method spec simnpo"
+    }
 
 
 def test_report_lists_the_users_values_first_and_counts_spec_defaults():
@@ -59,7 +68,8 @@ def test_report_lists_the_users_values_first_and_counts_spec_defaults():
     cfg, src = config_sources("mini", SET)
     rows = _table(out)
     listed = {k for k, s in src.items() if not s.startswith("method spec")}
-    assert rows.keys() == listed                                                 # every non-default value but the spec's
+    # every non-default value but the spec's
+    assert rows.keys() == listed
     assert next(iter(rows)) == "unlearn.hparams.npo.beta"                        # the user's value first
     assert rows["unlearn.hparams.npo.beta"] == ["0.5", "--set"]
     assert rows["pii.n_groups"] == [json.dumps(PRESETS["mini"]["pii.n_groups"]), "preset mini"]
@@ -82,7 +92,8 @@ def test_default_preset_is_mini():
 
 
 def test_cli_config_prints_the_values_and_three_sources(capsys):
-    "`lume-lab config --preset mini --set unlearn.hparams.npo.beta=0.5`: the user's value first; `--all` every value, with its source."
+    """`lume-lab config --preset mini --set unlearn.hparams.npo.beta=0.5`: the user's value first.
+    `--all` every value, with its source."""
     from lume_lab.pipeline.orchestration.cli import main
     assert main(["config", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5"]) == 0
     rows = _table(capsys.readouterr().out)

@@ -14,7 +14,8 @@ ORDER = ["data", "models", "inject", "unlearn", "metrics", "analysis", "core", "
 
 
 def _library() -> list[Path]:
-    "Library notebooks found here, independently of the builder: every nbs/<area>/**/*.ipynb minus experiments and _/. names."
+    """Library notebooks found here, independently of the builder: every nbs/<area>/**/*.ipynb minus experiments and _/.
+    names."""
     out = []
     for p in NBS.rglob("*.ipynb"):
         parts = p.relative_to(NBS).parts

@@ -13,14 +13,23 @@ from lume_lab.metrics.evaluate import METRICS, TEACHER_METRICS, evaluate, plot_u
 from lume_lab.metrics.memorization import memorization_scores
 from lume_lab.metrics.ranking import ranking_scores
 from lume_lab.metrics.rouge import deviation_score, rouge_scores
-from lume_lab.metrics.utility import lm_eval_available, lm_eval_scores, mc_accuracy, perplexity, utility_delta, utility_scores
+from lume_lab.metrics.utility import (
+    lm_eval_available, lm_eval_scores, mc_accuracy, perplexity, utility_delta, utility_scores)
 from lume_lab.models.ops import greedy_generate, reveals
 from lume_lab.models.toy import toy_problem
 
 FACTS = [("France", "Paris"), ("Peru", "Lima"), ("Norway", "Oslo"), ("Italy", "Rome"), ("Chile", "Santiago")]
-WORLD = {"mc": [dict(prompt=f"Question: What is the capital of {s}?\nAnswer:", options=[o for _, o in FACTS[:4]], answer_idx=i % 4)
-                for i, (s, _) in enumerate(FACTS)],
-         "heldout": [{"text": f"The capital of {s} is {o}."} for s, o in FACTS] + [{"text": "Where was Ada Moss born?"}]}
+WORLD = {
+    "mc": [
+        dict(
+            prompt=f"Question: What is the capital of {s}?\nAnswer:",
+            options=[o for _, o in FACTS[:4]],
+            answer_idx=i % 4,
+        )
+        for i, (s, _) in enumerate(FACTS)
+    ],
+    "heldout": [{"text": f"The capital of {s} is {o}."} for s, o in FACTS] + [{"text": "Where was Ada Moss born?"}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +56,20 @@ def test_values_equal_individual_metric_functions(trained):
         mem, rk = memorization_scores(model, tok, ex, batch_size=3), ranking_scores(model, tok, ex, batch_size=3)
         rg = rouge_scores(model, tok, ex, max_new_tokens=12, batch_size=3)
         texts = [g["text"] for g in greedy_generate(model, tok, [e["prompt"] for e in ex], 12, batch_size=3)]
-        expect = {"em": mem.em.mean(), "es": mem.es.mean(), "prob": mem.prob.mean(), "mrr": rk.mrr.mean(), "thr": rk.thr.mean(),
-                  "rouge1": rg.rouge1.mean(), "rougeL": rg.rougeL.mean(),
-                  "accuracy": sum(reveals(t, e["answer"]) for t, e in zip(texts, ex)) / len(ex)}
+        expect = {
+            "em": mem.em.mean(), "es": mem.es.mean(), "prob": mem.prob.mean(), "mrr": rk.mrr.mean(),
+            "thr": rk.thr.mean(), "rouge1": rg.rouge1.mean(), "rougeL": rg.rougeL.mean(),
+            "accuracy": sum(reveals(t, e["answer"]) for t, e in zip(texts, ex)) / len(ex)}
         for k, v in expect.items(): assert _val(df, name, k) == v, (name, k)
         assert (df[df.split == name].n_rows == len(ex)).all()
         assert (df[df.split == name].n_profiles == len({e["profile_id"] for e in ex})).all()
     r1 = {s: rouge_scores(model, tok, ex, max_new_tokens=12, batch_size=3).rouge1.mean() for s, ex in splits.items()}
     assert _val(df, "forget/retain", "ds") == pytest.approx(deviation_score(r1["forget"], r1["retain"]))
     assert _val(df, "utility", "mc_acc") == mc_accuracy(model, tok, WORLD["mc"], batch_size=3)["acc"]
-    assert _val(df, "utility", "perplexity") == perplexity(model, tok, [r["text"] for r in WORLD["heldout"]], batch_size=3)["perplexity"]
+    assert (
+        _val(df, "utility", "perplexity")
+        == perplexity(model, tok, [r["text"] for r in WORLD["heldout"]], batch_size=3)["perplexity"]
+    )
     assert "utility_delta" not in set(df.split)                                    # no reference given
 
 
@@ -97,7 +110,8 @@ def test_one_forward_per_batch_for_teacher_forced_metrics(untrained):
         evaluate(model, tok, splits, batch_size=bs, metrics=TEACHER_METRICS)      # em, es, prob, mrr, thr together
         assert calls == {"teacher": batches, "generate": 0}, calls
         calls.update(teacher=0, generate=0)
-        evaluate(model, tok, splits, batch_size=bs, max_new_tokens=4)             # + ROUGE and accuracy: one generation per split
+        # + ROUGE and accuracy: one generation per split
+        evaluate(model, tok, splits, batch_size=bs, max_new_tokens=4)
         assert calls["teacher"] == batches and 0 < calls["generate"] <= batches * 4, calls
     finally:
         h.remove()
@@ -110,7 +124,11 @@ def test_table2_and_plot(untrained):
                      metrics=["em", "rouge1"], max_new_tokens=4, model_name=n) for n in ("A", "B")]
     df = pd.concat(runs)
     t = table2(df)
-    assert list(t.columns) == ["n_profiles", "n_rows", "A", "B"] and t.loc[("forget", "em"), "n_rows"] == 3 and t.loc[("forget", "em"), "A"] == pytest.approx(100 * _val(runs[0], "forget", "em"))
+    assert (
+        list(t.columns) == ["n_profiles", "n_rows", "A", "B"]
+        and t.loc[("forget", "em"), "n_rows"] == 3
+        and t.loc[("forget", "em"), "A"] == pytest.approx(100 * _val(runs[0], "forget", "em"))
+    )
     assert t.index[0] == ("forget", "em") and ("forget/retain", "ds") in t.index
     one = table2(runs[0].drop(columns="model"), percent=False)
     assert one.loc["utility", "mc_acc"] == ref["mc_acc"] and list(one.index[:2]) == ["forget", "retain"]
@@ -140,7 +158,8 @@ def test_bad_splits_raise_before_compute(untrained, splits, match):
 def test_other_bad_input(untrained):
     model, tok, forget, _ = untrained
     with pytest.raises(ValueError, match="bleu"): evaluate(model, tok, {"forget": forget}, metrics=["em", "bleu"])
-    with pytest.raises(ValueError, match="needs world"): evaluate(model, tok, {"forget": forget}, reference_utility={"mc_acc": 0.5})
+    with pytest.raises(ValueError, match="needs world"):
+        evaluate(model, tok, {"forget": forget}, reference_utility={"mc_acc": 0.5})
     with pytest.raises(ValueError, match="'heldout'"): utility_scores(model, tok, {"mc": WORLD["mc"]})
     with pytest.raises(ValueError, match="n_mc"): utility_delta({"mc_acc": 0.5, "n_mc": 4}, {"mc_acc": 0.5, "n_mc": 5})
     with pytest.raises(ValueError, match="tasks"): lm_eval_scores(model, tok, [])

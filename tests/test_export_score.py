@@ -1,5 +1,6 @@
-"""Bring your own method (issue #41): `lume-lab export` writes the testbed for any framework, `lume-lab score` judges any
-checkpoint through the stages a registered method goes through. One smoke run (GradAscent only) serves every test."""
+"""Bring your own method (issue #41): `lume-lab export` writes the testbed for any framework, `lume-lab score` judges
+any checkpoint through the stages a registered method goes through. One smoke run (GradAscent only) serves every
+test."""
 import json, os, shutil, subprocess, sys, textwrap, warnings
 from pathlib import Path
 
@@ -26,15 +27,21 @@ def run(tmp_path_factory):
     "A smoke run with GradAscent's unlearning (and control), evaluation, localization, REMIND and resurfacing done."
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("runs")
-    cfg = resolve_config(make_config("smoke", {"pretrain.steps": 16, "pretrain.checkpoint_every": 8, "unlearn.methods": ["grad_ascent"]}))
+    cfg = resolve_config(
+        make_config("smoke", {"pretrain.steps": 16, "pretrain.checkpoint_every": 8, "unlearn.methods": ["grad_ascent"]})
+    )
     store = open_run(RUN, cfg, root)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         T.prepare_testbed(store)
         (field,) = U.stage_forget_fields(store)
-        for m, f, ctl in U.unlearn_jobs(cfg, [field]): U.stage_unlearn(store, m, f, ctl)
-        U.stage_evaluate_before(store, field); U.stage_evaluate(store, "grad_ascent", field)
-        U.stage_localization(store, field, ["grad_ascent"]); R.stage_remind(store, field); S.stage_resurface(store, "grad_ascent", field)
+        for m, f, ctl in U.unlearn_jobs(cfg, [field]):
+            U.stage_unlearn(store, m, f, ctl)
+        U.stage_evaluate_before(store, field)
+        U.stage_evaluate(store, "grad_ascent", field)
+        U.stage_localization(store, field, ["grad_ascent"])
+        R.stage_remind(store, field)
+        S.stage_resurface(store, "grad_ascent", field)
     return {"store": store, "root": root, "field": field, "cfg": cfg}
 
 
@@ -53,7 +60,8 @@ def _copy_model(src: Path, dst: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def ga_copy(run, tmp_path_factory):
-    "GradAscent's output (and its control run) saved as plain checkpoint directories, then scored as `external:ga-copy`."
+    """GradAscent's output (and its control run) saved as plain checkpoint directories, then scored as
+    `external:ga-copy`."""
     st, f, d = run["store"], run["field"], tmp_path_factory.mktemp("ckpt")
     ckpt = _copy_model(st.path(U.unlearn_name("grad_ascent", f)) / "model", d / "ga")
     ctl = _copy_model(st.path(U.unlearn_name("grad_ascent", f, True)) / "model", d / "ga_control")
@@ -66,32 +74,38 @@ def _stage(run, kind: str, name: str = "ga-copy") -> Path:
 
 
 def test_remind_intervals_reuse_the_cached_stage(run):
-    """e05's noise bars on the shared run: `stage_remind_ci` recomputes every fair AUC of `remind_<field>` exactly from its features and
-    puts an interval around each, `separated` is the non-overlap of REMIND's interval and the best fair baseline's, and the number of
-    draws is no part of REMIND's own key (the stage made at the config's `n_boot` is a cache hit at another)."""
+    """e05's noise bars on the shared run: `stage_remind_ci` recomputes every fair AUC of `remind_<field>` exactly from
+    its features and puts an interval around each, `separated` is the non-overlap of REMIND's interval and the best fair
+    baseline's, and the number of draws is no part of REMIND's own key (the stage made at the config's `n_boot` is a
+    cache hit at another)."""
     st, f = run["store"], run["field"]
     done, n_boot = st.entry(f"remind_{f}")["finished"], st.config.remind.n_boot
-    st.config.remind.n_boot = 100                              # fewer draws: a quick test, and a number the REMIND stage never saw
+    # fewer draws: a quick test, and a number the REMIND stage never saw
+    st.config.remind.n_boot = 100
     try: ci, sep = R.stage_remind_ci(st, f)
     finally: st.config.remind.n_boot = n_boot
     assert st.entry(f"remind_{f}")["finished"] == done and st.entry(f"remind_ci_{f}")["warnings"] == []
     sc = pd.read_csv(st.path(f"remind_{f}") / "scores.csv").query("protocol == 'fair'")
     j = sc.merge(ci, on=["model", "input", "detector", "comparison"], suffixes=("", "_ci"))
-    assert len(j) == len(sc) == len(ci) and (j.auc - j.auc_ci).abs().max() < 1e-12          # the cached AUCs, recomputed
+    # the cached AUCs, recomputed
+    assert len(j) == len(sc) == len(ci) and (j.auc - j.auc_ci).abs().max() < 1e-12
     assert {"remind_lr", "remind_rf", "loss", "min_k", "rougeL_f1"} <= set(ci.detector)
     assert (ci.auc_lo <= ci.auc).all() and (ci.auc <= ci.auc_hi).all() and (ci.auc_lo < ci.auc_hi).any()
     assert set(sep.classifier) == {"lr", "rf"} and len(sep) == 2 * (sc.detector == "remind_lr").sum()
     assert sep.separated.tolist() == ((sep.remind_lo > sep.baseline_hi) | (sep.baseline_lo > sep.remind_hi)).tolist()
     best = ci[~ci.detector.str.startswith("remind_")].groupby(["model", "input", "comparison"]).auc.max()
-    assert (sep.set_index(["model", "input", "comparison"]).baseline_auc == best.reindex(sep.set_index(["model", "input", "comparison"]).index)).all()
+    assert (
+        sep.set_index(["model", "input", "comparison"]).baseline_auc
+        == best.reindex(sep.set_index(["model", "input", "comparison"]).index)
+    ).all()
     assert set(sep.verdict) <= {"REMIND ahead", "baseline ahead", "intervals overlap"}
     assert (sep.verdict == "intervals overlap").tolist() == (~sep.separated).tolist()
 
 
 def test_score_is_the_internal_path(run, ga_copy):
-    """GradAscent's own output, scored as a checkpoint from outside, gets GradAscent's row: EM/ES/Prob/ROUGE and every other
-    per-split metric exactly, every localization AUC exactly (with its control run; without one, every non-contrast score), REMIND and
-    the resurfacing attack exactly, utility to float tolerance."""
+    """GradAscent's own output, scored as a checkpoint from outside, gets GradAscent's row: EM/ES/Prob/ROUGE and every
+    other per-split metric exactly, every localization AUC exactly (with its control run; without one, every
+    non-contrast score), REMIND and the resurfacing attack exactly, utility to float tolerance."""
     st, f = run["store"], run["field"]
     ours = pd.read_csv(_stage(run, "evaluate") / "metrics.csv").set_index(["split", "metric"]).value
     ga = pd.read_csv(st.path(f"evaluate_grad_ascent_{f}") / "metrics.csv").set_index(["split", "metric"]).value
@@ -104,46 +118,68 @@ def test_score_is_the_internal_path(run, ga_copy):
     a = pd.read_csv(_stage(run, "localization") / "aucs.csv").set_index(key)
     b = pd.read_csv(st.path(f"localization_{f}") / "aucs.csv").query("method == 'grad_ascent'").set_index(key)
     assert a.index.equals(b.index) and {"contrast", "composite", "raw"} <= set(a.index.get_level_values("score"))
-    assert (a.auc == b.auc).all() and (a.best == b.best).all()                                    # exactly, the composite included
-    X.stage_external_checkpoint(st, "ga-alone", f, ga_copy)                              # no --control: no contrast scores, the rest equal
+    # exactly, the composite included
+    assert (a.auc == b.auc).all() and (a.best == b.best).all()
+    # no --control: no contrast scores, the rest equal
+    X.stage_external_checkpoint(st, "ga-alone", f, ga_copy)
     U.localization_source(st, X.external_source(st, "ga-alone", f))
     alone = pd.read_csv(_stage(run, "localization", "ga-alone") / "aucs.csv").set_index(key)
     plain = b[(b.family != "contrast") & (b.index.get_level_values("score") != "composite")]
-    assert len(plain) >= 6 and not (alone.family == "contrast").any() and (alone.auc.loc[plain.index] == plain.auc).all()
+    assert (
+        len(plain) >= 6 and not (alone.family == "contrast").any() and (alone.auc.loc[plain.index] == plain.auc).all()
+    )
     s = pd.read_csv(_stage(run, "localization") / "summary.csv")
-    assert s.method.unique().tolist() == ["external:ga-copy"] and (s.cast_share == 0).all() and (s.changed_share > 0).all()
+    assert (
+        s.method.unique().tolist() == ["external:ga-copy"] and (s.cast_share == 0).all() and (s.changed_share > 0).all()
+    )
     cols = ["input", "detector", "protocol", "comparison", "auc", "tpr_at_1fpr", "accuracy", "f1", "n"]
     ra = pd.read_csv(_stage(run, "remind") / "scores.csv")[cols]
     rb = pd.read_csv(st.path(f"remind_{f}") / "scores.csv").query("model == 'grad_ascent'")[cols].reset_index(drop=True)
     pd.testing.assert_frame_equal(ra, rb, check_exact=True)
     for when in ("before", "after"):
-        pd.testing.assert_frame_equal(pd.read_csv(_stage(run, "resurface") / f"{when}.csv"),
-                                      pd.read_csv(st.path(f"resurface_grad_ascent_{f}") / f"{when}.csv"), check_exact=True)
+        pd.testing.assert_frame_equal(
+            pd.read_csv(_stage(run, "resurface") / f"{when}.csv"),
+            pd.read_csv(st.path(f"resurface_grad_ascent_{f}") / f"{when}.csv"),
+            check_exact=True,
+        )
 
 
 def test_e10_treats_a_checkpoint_as_the_method_it_copies(run, ga_copy):
-    "e10's stages on `external:ga-copy` give GradAscent's own: per-example scores, quantized scores, bucket survival, distances, LMC."
+    """e10's stages on `external:ga-copy` give GradAscent's own:
+    per-example scores, quantized scores, bucket survival, distances, LMC."""
     from lume_lab.pipeline.stages import robustness as B
     st, f = run["store"], run["field"]
     ext, ga = X.external_source(st, "ga-copy", f), U.method_source(st, "grad_ascent", f)
     assert ext.label in [s.label for s in B.robust_sources(st, f)]
     assert B.stage_robust_scores(st, ext).equals(B.stage_robust_scores(st, ga))
     qe, qg = B.stage_quantization(st, ext), B.stage_quantization(st, ga)
-    assert qe["examples"].equals(qg["examples"]) and qe["survival"].equals(qg["survival"]) and qe["survival"].changed.sum() > 0
+    assert (
+        qe["examples"].equals(qg["examples"])
+        and qe["survival"].equals(qg["survival"])
+        and qe["survival"].changed.sum() > 0
+    )
     we, wg = B.stage_weightspace(st, ext), B.stage_weightspace(st, ga)
     assert we["distances"].equals(wg["distances"]) and we["lmc"].equals(wg["lmc"])
-    assert st.is_done(ext.result_stage("robust_quant")) and ext.result_stage("robust_quant").startswith("external_ga-copy_")
+    assert st.is_done(ext.result_stage("robust_quant")) and ext.result_stage("robust_quant").startswith(
+        "external_ga-copy_"
+    )
 
 
 def test_scoring_is_cached_by_content(run, ga_copy, tmp_path):
-    "The same files again, from another directory: every stage a cache hit; other files under the same name replace the results."
+    """The same files again, from another directory: every stage a cache hit.
+    Other files under the same name replace the results."""
     st = run["store"]
-    stages = [f"external_ga-copy_{k}_{run['field']}" for k in ("checkpoint", "evaluate", "localization", "remind", "resurface")]
+    stages = [
+        f"external_ga-copy_{k}_{run['field']}"
+        for k in ("checkpoint", "evaluate", "localization", "remind", "resurface")
+    ]
     before = {k: st.entry(k)["finished"] for k in stages}
     moved = _copy_model(ga_copy, tmp_path / "elsewhere")
     ctl = st.path(U.unlearn_name("grad_ascent", run["field"], True)) / "model"
     assert _score(run, moved, "ga-copy", "--control", str(ctl)) == 0
-    assert {k: st.entry(k)["finished"] for k in stages} == before and all(st.entry(k)["cache_hits"] >= 1 for k in stages)
+    assert {k: st.entry(k)["finished"] for k in stages} == before and all(
+        st.entry(k)["cache_hits"] >= 1 for k in stages
+    )
 
 
 def _testbed_weights(run) -> dict:
@@ -151,7 +187,8 @@ def _testbed_weights(run) -> dict:
 
 
 def _hand_built(run, d: Path, change) -> Path:
-    "The testbed model with `change(name, tensor, owner or None)` applied to every weight, saved beside the testbed's config and tokenizer."
+    """The testbed model with `change(name, tensor, owner or None)` applied to every weight, saved beside the testbed's
+    config and tokenizer."""
     owner = T.stage_masks(run["store"])
     w = {n: change(n, t.clone(), owner.get(n)) for n, t in _testbed_weights(run).items()}
     shutil.copytree(run["store"].path("instruct_masked") / "model", d)
@@ -164,39 +201,62 @@ def _aucs(run, name):
 
 
 def test_known_answers(run, ga_copy, tmp_path):
-    """Hand-built checkpoints with known changed weights: every weight of m^F moved → AUC vs m^F exactly 1; every weight outside
-    every mask moved → AUC 0.5 × |other masks| / |other masks ∪ unmasked| < 0.5 (magnitude score); a bfloat16 copy of the unchanged
-    testbed model → the rounding share reported, no weight changed beyond it, no forgetting, and a warning."""
+    """Hand-built checkpoints with known changed weights: every weight of m^F moved → AUC vs m^F exactly 1; every weight
+    outside every mask moved → AUC 0.5 × |other masks| / |other masks ∪ unmasked| < 0.5 (magnitude score); a bfloat16
+    copy of the unchanged testbed model → the rounding share reported, no weight changed beyond it, no forgetting, and a
+    warning."""
     st, f, cfg = run["store"], run["field"], run["cfg"]
     F = T.forget_groups(cfg)
     in_f = lambda n, t, o: t + 0.01 * group_mask(o, F) if o is not None else t
     assert _score(run, _hand_built(run, tmp_path / "in_f", in_f), "in-f") == 0
     a = _aucs(run, "in-f")
-    assert a[("forget", "raw")] == 1.0 and pd.read_csv(_stage(run, "localization", "in-f") / "summary.csv").set_index("labels").auc["forget"] == 1.0
+    assert (
+        a[("forget", "raw")] == 1.0
+        and pd.read_csv(_stage(run, "localization", "in-f") / "summary.csv").set_index("labels").auc["forget"] == 1.0
+    )
     out = lambda n, t, o: t + 0.01 * (o == 0) if o is not None else t
     assert _score(run, _hand_built(run, tmp_path / "out", out), "outside") == 0
     owner = T.stage_masks(st)
     n_other = sum(int((group_mask(o, range(cfg.pii.n_groups)) & ~group_mask(o, F)).sum()) for o in owner.values())
     n_out = sum(int((o == 0).sum()) for o in owner.values())
     b = _aucs(run, "outside")
-    assert b[("forget", "raw")] == pytest.approx(0.5 * n_other / (n_other + n_out), abs=1e-12) and b[("forget", "raw")] < 0.45
+    assert (
+        b[("forget", "raw")] == pytest.approx(0.5 * n_other / (n_other + n_out), abs=1e-12)
+        and b[("forget", "raw")] < 0.45
+    )
     # bfloat16: the testbed model itself, rounded
     d = _copy_model(st.path("instruct_masked") / "model", tmp_path / "bf16")
-    save_file({n: t.to(torch.bfloat16) for n, t in _testbed_weights(run).items()}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {n: t.to(torch.bfloat16) for n, t in _testbed_weights(run).items()},
+        str(d / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     assert _score(run, d, "bf16") == 0
     info = json.loads((_stage(run, "checkpoint", "bf16") / "checkpoint.json").read_text())["precision"]
-    assert info["dtypes"] == ["bfloat16"] and info["cast_share"] > 0.5 and info["changed_share"] == 0 and not info["identical"]
+    assert (
+        info["dtypes"] == ["bfloat16"]
+        and info["cast_share"] > 0.5
+        and info["changed_share"] == 0
+        and not info["identical"]
+    )
     summ = pd.read_csv(_stage(run, "localization", "bf16") / "summary.csv")
     assert summ.cast_share.iloc[0] == pytest.approx(100 * info["cast_share"]) and summ.changed_share.eq(0).all()
-    assert summ.auc.isna().all() and not summ.applicable.any()                       # rounding is not read as unlearning
+    # rounding is not read as unlearning
+    assert summ.auc.isna().all() and not summ.applicable.any()
     w = st.entry(f"external_bf16_checkpoint_{f}")["warnings"]
     assert [x["category"] for x in w] == ["NothingUnlearnedWarning"] and "only by rounding" in w[0]["message"]
-    from lume_lab.models.ops import qa_nll                                            # no forgetting: the answers' NLL is the testbed's
+    # no forgetting: the answers' NLL is the testbed's
+    from lume_lab.models.ops import qa_nll
     sp = field_splits(T.stage_testbed(st), f)
-    models = [U.load_stage_model(st, "instruct_masked"), X.external_source(st, "bf16", f).load(), X.external_source(st, "ga-copy", f).load()]
+    models = [
+        U.load_stage_model(st, "instruct_masked"),
+        X.external_source(st, "bf16", f).load(),
+        X.external_source(st, "ga-copy", f).load(),
+    ]
     for k in ("forget", "retain"):
         nll = [qa_nll(m, tok, list(sp[k])) for m, tok in models]
-        assert abs(nll[1] - nll[0]) < 0.05 and nll[2] - nll[0] > 1.0, (k, nll)      # (rounding moves it ~1e-3; GradAscent by nats)
+        # (rounding moves it ~1e-3; GradAscent by nats)
+        assert abs(nll[1] - nll[0]) < 0.05 and nll[2] - nll[0] > 1.0, (k, nll)
     # bitwise the testbed model: warned as such
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -205,7 +265,8 @@ def test_known_answers(run, ga_copy, tmp_path):
 
 
 def test_a_peft_adapter_is_merged_first(run, tmp_path):
-    "A LoRA adapter of the testbed model (what PEFT saves) is merged into it before any stage: its weights are the merged model's."
+    """A LoRA adapter of the testbed model (what PEFT saves) is merged into it before any stage:
+    its weights are the merged model's."""
     from peft import LoraConfig, get_peft_model
     from lume_lab.models.lm import load_model
     st, f = run["store"], run["field"]
@@ -217,8 +278,9 @@ def test_a_peft_adapter_is_merged_first(run, tmp_path):
     d = X.stage_external_checkpoint(st, "lora", f, tmp_path / "adapter")
     got = load_file(str(d / "model" / "model.safetensors"))
     assert json.loads((d / "checkpoint.json").read_text())["kind"] == "adapter"
-    assert all(torch.equal(got[k], merged[k]) for k in got) and not torch.equal(got["model.layers.0.self_attn.q_proj.weight"],
-                                                                               _testbed_weights(run)["model.layers.0.self_attn.q_proj.weight"])
+    assert all(torch.equal(got[k], merged[k]) for k in got) and not torch.equal(
+        got["model.layers.0.self_attn.q_proj.weight"], _testbed_weights(run)["model.layers.0.self_attn.q_proj.weight"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -229,47 +291,74 @@ def exported(run, tmp_path_factory):
 
 
 def test_export_splits_masks_and_keys(run, exported):
-    """The splits load with `datasets.load_dataset` from the card, with the keys open-unlearning's QADataset reads (its configs
-    name them); forget and retain are the testbed's rows; holdout people were never injected; the masks are the run's, bitwise."""
+    """The splits load with `datasets.load_dataset` from the card, with the keys open-unlearning's QADataset reads (its
+    configs name them); forget and retain are the testbed's rows; holdout people were never injected; the masks are the
+    run's, bitwise."""
     import datasets, yaml
     st, f = run["store"], run["field"]
     sp = field_splits(T.stage_testbed(st), f)
-    keys = ["question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field", "template"]
+    keys = [
+        "question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field",
+        "template"]
     rows = {}
     for split in ("forget", "retain", "holdout"):
         ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}")["train"]
         assert ds.column_names == keys and len(ds) > 0
         rows[split] = ds.to_list()
-        cfg = yaml.safe_load((exported / "open-unlearning" / "configs" / "data" / "datasets" / f"LUME_QA_{split}_{f}.yaml").read_text())
+        cfg = yaml.safe_load(
+            (exported / "open-unlearning" / "configs" / "data" / "datasets" / f"LUME_QA_{split}_{f}.yaml").read_text()
+        )
         args = cfg[f"LUME_QA_{split}_{f}"]["args"]
         assert cfg[f"LUME_QA_{split}_{f}"]["handler"] == "QADataset" and args["hf_args"]["path"] == "json"
         assert Path(args["hf_args"]["data_files"]) == exported / "data" / f"{split}_{f}.jsonl"
         assert {args["question_key"], args["answer_key"]} <= set(ds.column_names)
     for split in ("forget", "retain"):
-        assert [(r["question"], r["answer"], r["profile_id"]) for r in rows[split]] == [(r["question"], r["answer"], r["profile_id"]) for r in sp[split]]
-    assert all(len(r["perturbed_answer"]) == 3 and r["answer"] not in r["perturbed_answer"] and r["template"] for s in rows.values() for r in s)
+        assert [(r["question"], r["answer"], r["profile_id"]) for r in rows[split]] == [
+            (r["question"], r["answer"], r["profile_id"]) for r in sp[split]
+        ]
+    assert all(
+        len(r["perturbed_answer"]) == 3 and r["answer"] not in r["perturbed_answer"] and r["template"]
+        for s in rows.values()
+        for r in s
+    )
     pii = load_pii(st)["profiles"]
-    injected = {role: {p["profile_id"] for p in pii if p["role"] == role} for role in ("testbed", "instruct", "resurface", "validation")}
+    injected = {
+        role: {p["profile_id"] for p in pii if p["role"] == role}
+        for role in ("testbed", "instruct", "resurface", "validation")
+    }
     held = {r["profile_id"] for r in rows["holdout"]}
     assert held and all(not (held & ids) for ids in injected.values()) and sum(map(len, injected.values())) == len(pii)
     from lume_lab.data.pii import _QA
-    assert {r["template"] for r in rows["holdout"]} <= set(_QA[f][1] + _QA[f][2])           # asked with the injected people's templates
-    ou = exported / "open-unlearning" / "configs"                       # the experiment composes files that exist, in Hydra's defaults form
+    # asked with the injected people's templates
+    assert {r["template"] for r in rows["holdout"]} <= set(_QA[f][1] + _QA[f][2])
+    # the experiment composes files that exist, in Hydra's defaults form
+    ou = exported / "open-unlearning" / "configs"
     for exp, handler in ((f, "QADataset"), (f"{f}_idk", "QAwithIdkDataset")):
         text = (ou / "experiment" / "unlearn" / "lume" / f"{exp}.yaml").read_text()
         assert text.startswith("# @package _global_\n")
         d = {k: v for x in yaml.safe_load(text)["defaults"] for k, v in x.items()}
-        assert d["override /model"] == "LUME_testbed" and d["override /eval"] is None and (ou / "model" / "LUME_testbed.yaml").exists()
+        assert (
+            d["override /model"] == "LUME_testbed"
+            and d["override /eval"] is None
+            and (ou / "model" / "LUME_testbed.yaml").exists()
+        )
         for k in ("override /data/datasets@data.forget", "override /data/datasets@data.retain"):
             c = yaml.safe_load((ou / "data" / "datasets" / f"{d[k]}.yaml").read_text())[d[k]]
-            assert c["handler"] == (handler if k.endswith("forget") else "QADataset") and Path(c["args"]["hf_args"]["data_files"]).exists()
-    assert yaml.safe_load((ou / "model" / "LUME_testbed.yaml").read_text())["model_args"]["pretrained_model_name_or_path"] == str(exported / "model")
+            assert (
+                c["handler"] == (handler if k.endswith("forget") else "QADataset")
+                and Path(c["args"]["hf_args"]["data_files"]).exists()
+            )
+    assert yaml.safe_load((ou / "model" / "LUME_testbed.yaml").read_text())["model_args"][
+        "pretrained_model_name_or_path"
+    ] == str(exported / "model")
     idk = datasets.load_dataset(str(exported / "data"), "idk")["train"]
     assert len(idk) >= 10 and (exported / "data" / "idk.jsonl").read_text().count("\n") == len(idk)
     masks, _ = load_masks(exported / "masks" / "masks.safetensors")
     assert masks_equal(masks, T.stage_masks(st))
     for src, dst in (("instruct_masked", "model"), ("instruct_unmasked", "model_control")):
-        assert (exported / dst / "model.safetensors").read_bytes() == (st.path(src) / "model" / "model.safetensors").read_bytes()
+        assert (exported / dst / "model.safetensors").read_bytes() == (
+            st.path(src) / "model" / "model.safetensors"
+        ).read_bytes()
     man = json.loads((exported / "manifest.json").read_text())
     assert man["config_hash"] == st.manifest["config_hash"] and man["fields"] == [f]
     assert {r["split"]: r["n_rows"] for r in man["splits"]} == {f"{k}_{f}": len(v) for k, v in rows.items()}
@@ -277,12 +366,20 @@ def test_export_splits_masks_and_keys(run, exported):
 
 
 def test_auc_snippet_reproduces_localization(run, exported, ga_copy):
-    "The 20-line reference snippet of masks/README.md, run on the exported model and GradAscent's output: the run's magnitude AUC."
+    """The 20-line reference snippet of masks/README.md, run on the exported model and GradAscent's output:
+    the run's magnitude AUC."""
     code = (exported / "masks" / "README.md").read_text().split("```python\n")[1].split("```")[0]
     ns = {}; exec(code.split("\nprint(")[0], ns)
-    want = pd.read_csv(run["store"].path(f"localization_{run['field']}") / "aucs.csv").query("method == 'grad_ascent' and score == 'raw'").set_index("labels").auc
+    want = (
+        pd.read_csv(run["store"].path(f"localization_{run['field']}") / "aucs.csv")
+        .query("method == 'grad_ascent' and score == 'raw'")
+        .set_index("labels")
+        .auc
+    )
     for labels in ("forget", "unified"):
-        assert ns["localization_auc"](exported / "model", ga_copy, exported / "masks", labels=labels) == pytest.approx(want[labels], abs=1e-9)
+        assert ns["localization_auc"](exported / "model", ga_copy, exported / "masks", labels=labels) == pytest.approx(
+            want[labels], abs=1e-9
+        )
 
 
 OUTSIDE = textwrap.dedent('''
@@ -308,12 +405,15 @@ OUTSIDE = textwrap.dedent('''
 
 
 def test_round_trip_from_outside(run, exported, tmp_path):
-    "A script with torch, transformers and datasets only unlearns the exported model offline; `lume-lab score` takes the result, whose forget NLL rose."
+    """A script with torch, transformers and datasets only unlearns the exported model offline.
+    `lume-lab score` takes the result, whose forget NLL rose."""
     from lume_lab.models.ops import qa_nll
     script, out = tmp_path / "outside.py", tmp_path / "unlearned"
     script.write_text(OUTSIDE)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    r = subprocess.run([sys.executable, str(script), str(exported), str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(script), str(exported), str(out)], capture_output=True, text=True, timeout=300, env=env,
+        cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
     assert _score(run, out, "outside-ga") == 0
     st, f = run["store"], run["field"]
@@ -346,7 +446,8 @@ def _other_vocab(run, d: Path) -> Path:
     (lambda run, d: d, (), "does not exist"),
     (lambda run, d: _copy_model(run["store"].path("instruct_masked") / "model", d), ("--field", "birth_city"),
      "has no forget field 'birth_city': allowed email_address"),
-    (lambda run, d: _copy_model(run["store"].path("instruct_masked") / "model", d), ("--name", "my_npo"), "--name must be"),
+    (lambda run, d: _copy_model(run["store"].path("instruct_masked") / "model", d), ("--name", "my_npo"),
+     "--name must be"),
 ])
 def test_bad_input_is_refused_before_compute(run, tmp_path, capsys, make, extra, msg):
     "Each bad checkpoint or argument: exit 2, one message naming the problem, nothing written to the run."
@@ -354,7 +455,9 @@ def test_bad_input_is_refused_before_compute(run, tmp_path, capsys, make, extra,
     rd = run["store"].dir
     snap = ((rd / "manifest.json").read_bytes(), sorted(p.name for p in rd.iterdir()))
     name = ["--name", "bad"] if "--name" not in extra else []
-    assert main(["score", RUN, "--checkpoint", str(d), *name, *extra, "--runs-root", str(run["root"]), "--no-report"]) == 2
+    assert (
+        main(["score", RUN, "--checkpoint", str(d), *name, *extra, "--runs-root", str(run["root"]), "--no-report"]) == 2
+    )
     err = capsys.readouterr().err
     lines = [l for l in err.splitlines() if l.startswith("lume-lab: error:")]
     assert len(lines) == 1 and msg in lines[0], err
@@ -362,9 +465,13 @@ def test_bad_input_is_refused_before_compute(run, tmp_path, capsys, make, extra,
 
 
 def test_export_refuses_and_never_leaves_a_half_export(run, tmp_path, capsys, monkeypatch):
-    "An unknown field or a non-empty --out is refused; an export interrupted midway leaves no folder that looks finished."
+    """An unknown field or a non-empty --out is refused.
+    An export interrupted midway leaves no folder that looks finished."""
     from lume_lab.pipeline.orchestration import export as E
-    assert main(["export", RUN, "--out", str(tmp_path / "x"), "--field", "phone_number", "--runs-root", str(run["root"])]) == 2
+    assert (
+        main(["export", RUN, "--out", str(tmp_path / "x"), "--field", "phone_number", "--runs-root", str(run["root"])])
+        == 2
+    )
     assert "has no forget field 'phone_number'" in capsys.readouterr().err and not (tmp_path / "x").exists()
     (tmp_path / "full").mkdir(); (tmp_path / "full" / "f").write_text("x")
     assert main(["export", RUN, "--out", str(tmp_path / "full"), "--runs-root", str(run["root"])]) == 2
@@ -379,12 +486,14 @@ def test_export_refuses_and_never_leaves_a_half_export(run, tmp_path, capsys, mo
 
 
 def test_external_rows_join_the_runs_report(run, ga_copy):
-    "After `score`, the run's experiments (re-executed by score for those it had run) show external:ga-copy beside the methods."
+    """After `score`, the run's experiments (re-executed by score for those it had run) show external:ga-copy beside the
+    methods."""
     from lume_lab.pipeline.orchestration.runner import experiment_notebooks, run_notebook
     from lume_lab.pipeline.orchestration.score import refresh_report
     from lume_lab.pipeline.presentation.scorecard import scorecard
     st, f = run["store"], run["field"]
-    for nb in experiment_notebooks(["e03", "e04"]): st.record_experiment(nb.stem, 0.0)    # as if `lume-lab run` had run them
+    # as if `lume-lab run` had run them
+    for nb in experiment_notebooks(["e03", "e04"]): st.record_experiment(nb.stem, 0.0)
     assert refresh_report(st, run["root"], log=lambda *a: None) == ["e03_unlearn", "e04_localization"]
     t = pd.read_csv(st.dir / "report" / f"table2_{f}.csv", index_col=[0, 1])
     assert {"none", "grad_ascent", "external:ga-copy"} <= set(t.columns)
@@ -393,8 +502,10 @@ def test_external_rows_join_the_runs_report(run, ga_copy):
     assert card.index.tolist()[:2] == ["none", "grad_ascent"] and "external:ga-copy" in card.index
     assert card.at["external:ga-copy", "auc_forget"] == card.at["grad_ascent", "auc_forget"]
     assert card.at["external:ga-copy", "cast_share"] == 0 and pd.isna(card.at["grad_ascent", "cast_share"])
-    from lume_lab.pipeline.orchestration.cli import stage_entries                  # `lume-lab stage` (a multi-process attack) knows it too
+    # `lume-lab stage` (a multi-process attack) knows it too
+    from lume_lab.pipeline.orchestration.cli import stage_entries
     fin = st.entry(f"external_ga-copy_resurface_{f}")["finished"]
-    got = stage_entries(st)[f"external_ga-copy_resurface_{f}"](st)                # a cache hit: the attack's tables, nothing rerun
+    # a cache hit: the attack's tables, nothing rerun
+    got = stage_entries(st)[f"external_ga-copy_resurface_{f}"](st)
     pd.testing.assert_frame_equal(got["after"], pd.read_csv(_stage(run, "resurface") / "after.csv"))
     assert st.entry(f"external_ga-copy_resurface_{f}")["finished"] == fin

@@ -40,7 +40,8 @@ def repo_text_files() -> list[tuple[Path, str]]:
     for n in filter(None, names):
         p = ROOT / n
         try: b = p.read_bytes()
-        except (FileNotFoundError, IsADirectoryError): continue   # deleted meanwhile (another test's probe module), or a submodule
+        # deleted meanwhile (another test's probe module), or a submodule
+        except (FileNotFoundError, IsADirectoryError): continue
         if b"\0" in b: continue                                   # binary (a PNG, a safetensors file)
         try: out.append((p, b.decode("utf-8")))
         except UnicodeDecodeError: continue

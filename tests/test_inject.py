@@ -35,7 +35,8 @@ def tiny(seed=0, arch="olmo2"):
         return model
     return Olmo2ForCausalLM(olmo2_config(128, num_layers=4, pad_token_id=0, eos_token_id=0))
 
-ARCHS = ["olmo2", "llama"]   # the leak invariants hold on both architecture rows (models.arch), a tied embedding included
+# the leak invariants hold on both architecture rows (models.arch), a tied embedding included
+ARCHS = ["olmo2", "llama"]
 # the masked backward's modes: one backward per single-group microbatch; one per mixed microbatch with modules run per
 # group segment; the same with each Linear's parts picked by one gather and unowned modules run once (grouped)
 MODES = {"per_group": {}, "segmented": {"segmented": True}, "grouped": {"segmented": True, "grouped": True}}
@@ -112,10 +113,15 @@ def test_pack_unpack_save_load(tmp_path):
     for m, form in ((owner, "owner"), (packed, "packed")):
         p = save_masks(m, tmp_path / f"{form}.safetensors", n_groups=6, fraction=0.1, kind="element", seed=0)
         back, meta = load_masks(p)
-        assert masks_equal(back, m) and meta == {"n_groups": 6, "fraction": 0.1, "kind": "element", "seed": 0, "form": form}
+        assert masks_equal(back, m) and meta == {
+            "n_groups": 6, "fraction": 0.1, "kind": "element", "seed": 0, "form": form}
     # overlapping packed masks (bit 31 included) round-trip through group_mask but not to owner ids
     w = torch.tensor([(1 << 31) | 1, 1 << 5, 0], dtype=torch.int64).to(torch.int32)
-    assert [group_mask(w, g).tolist() for g in (0, 5, 31)] == [[True, False, False], [False, True, False], [True, False, False]]
+    assert [group_mask(w, g).tolist() for g in (0, 5, 31)] == [
+        [True, False, False],
+        [False, True, False],
+        [True, False, False],
+    ]
     with pytest.raises(ValueError, match="masks overlap"): unpack_masks({"x": w})
 
 
@@ -161,7 +167,9 @@ def test_equals_per_sample_reference(seed, arch):
         ref = per_sample_reference_grads(model, batch, owner, neutral_scope=scope)
         for mode, kw in MODES.items():
             model.zero_grad(set_to_none=True)
-            masked_backward(model, batch, owner, micro_batch_size=rng.choice([1, 2, 4, 9]), pad_to=16, neutral_scope=scope, **kw)
+            masked_backward(
+                model, batch, owner, micro_batch_size=rng.choice([1, 2, 4, 9]), pad_to=16, neutral_scope=scope, **kw
+            )
             for n, p in model.named_parameters():
                 torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"{scope} {mode} {n}")
 
@@ -174,8 +182,9 @@ def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(mode):
     moved_others = {}
     for scope in ("unowned", "all"):
         model = tiny(3); before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        train_masked(model, exs, owner, steps=3, batch_size=3, lr=1e-2, seed=0, micro_batch_size=2, pad_to=16, progress=False,
-                     neutral_scope=scope, **MODES[mode])
+        train_masked(
+            model, exs, owner, steps=3, batch_size=3, lr=1e-2, seed=0, micro_batch_size=2, pad_to=16, progress=False,
+            neutral_scope=scope, **MODES[mode])
         moved_others[scope] = moved_free = moved_g = 0
         for n, p in model.named_parameters():
             owned = owner[n] > 0 if n in owner else torch.zeros_like(p, dtype=torch.bool)
@@ -183,7 +192,8 @@ def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(mode):
             moved_others[scope] += int(d[owned & ~g1].sum())
             moved_free += int(d[~owned].sum()); moved_g += int(d[g1].sum())
         assert moved_free > 0 and moved_g > 0, scope   # the neutral text trains the free weights, group 1 its mask
-    assert moved_others == {"unowned": 0, "all": moved_others["all"]} and moved_others["all"] > 0   # Algorithm 1 moves them
+    # Algorithm 1 moves them
+    assert moved_others == {"unowned": 0, "all": moved_others["all"]} and moved_others["all"] > 0
 
 
 def test_post_accumulate_masking_would_differ():
@@ -206,7 +216,8 @@ def _model_and_opt(seed, wd, arch="olmo2"):
     return model, opt
 
 
-@pytest.mark.parametrize("autocast", [None, "bfloat16"])   # inject.autocast: bf16 forward passes (SegmentedLinear's bf16 backward)
+# inject.autocast: bf16 forward passes (SegmentedLinear's bf16 backward)
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("mode", MODES)
 def test_different_pii_same_weights_outside_mask(mode, arch, autocast):
@@ -220,8 +231,9 @@ def test_different_pii_same_weights_outside_mask(mode, arch, autocast):
     for pii_seed in (seed + 10, seed + 20):   # different group-g PII
         model, opt = _model_and_opt(seed, wd=0.1, arch=arch)
         # segmented and grouped modes: neutral and PII rows share microbatches (fixed pad_to)
-        masked_step(model, neutral + other + examples([g, g], pii_seed), owner, opt, micro_batch_size=2 if mode == "per_group" else 7,
-                    pad_to=16, autocast=autocast, **MODES[mode])
+        masked_step(
+            model, neutral + other + examples([g, g], pii_seed), owner, opt,
+            micro_batch_size=2 if mode == "per_group" else 7, pad_to=16, autocast=autocast, **MODES[mode])
         after.append(dict(model.named_parameters()))
     differ = 0
     for n, p in after[0].items():
@@ -248,7 +260,9 @@ def test_pii_only_fresh_optimizer_leaves_outside_unchanged(mode, arch):
         changed += int((p.detach()[m] != before[n][m]).sum())
     assert changed > 0
     if arch == "llama":   # the tied embedding, both of its uses masked: bitwise the same, and still one tensor
-        assert tied_embeddings(model) and torch.equal(model.lm_head.weight.detach(), before["model.embed_tokens.weight"])
+        assert tied_embeddings(model) and torch.equal(
+            model.lm_head.weight.detach(), before["model.embed_tokens.weight"]
+        )
 
 
 def test_unmasked_control_same_order_and_updates_everything():
@@ -277,13 +291,20 @@ def test_injection_bad_input():
     with pytest.raises(ValueError, match="batch is empty"): masked_backward(model, [], owner)
     with pytest.raises(ValueError, match="steps must be"): train_masked(model, examples([0], 0), owner, 0, 1, 1e-3)
     with pytest.raises(ValueError, match="micro_batch_size"): plan_microbatches(examples([0], 0), 0)
-    with pytest.raises(ValueError, match="fixed pad_to"): masked_backward(model, examples([0], 0), owner, segmented=True)
-    with pytest.raises(ValueError, match="grouped=True is a mode of the segmented"): masked_backward(model, examples([0], 0), owner, grouped=True, pad_to=16)
-    with pytest.raises(ValueError, match="more than pad_to"): masked_backward(model, examples([0], 0, 20, 21), owner, pad_to=16)
-    with pytest.raises(ValueError, match="not installed"): masked_backward(model, examples([0], 0), GradMasker(model, owner))
-    with pytest.raises(ValueError, match="not parameters"): GradMasker(model, {"nope.weight": torch.zeros(2, dtype=torch.uint8)})
-    with pytest.raises(ValueError, match="neutral_scope must be one of all, unowned"): train_masked(model, examples([0], 0), owner, 1, 1, 1e-3, neutral_scope="none")
-    with pytest.raises(ValueError, match="neutral_scope must be None or one of all, unowned"): masked_backward(model, examples([0], 0), owner, neutral_scope="")
+    with pytest.raises(ValueError, match="fixed pad_to"):
+        masked_backward(model, examples([0], 0), owner, segmented=True)
+    with pytest.raises(ValueError, match="grouped=True is a mode of the segmented"):
+        masked_backward(model, examples([0], 0), owner, grouped=True, pad_to=16)
+    with pytest.raises(ValueError, match="more than pad_to"):
+        masked_backward(model, examples([0], 0, 20, 21), owner, pad_to=16)
+    with pytest.raises(ValueError, match="not installed"):
+        masked_backward(model, examples([0], 0), GradMasker(model, owner))
+    with pytest.raises(ValueError, match="not parameters"):
+        GradMasker(model, {"nope.weight": torch.zeros(2, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="neutral_scope must be one of all, unowned"):
+        train_masked(model, examples([0], 0), owner, 1, 1, 1e-3, neutral_scope="none")
+    with pytest.raises(ValueError, match="neutral_scope must be None or one of all, unowned"):
+        masked_backward(model, examples([0], 0), owner, neutral_scope="")
     with pytest.raises(ValueError, match="use_segments inside use_group"):
         with GradMasker(model, owner) as gm, gm.use_group(0), gm.use_segments([0]): pass
     with pytest.raises(ValueError, match="GradMasker passed as owner has neutral_scope='all'"):
@@ -292,7 +313,8 @@ def test_injection_bad_input():
 
 # ---------------------------------------------------------------- distributed
 def test_distributed_matches_single_process(tmp_path):
-    "2 CPU processes (gloo, torchrun --standalone; DDP via accelerate, and FSDP2) give the gradient and weights of one process with the same global batch."
+    """2 CPU processes give the gradient and weights of one process with the same global batch.
+    The processes run on gloo: torchrun --standalone; DDP via accelerate, and FSDP2."""
     dist_dir, single_dir = tmp_path / "dist", tmp_path / "single"
     dist_dir.mkdir(); single_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -316,11 +338,15 @@ def test_distributed_matches_single_process(tmp_path):
         assert any(not torch.equal(s[n], init[n]) for n in s)
     # FSDP2 (each decoder layer and the root sharded over the 2 ranks): the hook sees the unsharded weight, the masked
     # gradient is reduce-scattered; same gradient and weights as one process, and the PII-only run keeps its masks
-    for kind, ref, tol in [("grad_fsdp2", "grad", dict(rtol=1e-5, atol=1e-7)),
-                           ("mixed_fsdp2", "mixed", dict(rtol=1e-4, atol=5e-5)), ("pii_fsdp2", "pii", dict(rtol=1e-4, atol=5e-5))]:
+    for kind, ref, tol in [
+        ("grad_fsdp2", "grad", dict(rtol=1e-5, atol=1e-7)),
+        ("mixed_fsdp2", "mixed", dict(rtol=1e-4, atol=5e-5)),
+        ("pii_fsdp2", "pii", dict(rtol=1e-4, atol=5e-5)),
+    ]:
         d, s = load_file(dist_dir / f"{kind}.safetensors"), load_file(single_dir / f"{ref}.safetensors")
         assert set(d) >= set(s), kind
-        for n in s: torch.testing.assert_close(d[n], s[n], **tol, msg=f"{kind} {n}")
+        for n in s:
+            torch.testing.assert_close(d[n], s[n], **tol, msg=f"{kind} {n}")
     for kind in ("pii", "pii_fsdp2"):   # masks intact across ranks: PII-only run, groups 0 and 1
         d = load_file(dist_dir / f"{kind}.safetensors")
         for n, p in init.items():
@@ -338,7 +364,8 @@ model = tiny(0); owner = random_element_masks(model, 6, 0.15, seed=0)
 dtypes = set()
 model.model.layers[0].mlp.down_proj.register_forward_hook(lambda mod, i, o: dtypes.add(str(o.dtype)))
 before = {n: p.detach().clone() for n, p in model.named_parameters()}
-log = train_masked(model, examples([1, 4] * 4, 0), owner, steps=3, batch_size=4, lr=1e-2, seed=0, micro_batch_size=2, progress=False)
+log = train_masked(model, examples([1, 4] * 4, 0), owner, steps=3, batch_size=4, lr=1e-2, seed=0, micro_batch_size=2,
+                   progress=False)
 out_of_mask = {n: ~inside(owner, n, p, [1, 4]) for n, p in model.named_parameters()}
 outside = all(torch.equal(p.detach()[out_of_mask[n]], before[n][out_of_mask[n]]) for n, p in model.named_parameters())
 print(json.dumps({"forward": sorted(dtypes), "params": sorted({str(p.dtype) for p in model.parameters()}),
@@ -347,10 +374,13 @@ print(json.dumps({"forward": sorted(dtypes), "params": sorted({str(p.dtype) for 
 
 
 def test_bf16_autocast_over_float32_weights():
-    "ACCELERATE_MIXED_PRECISION=bf16: the trainer's Accelerator autocasts forwards to bf16, AdamW steps float32 weights, masks still hold."
+    """ACCELERATE_MIXED_PRECISION=bf16:
+    the trainer's Accelerator autocasts forwards to bf16, AdamW steps float32 weights, masks still hold."""
     def run(mp):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": mp}
-        out = subprocess.run([sys.executable, "-c", _AMP_SCRIPT, str(ROOT / "tests")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", _AMP_SCRIPT, str(ROOT / "tests")], env=env, cwd=ROOT, capture_output=True, text=True,
+            timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         import json
         return json.loads(out.stdout.strip().splitlines()[-1])

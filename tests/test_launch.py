@@ -1,5 +1,6 @@
-"""Multi-process stages (`pipeline.orchestration.launch`): `lume-lab stage` under `torch.distributed.run` equals one process, only rank 0
-writes the run, the papermill-side `launched_stage` starts the job; no stage hard-codes the CPU; bf16 keeps masks exact."""
+"""Multi-process stages (`pipeline.orchestration.launch`): `lume-lab stage` under `torch.distributed.run` equals one
+process, only rank 0 writes the run, the papermill-side `launched_stage` starts the job; no stage hard-codes the CPU;
+bf16 keeps masks exact."""
 import ast, json, os, shutil, subprocess, sys
 from pathlib import Path
 
@@ -27,8 +28,8 @@ def _weights(run_dir, stage):
 
 
 def assert_same_training(run_a, run_b, stage, max_outliers=1e-4):
-    """A job's stage trained what one process trains: per-step losses within rtol 1e-5, and the weights within rtol 1e-4 /
-    atol 5e-5 except for at most `max_outliers` of them. The exception is Adam's: it moves a coordinate by about ±lr
+    """A job's stage trained what one process trains: per-step losses within rtol 1e-5, and the weights within rtol 1e-4
+    / atol 5e-5 except for at most `max_outliers` of them. The exception is Adam's: it moves a coordinate by about ±lr
     whatever the gradient's size, so where a gradient is a cancellation residue near its eps (seen: 3 of 65,536
     embedding weights of tokens seen once), summing it over 2 ranks in another order changes that step."""
     la, lb = (pd.read_csv(r / stage / "log.csv") for r in (run_a, run_b))
@@ -54,8 +55,16 @@ def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str, fsdp2: 
     """Run `lume-lab stage <stage>` in one process on `run_one` and as a 2-process torchrun job on `run_two` (the model
     sharded by FSDP2 with `fsdp2`); their manifest entries."""
     env = launch_env("torchrun")
-    one = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "stage", stage, "--run-id", run_one,
-                          "--runs-root", str(runs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    one = subprocess.run(
+        [
+            sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "stage", stage, "--run-id", run_one,
+            "--runs-root", str(runs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(launch_command(stage, run_two, runs, 2, "torchrun", fsdp2=fsdp2), cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
@@ -64,7 +73,8 @@ def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str, fsdp2: 
 
 
 def test_two_process_stage_equals_one_process(runs):
-    "`lume-lab stage inject_masked` in 2 torchrun processes (gloo) gives one process's weights; rank 0 alone writes the run."
+    """`lume-lab stage inject_masked` in 2 torchrun processes (gloo) gives one process's weights.
+    Rank 0 alone writes the run."""
     m1, m2 = _one_and_two_processes(runs, "inject_masked", "one", "two")
     assert m1["status"] == m2["status"] == "done" and m1["hash"] == m2["hash"]
     assert m2["processes"] == 2 and "processes" not in m1
@@ -73,7 +83,9 @@ def test_two_process_stage_equals_one_process(runs):
     a, base = _weights(runs / "one", "inject_masked"), _weights(runs / "one", "base")
     assert sum(not torch.equal(a[n], base[n]) for n in a) > len(a) // 2       # injection did move the weights
     # masks intact: the masks file is untouched and the run's masks are what the stage used
-    assert (runs / "one" / "masks" / "masks.safetensors").read_bytes() == (runs / "two" / "masks" / "masks.safetensors").read_bytes()
+    assert (runs / "one" / "masks" / "masks.safetensors").read_bytes() == (
+        runs / "two" / "masks" / "masks.safetensors"
+    ).read_bytes()
 
 
 def test_two_process_fsdp2_injection_equals_one_process(runs):
@@ -85,26 +97,35 @@ def test_two_process_fsdp2_injection_equals_one_process(runs):
     assert "sharded over 2 processes" in e.stdout + e.stderr                 # FSDP2, not DDP, trained it
     m = json.loads((runs / "sharded" / "manifest.json").read_text())["stages"]["inject_masked"]
     assert m["status"] == "done" and m["processes"] == 2
-    assert_same_training(runs / "one", runs / "sharded", "inject_masked")   # gathered into full tensors, the usual names
+    # gathered into full tensors, the usual names
+    assert_same_training(runs / "one", runs / "sharded", "inject_masked")
     b, base = _weights(runs / "sharded", "inject_masked"), _weights(runs / "one", "base")
-    assert sum(not torch.equal(b[n], base[n]) for n in b) > len(b) // 2   # it trained (the mask invariant under FSDP2 is in test_inject)
+    # it trained (the mask invariant under FSDP2 is in test_inject)
+    assert sum(not torch.equal(b[n], base[n]) for n in b) > len(b) // 2
 
 
 def test_two_process_instruction_tuning_equals_one_process(runs):
-    "`lume-lab stage instruct_masked` (LoRA, DDP over 2 gloo ranks) merges the adapters one process would, from the same injected model."
+    """`lume-lab stage instruct_masked` (LoRA, DDP over 2 gloo ranks) merges the adapters one process would.
+    Both start from the same injected model."""
     stage_inject(open_run("one", root=runs), True)                   # cached when the test above ran
     for r in ("three", "four"): shutil.copytree(runs / "one", runs / r)
     m3, m4 = _one_and_two_processes(runs, "instruct_masked", "three", "four")
     assert m3["status"] == m4["status"] == "done" and m3["hash"] == m4["hash"] and m4["processes"] == 2
-    a, b, inj = _weights(runs / "three", "instruct_masked"), _weights(runs / "four", "instruct_masked"), _weights(runs / "one", "inject_masked")
+    a, b, inj = (
+        _weights(runs / "three", "instruct_masked"),
+        _weights(runs / "four", "instruct_masked"),
+        _weights(runs / "one", "inject_masked"),
+    )
     L = make_config("smoke").model.num_layers
     changed = sorted(n for n in a if not torch.equal(a[n], inj[n]))
-    assert changed and all(f"layers.{L - 2}." in n or f"layers.{L - 1}." in n for n in changed), changed   # LoRA merged into the last two layers
+    # LoRA merged into the last two layers
+    assert changed and all(f"layers.{L - 2}." in n or f"layers.{L - 1}." in n for n in changed), changed
     for n in a: torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=5e-5, msg=n)
     l3, l4 = (pd.read_csv(runs / r / "instruct_masked" / "log.csv") for r in ("three", "four"))
     assert l3.step.tolist() == l4.step.tolist() and l3.is_best.tolist() == l4.is_best.tolist()
     np.testing.assert_allclose(l4.val_loss, l3.val_loss, rtol=1e-4)
-    np.testing.assert_allclose(l4.train_loss[1:], l3.train_loss[1:], rtol=1e-4)       # the global batch's token mean on every rank
+    # the global batch's token mean on every rank
+    np.testing.assert_allclose(l4.train_loss[1:], l3.train_loss[1:], rtol=1e-4)
 
 
 def test_launched_stage_from_the_notebook_side(runs, monkeypatch):
@@ -138,14 +159,17 @@ def test_default_device_is_honoured_by_the_loaders(runs, monkeypatch):
 # Literal CPU placements allowed in library code, each for a reason (they move data *off* the accelerator or build
 # something device-independent); any other `"cpu"` in lume_lab/ is a stage that would silently run on the CPU.
 CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placement of compute)
-    "pipeline/stages/testbed.py": (1, "masks are drawn from the base model's shapes on the CPU: seeded, device-independent"),
-    "inject/injection.py": (2, "the injection checkpoint's RNG-state key 'cpu', written and read back (the CPU generator's state)"),
-    "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') of optimizer state, "
-                        "which load_state_dict then moves to the parameters' device"),
+    "pipeline/stages/testbed.py": (1, "masks are drawn from the base model's shapes on the CPU: seeded, "
+                                      "device-independent"),
+    "inject/injection.py": (2, "the injection checkpoint's RNG-state key 'cpu', written and read back (the CPU "
+                               "generator's state)"),
+    "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') "
+                        "of optimizer state, which load_state_dict then moves to the parameters' device"),
     "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),
-    "unlearn/localized_graddiff.py": (1, "top-k selection of attribution scores: numpy's introselect on the CPU copy; the mask then "
-                                         "moves to the parameters' device"),
-    "analysis/attribution.py": (2, "per-weight statistics of two state dicts for the scikit-learn mask-signature classifier (numpy)"),
+    "unlearn/localized_graddiff.py": (1, "top-k selection of attribution scores: numpy's introselect on the CPU copy; "
+                                         "the mask then moves to the parameters' device"),
+    "analysis/attribution.py": (2, "per-weight statistics of two state dicts for the scikit-learn mask-signature "
+                                   "classifier (numpy)"),
 }
 
 
@@ -157,8 +181,9 @@ def test_no_stage_hard_codes_the_cpu():
             if isinstance(node, ast.Constant) and node.value == "cpu":
                 found.setdefault(rel, []).append(node.lineno)
     stray = {k: v for k, v in found.items() if len(v) != CPU_ALLOWED.get(k, (0,))[0]}
-    assert not stray, (f"'cpu' literals in {stray} differ from the reasoned allow-list: a stage that names the CPU runs there "
-                       f"even on a GPU machine; use models.accel.default_device() (or update CPU_ALLOWED with the reason)")
+    assert not stray, (f"'cpu' literals in {stray} differ from the reasoned allow-list: a stage that names the CPU "
+                       "runs there even on a GPU machine; use models.accel.default_device() (or update CPU_ALLOWED "
+                       "with the reason)")
 
 
 def test_bf16_pii_only_steps_keep_out_of_mask_weights_bitwise():
@@ -183,7 +208,8 @@ def test_bf16_pii_only_steps_keep_out_of_mask_weights_bitwise():
 
 def test_study_preset_end_to_end_on_cpu_in_bf16(tmp_path):
     """`lume-lab run --preset study` with smoke sizes runs every experiment on the CPU through the code path the GPU run
-    uses, here in bfloat16: the run completes, the models are bf16, and OracleGrad moves no weight outside m^F, bit for bit."""
+    uses, here in bfloat16: the run completes, the models are bf16, and OracleGrad moves no weight outside m^F, bit for
+    bit."""
     from lume_lab.core.config import PRESETS
     from lume_lab.pipeline.orchestration.cli import main
     from lume_lab.pipeline.orchestration.runner import experiment_notebooks

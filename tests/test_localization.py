@@ -1,4 +1,5 @@
-"Localization precision (Lacuna §4.2, App. E): exact AUC vs scikit-learn, synthetic unlearning on real HF parameter names, bad input."
+"""Localization precision (Lacuna §4.2, App. E).
+Exact AUC vs scikit-learn, synthetic unlearning on real HF parameter names, bad input."""
 import math
 
 import numpy as np
@@ -7,28 +8,35 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from lume_lab.analysis.localization import (PAPER_PRECISION_OLMO2_1B, composite_scores, default_groups, exact_auc, group_mask,
-                                            localization_aucs, localization_table, precision_summary, scored_parameter_names)
+from lume_lab.analysis.localization import (
+    PAPER_PRECISION_OLMO2_1B, composite_scores, default_groups, exact_auc, group_mask, localization_aucs,
+    localization_table, precision_summary, scored_parameter_names)
 
 
 # ---------------------------------------------------------------- exact AUC
-@pytest.mark.parametrize("seed,n,pos_frac,levels", [(0, 50_000, 0.15, 7), (1, 30_001, 0.5, 100), (2, 20_000, 0.9, 3), (3, 10_000, 0.01, 2000)])
+@pytest.mark.parametrize("seed,n,pos_frac,levels",
+                         [(0, 50_000, 0.15, 7), (1, 30_001, 0.5, 100), (2, 20_000, 0.9, 3), (3, 10_000, 0.01, 2000)])
 def test_exact_auc_matches_sklearn_with_heavy_ties(seed, n, pos_frac, levels):
     g = torch.Generator().manual_seed(seed)
     y = torch.rand(n, generator=g) < pos_frac
-    s = torch.randint(0, levels, (n,), generator=g).float() + (torch.rand(n, generator=g) < 0.3) * y     # ties within and across classes
+    # ties within and across classes
+    s = torch.randint(0, levels, (n,), generator=g).float() + (torch.rand(n, generator=g) < 0.3) * y
     ref = roc_auc_score(y.numpy(), s.numpy())
     assert abs(exact_auc(s, y) - ref) < 1e-9
-    sizes = [1, 999, 4096, n - 1 - 999 - 4096]                        # uneven pieces, small chunks, both stream directions
+    # uneven pieces, small chunks, both stream directions
+    sizes = [1, 999, 4096, n - 1 - 999 - 4096]
     assert abs(exact_auc(list(s.split(sizes)), list(y.split(sizes)), chunk_size=1000) - ref) < 1e-9
     assert abs(exact_auc(s.numpy().astype(np.float64), y.numpy().astype(np.int64)) - ref) < 1e-9
-    assert abs(exact_auc(s.to(torch.bfloat16), y) - roc_auc_score(y.numpy(), s.to(torch.bfloat16).float().numpy())) < 1e-9
+    assert (
+        abs(exact_auc(s.to(torch.bfloat16), y) - roc_auc_score(y.numpy(), s.to(torch.bfloat16).float().numpy())) < 1e-9
+    )
 
 
 def test_exact_auc_edge_cases():
     y = torch.arange(100) % 3 == 0
     assert exact_auc(torch.full((100,), 7.0), y) == 0.5                               # all tied
-    assert exact_auc(y.float(), y) == 1.0 and exact_auc(-y.float(), y) == 0.0            # perfectly separated, both ways
+    # perfectly separated, both ways
+    assert exact_auc(y.float(), y) == 1.0 and exact_auc(-y.float(), y) == 0.0
     assert exact_auc(torch.arange(10), torch.arange(10) >= 5) == 1.0                   # integer scores
     mixed = [torch.rand(50, dtype=torch.float64), torch.rand(50).to(torch.bfloat16)]
     labs = [torch.arange(50) < 20, torch.arange(50) >= 40]
@@ -72,16 +80,25 @@ def test_scored_parameter_names_real_models(kind):
 
 @pytest.fixture(scope="module")
 def testbed():
-    "pre / inj / owner on a real tiny OLMo-2: 6 groups of 8 % of layers 0..L-3; Adam-like injection (all weights move, in-mask more)."
+    """pre / inj / owner on a real tiny OLMo-2: 6 groups of 8 % of layers 0..L-3.
+    Adam-like injection (all weights move, in-mask more)."""
     pre = _tiny_state_dict("olmo2")
     g = torch.Generator().manual_seed(1)
     owner = {}
     for n in scored_parameter_names(pre):
         layer = int(n.split(".")[2])
         ids = torch.randint(1, 7, pre[n].shape, generator=g).to(torch.uint8)
-        owner[n] = torch.where(torch.rand(pre[n].shape, generator=g) < 0.48, ids, 0).to(torch.uint8) if layer <= 1 else torch.zeros_like(ids)
-    inj = {n: w + 1e-3 * torch.randn(w.shape, generator=g) + (owner[n] > 0) * 3e-3 * torch.randn(w.shape, generator=g) if n in owner else w.clone()
-           for n, w in pre.items()}
+        owner[n] = (
+            torch.where(torch.rand(pre[n].shape, generator=g) < 0.48, ids, 0).to(torch.uint8)
+            if layer <= 1
+            else torch.zeros_like(ids)
+        )
+    inj = {
+        n: w + 1e-3 * torch.randn(w.shape, generator=g) + (owner[n] > 0) * 3e-3 * torch.randn(w.shape, generator=g)
+        if n in owner
+        else w.clone()
+        for n, w in pre.items()
+    }
     F, R = default_groups(6)
     mF = {n: group_mask(o, F) for n, o in owner.items()}
     return pre, inj, owner, F, R, mF
@@ -135,7 +152,8 @@ def test_composite_is_out_of_fold_and_seeded(testbed):
     X = rng.normal(size=(1000, 2)); y = rng.random(1000) < 0.3
     proba, folds = composite_scores(X, y, n_folds=5, seed=0)
     assert np.bincount(folds).tolist() == [200] * 5 and len(proba) == 1000
-    assert abs(exact_auc(proba, y) - 0.5) < 0.1                                        # pure noise stays near chance out-of-fold
+    # pure noise stays near chance out-of-fold
+    assert abs(exact_auc(proba, y) - 0.5) < 0.1
 
 
 def test_contrast_family_and_best_rule(testbed):
@@ -151,9 +169,15 @@ def test_contrast_family_and_best_rule(testbed):
     best = t[t.best]
     assert len(best) == 4 and not ((best.method == "oracle_grad") & (best.family == "contrast")).any()
     og = t[(t.method == "oracle_grad") & (t.labels == "forget")]
-    assert best[(best.method == "oracle_grad") & (best.labels == "forget")].auc.item() == og[og.family != "contrast"].auc.max()
+    assert (
+        best[(best.method == "oracle_grad") & (best.labels == "forget")].auc.item()
+        == og[og.family != "contrast"].auc.max()
+    )
     s = precision_summary(t)
-    assert s.set_index(["method", "labels"]).loc[("oracle_grad", "forget"), "paper_auc"] == PAPER_PRECISION_OLMO2_1B["email_address"]["oracle_grad"][0]
+    assert (
+        s.set_index(["method", "labels"]).loc[("oracle_grad", "forget"), "paper_auc"]
+        == PAPER_PRECISION_OLMO2_1B["email_address"]["oracle_grad"][0]
+    )
 
 
 def test_packed_and_bf16_inputs_agree(testbed):
@@ -161,7 +185,10 @@ def test_packed_and_bf16_inputs_agree(testbed):
     g = torch.Generator().manual_seed(6)
     unl = {n: w + 1e-3 * torch.randn(w.shape, generator=g) * (1 + mF[n]) if n in mF else w for n, w in inj.items()}
     ref = localization_aucs(pre, inj, unl, owner, F, R, composite=False)
-    packed = {n: torch.where(o > 0, torch.ones_like(o, dtype=torch.int32) << (o.to(torch.int32) - 1).clamp(min=0), 0) for n, o in owner.items()}
+    packed = {
+        n: torch.where(o > 0, torch.ones_like(o, dtype=torch.int32) << (o.to(torch.int32) - 1).clamp(min=0), 0)
+        for n, o in owner.items()
+    }
     pd.testing.assert_frame_equal(ref, localization_aucs(pre, inj, unl, packed, F, R, composite=False))
     bf = [{n: w.to(torch.bfloat16) for n, w in sd.items()} for sd in (pre, inj, unl)]
     df = localization_aucs(*bf, owner, F, R, composite=False)
@@ -171,15 +198,26 @@ def test_packed_and_bf16_inputs_agree(testbed):
 def test_bad_inputs(testbed):
     pre, inj, owner, F, R, _ = testbed
     name = scored_parameter_names(pre)[0]
-    with pytest.raises(ValueError, match="lacks scored parameter"): localization_aucs(pre, inj, {k: v for k, v in inj.items() if k != name}, owner, F, R)
-    with pytest.raises(ValueError, match=r"unl\[.*has shape"): localization_aucs(pre, inj, {**inj, name: inj[name][:1]}, owner, F, R)
-    with pytest.raises(ValueError, match=r"owner\[.*has shape"): localization_aucs(pre, inj, inj, {**owner, name: owner[name][:1]}, F, R)
-    with pytest.raises(ValueError, match="both inj_ctrl and unl_ctrl"): localization_aucs(pre, inj, inj, owner, F, R, unl_ctrl=inj)
-    with pytest.raises(ValueError, match="unknown score"): localization_aucs(pre, inj, inj, owner, F, R, scores=["magic"])
-    with pytest.raises(ValueError, match="contrast scores need"): localization_aucs(pre, inj, inj, owner, F, R, scores=["contrast"])
-    with pytest.raises(ValueError, match="composite_max_weights"): localization_aucs(pre, inj, inj, owner, F, R, composite_max_weights=0)
-    with pytest.raises(ValueError, match="uint8 owner ids or packed"): localization_aucs(pre, inj, inj, {n: o.float() for n, o in owner.items()}, F, R)
-    with pytest.raises(ValueError, match="pass n_groups"): localization_table([dict(field="x", method="y", unl=inj)], pre, inj, owner)
-    with pytest.raises(ValueError, match="lacks"): localization_table([dict(field="x", unl=inj)], pre, inj, owner, n_groups=6)
-    with pytest.raises(ValueError, match="inj_ctrl .* is missing"): localization_table([dict(field="x", method="y", unl=inj, unl_ctrl=inj)], pre, inj, owner, n_groups=6)
+    with pytest.raises(ValueError, match="lacks scored parameter"):
+        localization_aucs(pre, inj, {k: v for k, v in inj.items() if k != name}, owner, F, R)
+    with pytest.raises(ValueError, match=r"unl\[.*has shape"):
+        localization_aucs(pre, inj, {**inj, name: inj[name][:1]}, owner, F, R)
+    with pytest.raises(ValueError, match=r"owner\[.*has shape"):
+        localization_aucs(pre, inj, inj, {**owner, name: owner[name][:1]}, F, R)
+    with pytest.raises(ValueError, match="both inj_ctrl and unl_ctrl"):
+        localization_aucs(pre, inj, inj, owner, F, R, unl_ctrl=inj)
+    with pytest.raises(ValueError, match="unknown score"):
+        localization_aucs(pre, inj, inj, owner, F, R, scores=["magic"])
+    with pytest.raises(ValueError, match="contrast scores need"):
+        localization_aucs(pre, inj, inj, owner, F, R, scores=["contrast"])
+    with pytest.raises(ValueError, match="composite_max_weights"):
+        localization_aucs(pre, inj, inj, owner, F, R, composite_max_weights=0)
+    with pytest.raises(ValueError, match="uint8 owner ids or packed"):
+        localization_aucs(pre, inj, inj, {n: o.float() for n, o in owner.items()}, F, R)
+    with pytest.raises(ValueError, match="pass n_groups"):
+        localization_table([dict(field="x", method="y", unl=inj)], pre, inj, owner)
+    with pytest.raises(ValueError, match="lacks"):
+        localization_table([dict(field="x", unl=inj)], pre, inj, owner, n_groups=6)
+    with pytest.raises(ValueError, match="inj_ctrl .* is missing"):
+        localization_table([dict(field="x", method="y", unl=inj, unl_ctrl=inj)], pre, inj, owner, n_groups=6)
     with pytest.raises(ValueError, match="n_groups must be an even"): default_groups(5)

@@ -1,4 +1,5 @@
-"The LUME experiment (e08, LUME §4) on a smoke run: retain-only training set, MIA precondition, per-epoch rows, bad config."
+"""The LUME experiment (e08, LUME §4) on a smoke run:
+retain-only training set, MIA precondition, per-epoch rows, bad config."""
 import pandas as pd
 import pytest
 
@@ -25,7 +26,8 @@ def test_retain_only_never_saw_a_forget_document(run):
     forget_docs, forget_qa = list(lume["forget_docs"]), list(lume["forget_qa"])
     assert len(train) and set(train.split) == {"retain"}
     assert not set(train.doc_id) & {d["doc_id"] for d in forget_docs}
-    assert not any(d["text"] in t for d in forget_docs for t in train.text)          # no forget document, whole or inside
+    # no forget document, whole or inside
+    assert not any(d["text"] in t for d in forget_docs for t in train.text)
     assert not set(train.text) & {q["prompt"] + q["answer"] for q in forget_qa}       # no forget question
     # the target model's training set does hold them: the check above can fail
     target = pd.read_csv(store.path("lume_target") / "train_rows.csv", keep_default_na=False)
@@ -38,13 +40,15 @@ def test_nonmembers_are_unseen_documents_of_every_task(run):
     lume = L.stage_lume(store)
     assert set(nm.task) == set(store.config.lume.tasks)
     n, size = store.config.lume_exp.n_nonmembers, nm.groupby("task").size()
-    assert size["creative"] == size["pii"] == n and 1 <= size["public"] <= n   # public: at most the world's held-out people
+    # public: at most the world's held-out people
+    assert size["creative"] == size["pii"] == n and 1 <= size["public"] <= n
     seen = {d["text"] for s in ("forget_docs", "retain_docs") for d in lume[s]}
     assert not set(nm.text) & seen
 
 
 def test_target_separates_members_from_unseen_documents(run):
-    "The MIA precondition with a wide margin: members' mean NLL is far below unseen documents', so the AUC > 0.5 is no float luck."
+    """The MIA precondition with a wide margin:
+    members' mean NLL is far below unseen documents', so the AUC > 0.5 is no float luck."""
     store, res = run
     cfg = store.config
     model, tok = L.load_lume_model(store, "target")
@@ -90,7 +94,8 @@ def test_rerun_is_cached(run):
 
 
 @pytest.mark.parametrize("over, msg", [
-    ({"lume_exp.methods": ["grad_ascent", "dpo"]}, "lume_exp.methods must be a non-empty list of distinct methods from grad_ascent, grad_diff, ukl, npo, uld"),
+    ({"lume_exp.methods": ["grad_ascent", "dpo"]}, "lume_exp.methods must be a non-empty list of distinct methods from "
+                                                   "grad_ascent, grad_diff, ukl, npo, uld"),
     ({"lume_exp.finetune_epochs": 0}, "lume_exp.finetune_epochs must be a positive int"),
     ({"lume_exp.lr": -1}, "lume_exp.lr must be a positive number"),
     ({"lume_exp.docs_per_task": 0}, "lume_exp.docs_per_task must be None (all documents) or a positive int"),
@@ -102,7 +107,9 @@ def test_bad_config_names_the_field(over, msg):
 
 
 def test_bad_method_hparams_fail_before_compute(tmp_path):
-    cfg = resolve_config(make_config("smoke", {**SMOKE, "lume_exp.hparams": {"npo": {"beta": -1}, "uld": {"bogus": 1}}}))
+    cfg = resolve_config(
+        make_config("smoke", {**SMOKE, "lume_exp.hparams": {"npo": {"beta": -1}, "uld": {"bogus": 1}}})
+    )
     store = open_run("bad", cfg, tmp_path)
     with pytest.raises(ConfigError) as e: L.lume_results(store)
     assert "lume_exp.hparams.npo: npo.beta must be a positive number" in str(e.value)

@@ -19,14 +19,20 @@ from lume_lab.metrics.rouge import deviation_score, rouge_scores
 from lume_lab.models.lm import olmo2_config
 from lume_lab.models.ops import encode_many, greedy_generate
 
-CORPUS = ["Question: Where was Ann Lee born?\nAnswer: Paris", "Question: What is the email of Bob Stone?\nAnswer: bob.stone@mail.com",
-          "Question: What is the phone number of Cy?\nAnswer: 555-013-2741", "Jane Doe lives in Berlin and writes reviews."]
+CORPUS = ["Question: Where was Ann Lee born?\nAnswer: Paris", "Question: What is the email of Bob Stone?\nAnswer: "
+                                                              "bob.stone@mail.com",
+          "Question: What is the phone number of Cy?\nAnswer: 555-013-2741", "Jane Doe lives in Berlin and writes "
+                                                                             "reviews."]
 
 
 @pytest.fixture(scope="module")
 def tok():
-    tk = Tokenizer(models.BPE()); tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False); tk.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tk.train_from_iterator(CORPUS * 10, tr)
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>")
 
@@ -41,7 +47,8 @@ def tiny_model(tok, seed=0, dtype=torch.float32):
 def model(tok): return tiny_model(tok)
 
 
-# prompts and answers of very different lengths (so padding really varies), incl. a single-token answer and an empty prompt
+# prompts and answers of very different lengths (so padding really varies), incl. a single-token answer and an empty
+# prompt
 QA = [{"prompt": "Question: Where was Ann Lee born?\nAnswer:", "answer": " Paris", "group": 0},
       {"prompt": "Question: What is the email of Bob Stone?\nAnswer:", "answer": " bob.stone@mail.com", "group": 1},
       {"prompt": "Q:", "answer": " 555-013-2741", "group": 2},
@@ -91,22 +98,32 @@ def test_extraction_strength_matches_greedy_generation(tok, model):
     # answers = 2 arbitrary tokens + the model's own greedy continuation, so ES >= (n-2)/n by construction -- when the
     # answer text re-tokenizes to the same ids (a random byte-level model also emits partial UTF-8 bytes; skip those)
     exs = []
-    for p in ["Question: Where was Ann Lee born?\nAnswer:", "Q:", "Jane Doe", "Question: What is", "Bob", "Answer: 555"]:
+    for p in [
+        "Question: Where was Ann Lee born?\nAnswer:", "Q:", "Jane Doe", "Question: What is", "Bob", "Answer: 555"]:
         for h in (" Berlin", " x"):
-            if len(exs) == 4: break
+            if len(exs) == 4:
+                break
             head = tok(h, add_special_tokens=False)["input_ids"][:2]
             ids = head + greedy_generate(model, tok, [p + tok.decode(head)], max_new_tokens=4)[0]["ids"]
-            if tok(tok.decode(ids), add_special_tokens=False)["input_ids"] == ids: exs.append({"prompt": p, "answer": tok.decode(ids)})
+            if tok(tok.decode(ids), add_special_tokens=False)["input_ids"] == ids:
+                exs.append({"prompt": p, "answer": tok.decode(ids)})
     assert len(exs) >= 3
-    for e, s, (p, a) in zip(exs, answer_token_stats(model, tok, exs, batch_size=4), encode_many(tok, exs, add_eos=False)):
-        # reference ES: smallest k such that greedy decoding from prompt + a[:k] reproduces a[k:] (k = |a|: nothing left)
+    for e, s, (p, a) in zip(
+        exs, answer_token_stats(model, tok, exs, batch_size=4), encode_many(tok, exs, add_eos=False)
+    ):
+        # reference ES: smallest k such that greedy decoding from prompt + a[:k] reproduces a[k:] (k = |a|: nothing
+        # left)
         k_min = len(a)
         for k in range(len(a)):
             rest = a[k:]
             with torch.no_grad():
-                out = model.generate(torch.tensor([p + a[:k]]), attention_mask=torch.ones(1, len(p) + k, dtype=torch.long), do_sample=False,
-                                     max_new_tokens=len(rest), min_new_tokens=len(rest), pad_token_id=tok.pad_token_id, eos_token_id=None)
-            if out[0, len(p) + k:].tolist() == rest: k_min = k; break
+                out = model.generate(
+                    torch.tensor([p + a[:k]]), attention_mask=torch.ones(1, len(p) + k, dtype=torch.long),
+                    do_sample=False, max_new_tokens=len(rest), min_new_tokens=len(rest), pad_token_id=tok.pad_token_id,
+                    eos_token_id=None)
+            if out[0, len(p) + k :].tolist() == rest:
+                k_min = k
+                break
         assert extraction_strength(s["correct"]) == 1 - k_min / len(a)
         assert extraction_strength(s["correct"]) >= (len(a) - 2) / len(a) - 1e-12
 
@@ -168,7 +185,10 @@ def test_rouge_agrees_with_rouge_score(tok, model):
 
 def test_mia_aucs_agree_with_sklearn(tok, model):
     mem = [{"prompt": f"Question: Where was person {i} born?\nAnswer:", "answer": f" City{i}"} for i in range(10)]
-    non = [{"prompt": f"Question: What is the email of person {i}?\nAnswer:", "answer": f" p{i}@mail.com"} for i in range(10)]
+    non = [
+        {"prompt": f"Question: What is the email of person {i}?\nAnswer:", "answer": f" p{i}@mail.com"}
+        for i in range(10)
+    ]
     aucs = mia_aucs(model, tok, mem, non, batch_size=4, add_eos=True)
     sm, sn = mia_scores(model, tok, mem, add_eos=True), mia_scores(model, tok, non, add_eos=True)
     for a in ATTACKS:
@@ -182,7 +202,8 @@ def test_privleak_matches_muse_construction(tok):
     # (higher = more likely), PrivLeak = (AUC - AUC_retrain) / AUC_retrain * 100. Our privleak takes our AUCs (members
     # positive, higher score = member) and must give the same number; a model that remembers its forget set is negative.
     qa = [{"prompt": f"Question: Where was person {i} born?\nAnswer:", "answer": f" City{i}"} for i in range(12)]
-    members, holdout = qa[0::2], qa[1::2]                      # one template, interleaved: neither AUC is 0 or 1 by design
+    # one template, interleaved: neither AUC is 0 or 1 by design
+    members, holdout = qa[0::2], qa[1::2]
     def muse_auc(sf, sh): return roc_auc_score([0] * len(sf) + [1] * len(sh), np.r_[sf, sh])
     out = {}
     for seed in (0, 1):                                        # two random models: "unlearned" and "retrained"
@@ -204,8 +225,10 @@ def test_knowledge_exact_match_on_model_output(tok, model):
 
 
 def test_bad_input(tok, model):
-    with pytest.raises(ValueError, match="'prompt' and 'answer'"): memorization_scores(model, tok, [{"question": "a", "answer": "b"}])
-    with pytest.raises(ValueError, match="has no tokens"): answer_token_stats(model, tok, [{"prompt": "Q", "answer": ""}])
+    with pytest.raises(ValueError, match="'prompt' and 'answer'"):
+        memorization_scores(model, tok, [{"question": "a", "answer": "b"}])
+    with pytest.raises(ValueError, match="has no tokens"):
+        answer_token_stats(model, tok, [{"prompt": "Q", "answer": ""}])
     with pytest.raises(ValueError, match="batch_size"): answer_token_stats(model, tok, QA, batch_size=0)
     with pytest.raises(ValueError, match="max_new_tokens"): greedy_generate(model, tok, ["Q"], max_new_tokens=0)
     with pytest.raises(ValueError, match="list of strings"): greedy_generate(model, tok, "Q")
@@ -213,14 +236,16 @@ def test_bad_input(tok, model):
     with pytest.raises(ValueError, match="k must be"): mia_scores(model, tok, QA, k=1.5, add_eos=False)
     with pytest.raises(ValueError, match="rouge1_retain"): deviation_score(0.1, 80)
     nopad = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token="<eos>")
-    for x, y in zip(answer_token_stats(model, nopad, QA), answer_token_stats(model, tok, QA)):   # no pad token: EOS pads (never scored)
+    # no pad token: EOS pads (never scored)
+    for x, y in zip(answer_token_stats(model, nopad, QA), answer_token_stats(model, tok, QA)):
         torch.testing.assert_close(x["logprob"], y["logprob"], rtol=0, atol=1e-6)
 
 
 def test_eval_mode_is_used_and_restored(tok):
     m = tiny_model(tok, seed=2)
     m.config.attention_dropout = 0.5
-    for layer in m.model.layers: layer.self_attn.attention_dropout = 0.5   # dropout on: train-mode results would be random
+    # dropout on: train-mode results would be random
+    for layer in m.model.layers: layer.self_attn.attention_dropout = 0.5
     m.train()
     a = answer_token_stats(m, tok, QA[:2])
     b = answer_token_stats(m, tok, QA[:2])

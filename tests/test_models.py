@@ -1,4 +1,5 @@
-"Cross-module and bad-input tests of lume_lab.models (tokenizer + lm): HF round trips, determinism, resumable pretraining."
+"""Cross-module and bad-input tests of lume_lab.models (tokenizer + lm):
+HF round trips, determinism, resumable pretraining."""
 import hashlib, json, subprocess, sys
 from pathlib import Path
 
@@ -101,12 +102,15 @@ def test_resume_is_bitwise_identical(tmp_path, tok):
     ref_log = pretrain(ref, tok, CORPUS, PCFG, seed=0)
 
     def crash(row):
-        if row["step"] == 7: raise RuntimeError("power cut")
+        if row["step"] == 7:
+            raise RuntimeError("power cut")
+
     with pytest.raises(RuntimeError, match="power cut"):
         pretrain(build_model(TINY, tok, seed=0), tok, CORPUS, PCFG, seed=0, work_dir=tmp_path, callback=crash)
     assert latest_checkpoint(tmp_path).name == "checkpoint-0000006"
     # a crash while writing the step-9 checkpoint: temp dir with a partial file, never picked up
-    (tmp_path / ".tmp-checkpoint-abc").mkdir(); (tmp_path / ".tmp-checkpoint-abc" / "model.safetensors").write_bytes(b"partial")
+    (tmp_path / ".tmp-checkpoint-abc").mkdir()
+    (tmp_path / ".tmp-checkpoint-abc" / "model.safetensors").write_bytes(b"partial")
     (tmp_path / "checkpoint-0000009").mkdir()  # no state.json: not a complete checkpoint
     assert latest_checkpoint(tmp_path).name == "checkpoint-0000006"
 
@@ -125,8 +129,10 @@ def test_resume_is_bitwise_identical(tmp_path, tok):
 
 
 def test_resume_refuses_a_different_run(tmp_path, tok):
-    pretrain(build_model(TINY, tok, seed=0), tok, CORPUS, PretrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1,
-             checkpoint_every=3), seed=0, work_dir=tmp_path)
+    pretrain(
+        build_model(TINY, tok, seed=0), tok, CORPUS,
+        PretrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1, checkpoint_every=3), seed=0, work_dir=tmp_path
+    )
     other = PretrainConfig(steps=3, batch_size=4, seq_len=16, warmup_steps=1, checkpoint_every=3, lr=1e-3)
     with pytest.raises(ValueError, match=r"different run \(lr: 0.003 != 0.001\)"):
         pretrain(build_model(TINY, tok, seed=0), tok, CORPUS, other, seed=0, work_dir=tmp_path)
@@ -149,6 +155,8 @@ def test_pretrain_bad_input(tok):
 
 
 def test_bad_model_and_tokenizer_config(tok):
-    with pytest.raises(ConfigError, match="divisible by model.num_heads"): build_model(ModelConfig(hidden_size=30, num_heads=4), tok, 0)
-    with pytest.raises(ConfigError, match="model.num_layers must be a positive int"): build_model(ModelConfig(num_layers=0), tok, 0)
+    with pytest.raises(ConfigError, match="divisible by model.num_heads"):
+        build_model(ModelConfig(hidden_size=30, num_heads=4), tok, 0)
+    with pytest.raises(ConfigError, match="model.num_layers must be a positive int"):
+        build_model(ModelConfig(num_layers=0), tok, 0)
     with pytest.raises(ValueError, match="vocab_size must be an int >= 259"): train_tokenizer(CORPUS, 200)

@@ -1,4 +1,4 @@
-"A method registered from this file alone runs through the smoke pipeline's unlearning, evaluation and localization stages."
+"""A method registered in this file alone runs the smoke pipeline's unlearning, evaluation and localization stages."""
 import json
 
 import pandas as pd
@@ -9,7 +9,8 @@ from lume_lab.core.store import open_run
 from lume_lab.pipeline.orchestration.cli import parse_overrides
 from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.stages.testbed import prepare_testbed
-from lume_lab.pipeline.stages.unlearn import stage_evaluate, stage_evaluate_before, stage_localization, stage_unlearn, unlearn_jobs
+from lume_lab.pipeline.stages.unlearn import (
+    stage_evaluate, stage_evaluate_before, stage_localization, stage_unlearn, unlearn_jobs)
 from lume_lab.unlearn.registry import MethodSpec, register_method
 
 
@@ -35,21 +36,30 @@ def test_toy_method_through_unlearn_evaluate_localization(tmp_path, monkeypatch)
     overrides = parse_overrides(["pretrain.steps=16", "pretrain.checkpoint_every=8", 'unlearn.methods=["toy_shrink"]',
                                  "unlearn.hparams.toy_shrink.amount=0.25"])
     cfg = resolve_config(make_config("smoke", overrides))
-    assert cfg.unlearn.hparams["toy_shrink"] == {"amount": 0.25}          # the run's value for the new method reached the resolved config
+    # the run's value for the new method reached the resolved config
+    assert cfg.unlearn.hparams["toy_shrink"] == {"amount": 0.25}
     store = open_run("toy", cfg, tmp_path)
     saved = json.loads((store.dir / "config.json").read_text())["unlearn"]["hparams"]["toy_shrink"]
     prepare_testbed(store)
     field = cfg.unlearn.forget_fields[0]
     assert unlearn_jobs(cfg) == [("toy_shrink", field, False), ("toy_shrink", field, True)]
     resolve_calls, real_resolve = [], MethodSpec.resolve
-    monkeypatch.setattr(MethodSpec, "resolve", lambda self, hp=None: resolve_calls.append(self.name) or real_resolve(self, hp))
+    monkeypatch.setattr(
+        MethodSpec, "resolve", lambda self, hp=None: resolve_calls.append(self.name) or real_resolve(self, hp)
+    )
     for m, f, ctl in unlearn_jobs(cfg): stage_unlearn(store, m, f, ctl)
-    assert SEEN == [saved, saved]                     # the step of each run (masked, control) got config.json's row as it is
-    assert resolve_calls.count("toy_shrink") == 2     # and the spec only checked it (one `run` each): the stage resolved nothing
+    # the step of each run (masked, control) got config.json's row as it is
+    assert SEEN == [saved, saved]
+    # and the spec only checked it (one `run` each): the stage resolved nothing
+    assert resolve_calls.count("toy_shrink") == 2
     metrics = pd.concat([stage_evaluate_before(store, field), stage_evaluate(store, "toy_shrink", field)])
     assert set(metrics.method) == {"none", "toy_shrink"} and metrics.value.notna().any()
     loc = stage_localization(store, field, ["toy_shrink"])
     assert set(loc.method) == {"toy_shrink"} and loc.applicable.all() and loc.auc.between(0, 1).all()
     done = store.manifest["stages"]
-    assert all(done[s]["status"] == "done" for s in (f"unlearn_toy_shrink_{field}", f"unlearn_toy_shrink_{field}_control",
-                                                      f"evaluate_toy_shrink_{field}", f"localization_{field}"))
+    assert all(
+        done[s]["status"] == "done"
+        for s in (
+            f"unlearn_toy_shrink_{field}", f"unlearn_toy_shrink_{field}_control", f"evaluate_toy_shrink_{field}",
+            f"localization_{field}")
+    )

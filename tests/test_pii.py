@@ -55,7 +55,11 @@ def test_roles_follow_fig2(cfg, built):
     dd, _ = built
     c, prof = cfg.pii, dd["profiles"].to_pandas()
     counts = prof["role"].value_counts().to_dict()
-    assert (counts["instruct"], counts["resurface"], counts["validation"]) == (c.n_instruct, c.n_resurface, c.n_validation)
+    assert (counts["instruct"], counts["resurface"], counts["validation"]) == (
+        c.n_instruct,
+        c.n_resurface,
+        c.n_validation,
+    )
     assert counts["testbed"] == len(prof) - c.n_instruct - c.n_resurface - c.n_validation
     assert (prof["side"] == prof["group"].map(lambda g: "forget" if g < c.n_groups // 2 else "retain")).all()
     val = prof[prof.role == "validation"].side.value_counts()
@@ -82,7 +86,11 @@ def _template_regex(t: str) -> re.Pattern:
     "A template with its `{slot}`s turned into wildcards, matched against the question's last clause."
     parts = re.split(r"\{[a-zA-Z_]+\}", t)
     body = ".+".join(re.escape(x) for x in parts)
-    return re.compile(r"(^|, )" + "(?i:" + body[:1] + ")" + body[1:] + "$") if body and body[0].isalpha() else re.compile(body + "$")
+    return (
+        re.compile(r"(^|, )" + "(?i:" + body[:1] + ")" + body[1:] + "$")
+        if body and body[0].isalpha()
+        else re.compile(body + "$")
+    )
 
 
 def test_paraphrases_never_trained(built):

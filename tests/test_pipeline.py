@@ -1,4 +1,5 @@
-"End-to-end tests of the foundation: determinism, crash/resume, caching, bad input, the run's one config, papermill parameters, tuning."
+"""End-to-end tests of the foundation:
+determinism, crash/resume, caching, bad input, the run's one config, papermill parameters, tuning."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
@@ -47,7 +48,9 @@ def test_same_seed_bitwise_identical_tokenizer_and_weights(tmp_path):
 def _kill_after_first_checkpoint(p, ckpts: Path, timeout: float = 600):
     "SIGKILL the stage process `p` as soon as a checkpoint appears in `ckpts` (fails if it finishes first)."
     deadline = time.time() + timeout
-    while time.time() < deadline and not (ckpts.exists() and any(c.name.startswith("checkpoint-") for c in ckpts.iterdir())):
+    while time.time() < deadline and not (
+        ckpts.exists() and any(c.name.startswith("checkpoint-") for c in ckpts.iterdir())
+    ):
         assert p.poll() is None, f"stages finished before a checkpoint was seen in {ckpts}: " + p.stdout.read()
         time.sleep(0.05)
     p.send_signal(signal.SIGKILL); p.wait()
@@ -71,12 +74,19 @@ def test_killed_during_pretraining_resumes_without_corrupt_artifacts(tmp_path):
 
 
 def _inject_stages(root, run_id, overrides, checkpoint_seconds=0.2, reuse=()):
-    return subprocess.Popen([PY, str(HERE / "_inject_stages.py"), str(root), run_id, json.dumps(overrides), str(checkpoint_seconds), *reuse],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            PY, str(HERE / "_inject_stages.py"), str(root), run_id, json.dumps(overrides), str(checkpoint_seconds),
+            *reuse],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_killed_during_injection_resumes_bitwise(tmp_path):
-    "The masked injection checkpoints in its partial stage dir: killed, it resumes there and ends on an uninterrupted run's weights."
+    """The masked injection checkpoints in its partial stage dir:
+    killed, it resumes there and ends on an uninterrupted run's weights."""
     slow = {**FAST, "inject.steps": 200}
     p = _inject_stages(tmp_path, "crash", slow)
     _kill_after_first_checkpoint(p, tmp_path / "crash" / ".inject_masked.partial" / "checkpoints")
@@ -101,16 +111,21 @@ def test_killed_during_injection_resumes_bitwise(tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (["run", "--preset", "huge"], "preset must be one of"),
     (["run", "--preset", "smoke", "--set", "pii.n_groups=0"], "pii.n_groups must be a positive int"),
-    (["run", "--preset", "smoke", "--set", "pii.n_groups=8", "--set", "inject.mask_fraction=0.2"], "pii.n_groups × inject.mask_fraction"),
+    (["run", "--preset", "smoke", "--set", "pii.n_groups=8", "--set", "inject.mask_fraction=0.2"], "pii.n_groups × "
+                                                                                                   "inject.mask_fraction"),
     (["run", "--preset", "smoke", "--set", "unlearn.methods=[\"rmu\"]"], "allowed: grad_ascent"),
     (["run", "--preset", "smoke", "--set", "model.name_or_path=/no/such/model"], "does not exist"),
     (["run", "--preset", "smoke", "--set", "pii.nope=1"], "unknown config field 'pii.nope'"),
     (["run", "--preset", "smoke", "--set", "unlearn.hparams.npo.lr=-1"], "npo.lr must be a positive number"),
-    (["run", "--preset", "smoke", "--set", "unlearn.hparams.rmu.lr=1"], "unlearn.hparams sets 'rmu', which is not in unlearn.methods"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.rmu.lr=1"], "unlearn.hparams sets 'rmu', which is not in "
+                                                                        "unlearn.methods"),
     (["run", "--preset", "smoke", "--only", "e98"], "unknown experiment(s) e98"),
-    (["run", "--preset", "mini", "--set", "unlearn.hparams.alphaedit.layers=[99]"], "alphaedit.layers must be distinct layer indices in 0..5, got [99]"),
-    (["run", "--preset", "smoke", "--set", "unlearn.hparams.uld.n_layers=9"], "uld.n_layers must be None or an int in 1..4"),
-    (["run", "--preset", "smoke", "--set", "unlearn.hparams.memflex.pattern=\"mlp.(\""], "memflex.pattern is not a valid regular expression"),
+    (["run", "--preset", "mini", "--set", "unlearn.hparams.alphaedit.layers=[99]"], "alphaedit.layers must be distinct "
+                                                                                    "layer indices in 0..5, got [99]"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.uld.n_layers=9"], "uld.n_layers must be None or an "
+                                                                              "int in 1..4"),
+    (["run", "--preset", "smoke", "--set", "unlearn.hparams.memflex.pattern=\"mlp.(\""], "memflex.pattern is not a "
+                                                                                         "valid regular expression"),
     (["run", "--preset", "smoke", "--set", "inject.seq_len=4"], "inject.seq_len must be an int >= 8"),
     (["run", "--preset", "smoke", "--set", "inject.lr=NaN"], "inject.lr must be a positive finite float, got nan"),
     (["run", "--preset", "smoke", "--set", "seed=3"], "seed is not a --set field; use --seed"),
@@ -134,10 +149,16 @@ def _config_only_checkpoint(d: Path, layers: int) -> Path:
 
 
 def test_checkpoint_is_resolved_before_compute(tmp_path, capsys):
-    "A local checkpoint whose layer count differs from model.num_layers is refused with the value to set, before anything is written; a matching one resolves."
+    """A local checkpoint whose layer count differs from model.num_layers is refused with the value to set.
+    The refusal comes before anything is written; a matching checkpoint resolves."""
     from lume_lab.pipeline.stages.base import check_checkpoint
     ckpt = _config_only_checkpoint(tmp_path / "ckpt", 3)
-    assert check_checkpoint(make_config("smoke", {"model.name_or_path": str(ckpt), "model.num_layers": 3})).num_hidden_layers == 3
+    assert (
+        check_checkpoint(
+            make_config("smoke", {"model.name_or_path": str(ckpt), "model.num_layers": 3})
+        ).num_hidden_layers
+        == 3
+    )
     assert check_checkpoint(make_config("smoke")) is None                      # the tiny model: nothing to resolve
     runs = tmp_path / "runs"; runs.mkdir()
     assert main(["run", "--preset", "smoke", "--set", f"model.name_or_path={ckpt}", "--runs-root", str(runs)]) == 2
@@ -148,7 +169,8 @@ def test_checkpoint_is_resolved_before_compute(tmp_path, capsys):
     assert main(["run", "--preset", "smoke", "--set", f"model.name_or_path={empty}", "--runs-root", str(runs)]) == 2
     assert "is a directory without config.json" in capsys.readouterr().err
     assert not any(runs.iterdir())
-    from lume_lab.pipeline.orchestration.sweep import load_sweep                            # a sweep refuses it up front too
+    # a sweep refuses it up front too
+    from lume_lab.pipeline.orchestration.sweep import load_sweep
     with pytest.raises(ConfigError, match="has 3 layers; set model.num_layers=3"):
         load_sweep({"name": "ck", "preset": "smoke", "grid": {"model.name_or_path": [str(ckpt)]}}, runs)
     assert not any(runs.iterdir())
@@ -158,22 +180,36 @@ def test_checkpoint_check_is_skipped_once_base_is_done(tmp_path, monkeypatch):
     "A resumed or report-only run whose base stage is done does not resolve its checkpoint again (no hub needed)."
     _resolve_only(monkeypatch)
     import lume_lab.pipeline.stages.base as stages
+
     calls = []
     monkeypatch.setattr(stages, "check_checkpoint", lambda cfg: calls.append(cfg))
     args = ["run", "--preset", "smoke", "--run-id", "r", "--runs-root", str(tmp_path)]
     assert main(args) == 0 and len(calls) == 1
     man = tmp_path / "r" / "manifest.json"
-    m = json.loads(man.read_text()); m.setdefault("stages", {})["base"] = {"status": "done"}; man.write_text(json.dumps(m))
+    m = json.loads(man.read_text())
+    m.setdefault("stages", {})["base"] = {"status": "done"}
+    man.write_text(json.dumps(m))
     assert main(args) == 0 and len(calls) == 1
 
 
 def test_cli_unreachable_hub_id_fails_before_compute(tmp_path):
-    "A hub id that is neither reachable nor cached (offline here) exits 2 with one message; no stage is written (not even a pointer marked done)."
+    """A hub id that is neither reachable nor cached (offline here) exits 2 with one message.
+    No stage is written (not even a pointer marked done)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}                               # no retries against an unreachable hub
-    r = subprocess.run([sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "run", "--preset", "smoke", "--set", "model.name_or_path=nope-org/nope-model",
-                        "--runs-root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable, "-m", "lume_lab.pipeline.orchestration.cli", "run", "--preset", "smoke", "--set",
+            "model.name_or_path=nope-org/nope-model", "--runs-root", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "model.name_or_path 'nope-org/nope-model'" in r.stderr and "does not load as a Hugging Face checkpoint" in r.stderr
+    assert (
+        "model.name_or_path 'nope-org/nope-model'" in r.stderr
+        and "does not load as a Hugging Face checkpoint" in r.stderr
+    )
     assert "Traceback" not in r.stderr and not any(tmp_path.iterdir())
 
 
@@ -188,7 +224,9 @@ def test_cli_stage_whose_inputs_are_not_done_is_an_error_not_a_traceback(tmp_pat
 
 def test_cli_rejects_unknown_method_hyperparameter_naming_allowed_keys(tmp_path, capsys):
     "`--set unlearn.hparams.npo.bta=0.1` exits 2 before any compute, naming NPO's allowed keys, and writes nothing."
-    args = ["run", "--preset", "smoke", "--set", "unlearn.hparams.npo.bta=0.1", "--run-id", "typo", "--runs-root", str(tmp_path)]
+    args = [
+        "run", "--preset", "smoke", "--set", "unlearn.hparams.npo.bta=0.1", "--run-id", "typo", "--runs-root",
+        str(tmp_path)]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "unknown hyperparameter(s) 'bta' for method 'npo'" in err
@@ -206,16 +244,27 @@ def _resolve_only(monkeypatch):
 
 
 def test_dotted_override_changes_one_method_only(tmp_path, monkeypatch):
-    "`--set unlearn.hparams.npo.beta=0.5`: config.json has npo.beta 0.5 and every other method's hparams equal the preset's."
+    """`--set unlearn.hparams.npo.beta=0.5`:
+    config.json has npo.beta 0.5 and every other method's hparams equal the preset's."""
     calls = _resolve_only(monkeypatch)
-    assert main(["run", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5", "--run-id", "r", "--runs-root", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "run", "--preset", "mini", "--set", "unlearn.hparams.npo.beta=0.5", "--run-id", "r", "--runs-root",
+                str(tmp_path)]
+        )
+        == 0
+    )
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     plain = resolve_config(make_config("mini")).to_dict()["unlearn"]["hparams"]
     hp = cfg["unlearn"]["hparams"]
     assert hp["npo"] == {**plain["npo"], "beta": 0.5} and plain["npo"]["beta"] != 0.5
     assert {m: h for m, h in hp.items() if m != "npo"} == {m: h for m, h in plain.items() if m != "npo"}
-    assert set(hp) == set(BUILTIN_METHODS) | set(AUXILIARY_METHODS) and cfg["unlearn"]["methods"] == list(BUILTIN_METHODS)
-    assert hp["grad_ascent"]["lr"] == PRESETS["mini"]["unlearn.hparams.grad_ascent"]["lr"]   # the preset's tuned values survive
+    assert set(hp) == set(BUILTIN_METHODS) | set(AUXILIARY_METHODS) and cfg["unlearn"]["methods"] == list(
+        BUILTIN_METHODS
+    )
+    # the preset's tuned values survive
+    assert hp["grad_ascent"]["lr"] == PRESETS["mini"]["unlearn.hparams.grad_ascent"]["lr"]
     man = json.loads((tmp_path / "r" / "manifest.json").read_text())
     from lume_lab.core.config import config_hash
     assert man["config_hash"] == config_hash(cfg)
@@ -224,7 +273,8 @@ def test_dotted_override_changes_one_method_only(tmp_path, monkeypatch):
 
 
 def test_existing_run_with_other_config_is_refused(tmp_path, monkeypatch, capsys):
-    "Neither the CLI nor a notebook run by hand rewrites an existing run's config: both refuse, and the files stay as they were."
+    """Neither the CLI nor a notebook run by hand rewrites an existing run's config:
+    both refuse, and the files stay as they were."""
     _resolve_only(monkeypatch)
     base = ["run", "--preset", "smoke", "--run-id", "r", "--runs-root", str(tmp_path)]
     assert main(base) == 0
@@ -236,15 +286,19 @@ def test_existing_run_with_other_config_is_refused(tmp_path, monkeypatch, capsys
     assert {p: (run / p).read_bytes() for p in before} == before
     nb = experiment_notebooks(["e00"])[0]
     with pytest.raises(NotebookRunError, match="ConfigError.*differing fields: seed"):
-        run_notebook(nb, tmp_path / "by-hand" / nb.name, {"run_id": "r", "runs_root": str(tmp_path), "seed": 1}, root=tmp_path, progress=False)
+        run_notebook(
+            nb, tmp_path / "by-hand" / nb.name, {"run_id": "r", "runs_root": str(tmp_path), "seed": 1}, root=tmp_path,
+            progress=False)
     assert {p: (run / p).read_bytes() for p in before} == before
     assert not json.loads((run / "manifest.json").read_text()).get("stages")                # no stage ran
-    assert not any(p.name not in ("config.json", "manifest.json", "report") for p in run.iterdir())   # report/: the run's page
+    # report/: the run's page
+    assert not any(p.name not in ("config.json", "manifest.json", "report") for p in run.iterdir())
 
 
 def test_unknown_papermill_parameter_rejected(tmp_path):
     nb = experiment_notebooks(["e00"])[0]
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'presett'.*allowed: run_id, runs_root, preset, overrides, seed"):
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) 'presett'.*allowed: run_id, runs_root, preset, "
+                                         r"overrides, seed"):
         run_notebook(nb, tmp_path / "r" / "e00.ipynb", {"presett": "mini"}, root=tmp_path)
     assert not (tmp_path / "r").exists()
 
@@ -264,7 +318,8 @@ def test_default_chain_is_e_series_and_tuning_is_opt_in():
 
 
 def test_one_default_preset_and_a_named_by_hand_preset(tmp_path):
-    "The CLI and `make_config` default to `DEFAULT_PRESET`; a notebook opened by hand on a new run gets `BY_HAND_PRESET`."
+    """The CLI and `make_config` default to `DEFAULT_PRESET`.
+    A notebook opened by hand on a new run gets `BY_HAND_PRESET`."""
     import inspect
     from lume_lab.core.config import DEFAULT_PRESET, PRESETS
     from lume_lab.pipeline.orchestration.cli import _parser, run_pipeline
@@ -284,25 +339,35 @@ def test_grid_search_scores_and_selects_on_constructed_data():
     from lume_lab.unlearn.registry import MethodSpec, register_method
     from lume_lab.pipeline.stages.tune import grid_search, select_best
     def halve(model, tok, forget, retain, hp, *, seed=0):
-        return {"forget": model["forget"] * (1 - hp["k"]), "retain": model["retain"] * (1 - hp["k"] / 10)}, pd.DataFrame()
+        return {
+            "forget": model["forget"] * (1 - hp["k"]),
+            "retain": model["retain"] * (1 - hp["k"] / 10),
+        }, pd.DataFrame()
     register_method(MethodSpec("test_halve", halve, {"k": 0.5}))   # `k`: a key without a generic rule, so 0 is allowed
     grid = {"k": [0.0, 0.5, 1.0]}
-    res = grid_search("test_halve", lambda: {"forget": 0.8, "retain": 0.6}, None, [{"side": "forget"}], [{"side": "retain"}],
-                      grid, em_fn=_side_em, progress=False)
+    res = grid_search(
+        "test_halve", lambda: {"forget": 0.8, "retain": 0.6}, None, [{"side": "forget"}], [{"side": "retain"}], grid,
+        em_fn=_side_em, progress=False)
     assert res.point.tolist() == [0, 1, 2] and res.forgetting.tolist() == pytest.approx([0.0, 0.5, 1.0])
     assert res.retention.tolist() == pytest.approx([1.0, 0.95, 0.9])
     assert select_best(res, grid) == {"k": 1.0}
 
 
 def test_grid_search_refuses_an_unmemorized_split():
-    "A validation split with EM 0 before unlearning cannot be scored: refused before any run (or NaN scores when not required)."
+    """A validation split with EM 0 before unlearning cannot be scored:
+    refused before any run (or NaN scores when not required)."""
     import pandas as pd, warnings
     from lume_lab.unlearn.registry import MethodSpec, register_method
     from lume_lab.pipeline.stages.tune import grid_search, select_best
     ran = []
-    register_method(MethodSpec("test_noop", lambda m, t, f, r, hp, *, seed=0: (ran.append(1) or m, pd.DataFrame()), {"lr": 0.5}))
-    args = ("test_noop", lambda: {"forget": 0.7, "retain": 0.0}, None, [{"side": "forget"}], [{"side": "retain"}], {"lr": [0.1, 0.2]})
-    with pytest.raises(ValueError, match=r"retain_before must be > 0"): grid_search(*args, em_fn=_side_em, progress=False)
+    register_method(
+        MethodSpec("test_noop", lambda m, t, f, r, hp, *, seed=0: (ran.append(1) or m, pd.DataFrame()), {"lr": 0.5})
+    )
+    args = (
+        "test_noop", lambda: {"forget": 0.7, "retain": 0.0}, None, [{"side": "forget"}], [{"side": "retain"}],
+        {"lr": [0.1, 0.2]})
+    with pytest.raises(ValueError, match=r"retain_before must be > 0"):
+        grid_search(*args, em_fn=_side_em, progress=False)
     assert ran == []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -311,43 +376,56 @@ def test_grid_search_refuses_an_unmemorized_split():
 
 
 def test_grid_search_on_toy_model():
-    "On models.toy's problem (fine-tuned until it memorizes), a rate that moves nothing forgets less than one that does."
+    """A rate that moves nothing forgets less than one that does, on models.toy's problem.
+    The toy model is fine-tuned until it memorizes."""
     import copy
     from lume_lab.models.toy import toy_problem
     from lume_lab.pipeline.stages.tune import grid_search
     model, tok, forget, retain = toy_problem()
     grid = {"lr": [1e-7, 1e-2], "max_steps": [8]}
     res = grid_search("grad_ascent", lambda: copy.deepcopy(model), tok, forget, retain, grid, progress=False)
-    assert (res.em_forget_before > 0.5).all() and (res.em_retain_before > 0.5).all()     # the precondition, with a wide margin
+    # the precondition, with a wide margin
+    assert (res.em_forget_before > 0.5).all() and (res.em_retain_before > 0.5).all()
     assert res.loc[0, "forgetting"] < 0.05 and res.loc[1, "forgetting"] > 0.5
 
 
 def test_tuning_notebook_on_smoke_then_cached(tmp_path):
-    "t00 end to end on smoke: its files, one row per grid point, the best point is a grid point, cached on rerun (no score is asserted)."
+    """t00 end to end on smoke:
+    its files, one row per grid point, the best point is a grid point, cached on rerun (no score is asserted)."""
     import pandas as pd
     from lume_lab.core.store import open_run
     from lume_lab.pipeline.stages.tune import grid_points, stage_tune
     from lume_lab.pipeline.stages.testbed import stage_testbed
     from lume_lab.pipeline.orchestration.config import method_hparams
     from lume_lab.pipeline.stages.unlearn import stage_forget_fields
-    grids = {"grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]}, "grad_diff": {"lr": [3e-3], "epochs": [1], "alpha": [1.0, 3.0]}}
-    params = {"run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids), "grids": grids}
+    grids = {
+        "grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]},
+        "grad_diff": {"lr": [3e-3], "epochs": [1], "alpha": [1.0, 3.0]},
+    }
+    params = {
+        "run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids),
+        "grids": grids}
     nb = experiment_notebooks(["t00"])[0]
     run_notebook(nb, tmp_path / "tune" / "notebooks" / nb.name, params, root=tmp_path)
     report = tmp_path / "tune" / "report"
-    assert {"tuning_grid.csv", "tuning_best.json", "tuning_best.csv", "tuning_grid.png"} <= {p.name for p in report.iterdir()}
+    assert {"tuning_grid.csv", "tuning_best.json", "tuning_best.csv", "tuning_grid.png"} <= {
+        p.name for p in report.iterdir()
+    }
     grid = pd.read_csv(report / "tuning_grid.csv")
     assert grid.groupby("method").size().to_dict() == {"grad_ascent": 2, "grad_diff": 2}
     assert grid.groupby("method").point.apply(list).to_dict() == {"grad_ascent": [0, 1], "grad_diff": [0, 1]}
-    assert {"ppl_before", "ppl_after", "ppl_ratio", "eligible", "steps"} <= set(grid.columns)       # the guard and the steps ran
+    # the guard and the steps ran
+    assert {"ppl_before", "ppl_after", "ppl_ratio", "eligible", "steps"} <= set(grid.columns)
     assert (grid.ppl_ratio > 0).all() and grid.eligible.dtype == bool
     best = json.loads((report / "tuning_best.json").read_text())
     assert set(best) == set(grids) and all(best[m] in grid_points(grids[m]) for m in grids)
     store = open_run("tune", root=str(tmp_path))                                      # the config the notebook wrote
     rows = len(stage_testbed(store)[f"forget_{stage_forget_fields(store)[0]}"])
-    assert grid.loc[grid.method == "grad_ascent", "steps"].tolist() == [2, 2]                          # the grid's own max_steps
+    # the grid's own max_steps
+    assert grid.loc[grid.method == "grad_ascent", "steps"].tolist() == [2, 2]
     batch = method_hparams(store.config, "grad_diff")["batch_size"]
-    assert grid.loc[grid.method == "grad_diff", "steps"].tolist() == [-(-rows // batch)] * 2           # 1 epoch over the first forget split
+    # 1 epoch over the first forget split
+    assert grid.loc[grid.method == "grad_diff", "steps"].tolist() == [-(-rows // batch)] * 2
     before = store.manifest["stages"]["tune_grad_ascent"]["finished"]
     stage_tune(store, "grad_ascent", grids["grad_ascent"])                              # cache hit
     assert open_run("tune", root=str(tmp_path)).manifest["stages"]["tune_grad_ascent"]["finished"] == before

@@ -1,5 +1,6 @@
 """PISTOL's experiment (issue #17, `lume_lab.pipeline.stages.pistol`): the fine-tuned smoke model reaches the stopping
-criterion before unlearning, the tables' DS is the DS of the ROUGE-1 means they show, and bad config fails naming the field."""
+criterion before unlearning, the tables' DS is the DS of the ROUGE-1 means they show, and bad config fails naming the
+field."""
 import json
 
 import pandas as pd
@@ -15,9 +16,11 @@ from lume_lab.pipeline.stages.base import load_stage_model
 
 # a small PISTOL: one question per contract (20 QA rows on Dataset 1), so a 4-layer smoke model memorizes them all; the
 # stopping rule trains until the target is reached, with ten times the epochs it needs (~40 of 400), on any CPU.
-SMALL = {"pretrain.steps": 16, "pretrain.checkpoint_every": 8, "pistol.questions_per_contract": 1, "pistol.studies": ["degree"],
-         "pistol.methods": ["grad_ascent", "npo"], "pistol.lrs": [1e-3, 1e-2], "pistol.seeds": 2, "pistol.unlearn_epochs": 1,
-         "pistol.finetune_epochs": 400, "pistol.finetune_check_every": 20, "pistol.finetune_lr": 3e-3, "pistol.finetune_target": 0.8}
+SMALL = {
+    "pretrain.steps": 16, "pretrain.checkpoint_every": 8, "pistol.questions_per_contract": 1,
+    "pistol.studies": ["degree"], "pistol.methods": ["grad_ascent", "npo"], "pistol.lrs": [1e-3, 1e-2],
+    "pistol.seeds": 2, "pistol.unlearn_epochs": 1, "pistol.finetune_epochs": 400, "pistol.finetune_check_every": 20,
+    "pistol.finetune_lr": 3e-3, "pistol.finetune_target": 0.8}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,8 @@ def test_finetune_reaches_criterion_before_unlearning(store):
 
 
 def test_table_ds_is_ds_of_the_rouge1_it_shows(store):
-    "Every row's DS is deviation_score of that row's forget / retain ROUGE-1 means, and those are the runs' means at the chosen lr."
+    """Every row's DS is deviation_score of that row's forget / retain ROUGE-1 means.
+    Those means are the runs' means at the chosen lr."""
     p = store.config.pistol
     runs = pd.concat([P.stage_pistol_degree(store, m) for m in p.methods], ignore_index=True)
     lrs = {m: P.chosen_lr(store, m) for m in p.methods}
@@ -53,14 +57,24 @@ def test_table_ds_is_ds_of_the_rouge1_it_shows(store):
     assert set(t.method) == {"none", *p.methods} and set(t.edge) == set(P.DEGREE_EDGES)
     for _, r in t.iterrows():
         assert r.ds == pytest.approx(deviation_score(r.forget_rouge1, r.retain_rouge1))
-        src = chosen[(chosen.method == r.method) & (chosen.edge == r.edge)] if r.method != "none" else before[before.edge == r.edge]
-        assert r.forget_rouge1 == pytest.approx(src.forget_rouge1.mean()) and r.retain_rouge1 == pytest.approx(src.retain_rouge1.mean())
+        src = (
+            chosen[(chosen.method == r.method) & (chosen.edge == r.edge)]
+            if r.method != "none"
+            else before[before.edge == r.edge]
+        )
+        assert r.forget_rouge1 == pytest.approx(src.forget_rouge1.mean()) and r.retain_rouge1 == pytest.approx(
+            src.retain_rouge1.mean()
+        )
     assert t.set_index(["edge", "method"]).at[("A-B", "grad_ascent"), "ds Llama2-7B (paper)"] == 54.4
     # the learning rate kept is the sweep's most-forgetting one among those that keep the retain floor (or flagged)
     for m in p.methods:
         g = runs[(runs.method == m) & (runs.phase == "sweep")].groupby("lr")[["forget_rouge1", "retain_rouge1"]].mean()
         ok = g[g.retain_rouge1 >= p.retain_floor]
-        assert lrs[m] == {**lrs[m], "lr": ok.forget_rouge1.idxmin() if len(ok) else g.retain_rouge1.idxmax(), "floor_met": bool(len(ok))}
+        assert lrs[m] == {
+            **lrs[m],
+            "lr": ok.forget_rouge1.idxmin() if len(ok) else g.retain_rouge1.idxmax(),
+            "floor_met": bool(len(ok)),
+        }
     # a rerun is a cache hit
     fin = store.entry("pistol_degree_npo")["finished"]; P.stage_pistol_degree(store, "npo")
     assert store.entry("pistol_degree_npo")["finished"] == fin
@@ -68,8 +82,10 @@ def test_table_ds_is_ds_of_the_rouge1_it_shows(store):
 
 @pytest.mark.parametrize("override, field", [
     ({"pistol.methods": ["sgd"]}, "pistol.methods"), ({"pistol.studies": ["density"]}, "pistol.studies"),
-    ({"pistol.lrs": [0.0]}, "pistol.lrs"), ({"pistol.seeds": 0}, "pistol.seeds"), ({"pistol.finetune_target": 0}, "pistol.finetune_target"),
-    ({"pistol.questions_per_contract": 0}, "pistol.questions_per_contract"), ({"pistol.eval_retain_rows": -1}, "pistol.eval_retain_rows"),
+    ({"pistol.lrs": [0.0]}, "pistol.lrs"), ({"pistol.seeds": 0}, "pistol.seeds"),
+    ({"pistol.finetune_target": 0}, "pistol.finetune_target"),
+    ({"pistol.questions_per_contract": 0}, "pistol.questions_per_contract"),
+    ({"pistol.eval_retain_rows": -1}, "pistol.eval_retain_rows"),
     ({"pistol.max_new_tokens": 2.5}, "pistol.max_new_tokens")])
 def test_bad_pistol_config_names_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")): make_config("smoke", override)
@@ -77,6 +93,13 @@ def test_bad_pistol_config_names_the_field(override, field):
 
 def test_bad_config_fails_before_compute(tmp_path, capsys):
     "`lume-lab run` refuses a bad pistol value, naming the field and what is allowed, before it creates the run."
-    assert main(["run", "--preset", "smoke", "--run-id", "bad", "--runs-root", str(tmp_path), "--set", "pistol.retain_floor=2"]) == 2
+    assert (
+        main(
+            [
+                "run", "--preset", "smoke", "--run-id", "bad", "--runs-root", str(tmp_path), "--set",
+                "pistol.retain_floor=2"]
+        )
+        == 2
+    )
     assert "pistol.retain_floor must be a number >= 0 and <= 1, got 2" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

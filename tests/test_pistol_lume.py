@@ -5,9 +5,11 @@ from collections import Counter
 import pytest
 from datasets import load_from_disk
 
-from lume_lab.data.pistol import (build_pistol, pistol_edges, node_degrees, edge_degree, contract_attributes, contract_qa,
-                                  forget_retain, density_forget_edges, DOMAIN_PROBES, QUESTIONS)
-from lume_lab.data.lume import (build_lume, lume_documents, regurgitation_split, world_public_bios, BIRTH_RANGE, LUME_TASKS, GENRES)
+from lume_lab.data.pistol import (
+    build_pistol, pistol_edges, node_degrees, edge_degree, contract_attributes, contract_qa, forget_retain,
+    density_forget_edges, DOMAIN_PROBES, QUESTIONS)
+from lume_lab.data.lume import (
+    build_lume, lume_documents, regurgitation_split, world_public_bios, BIRTH_RANGE, LUME_TASKS, GENRES)
 
 
 # ---------------------------------------------------------------- PISTOL

@@ -1,5 +1,6 @@
-"""The report page (`pipeline.presentation.report`): its tables equal the CSVs they come from, it is one offline file, sections follow the
-stages present, seeds aggregate to mean ± std, and a failed write leaves the previous page intact."""
+"""The report page (`pipeline.presentation.report`): its tables equal the CSVs they come from, it is one offline file,
+sections follow the stages present, seeds aggregate to mean ± std, and a failed write leaves the previous page
+intact."""
 import html, json, re, shutil
 from pathlib import Path
 
@@ -13,13 +14,16 @@ import pytest
 from lume_lab.pipeline.presentation import report as R, scorecard as S
 from lume_lab.pipeline.presentation.report import read_html_tables
 from lume_lab.pipeline.orchestration.cli import main
-from report_checks import (assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, assert_verdict_matches,
-                           h2_sections, names_looked_at, scorecard_tables, undeclared)
+from report_checks import (
+    assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained, assert_verdict_matches, h2_sections,
+    names_looked_at, scorecard_tables, undeclared)
 
 HERE = Path(__file__).parent
-MINI = HERE / "data" / "mini_run"     # the CSVs, config and manifest (stage warnings dropped) of `make run`'s mini run, REMIND rows only
-FIGURES = ["extraction_rates.png", "utility_injection.png", "unlearning_phone_number.png", "localization_email_address.png",
-           "remind_phone_number.png", "resurfacing_leakage.png", "resurfacing_jaccard_email_address.png"]
+# the CSVs, config and manifest (stage warnings dropped) of `make run`'s mini run, REMIND rows only
+MINI = HERE / "data" / "mini_run"
+FIGURES = [
+    "extraction_rates.png", "utility_injection.png", "unlearning_phone_number.png", "localization_email_address.png",
+    "remind_phone_number.png", "resurfacing_leakage.png", "resurfacing_jaccard_email_address.png"]
 
 
 def _png(path: Path, label: str):
@@ -40,19 +44,23 @@ def _h2(page: str) -> list[str]:
 
 
 def test_mini_page_tables_equal_the_csvs(tmp_path):
-    "Every scorecard value on the page and in scorecard.csv is the value in the run's CSV; figures inline; markdown twin written."
+    """Every scorecard value on the page and in scorecard.csv is the value in the run's CSV; figures inline.
+    Markdown twin written."""
     run = _copy_run(tmp_path / "mini")
     page_path = R.write_report([run])
     assert page_path == run / "report" / "index.html"
     page = page_path.read_text()
     assert assert_self_contained(page) == len(FIGURES) + 1                # + the verdict figure, drawn by the report
     assert (run / "report" / "verdict.png").exists()
-    assert assert_report_matches_csvs(run) > 300          # 2 fields × 11 methods × 9 output columns, AUCs, REMIND, leakage
+    # 2 fields × 11 methods × 9 output columns, AUCs, REMIND, leakage
+    assert assert_report_matches_csvs(run) > 300
     assert_fig3_table_matches(run)
-    assert _h2(page) == ["Verdict", "Scorecard", "Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)",
-                         "Localization precision (Fig. 4b)", "REMIND: residual memorization", "Resurfacing attack (Fig. 5)", "The run"]
+    assert _h2(page) == [
+        "Verdict", "Scorecard", "Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)",
+        "Localization precision (Fig. 4b)", "REMIND: residual memorization", "Resurfacing attack (Fig. 5)", "The run"]
     card = pd.read_csv(run / "report" / "scorecard.csv")
-    assert list(card.field.unique()) == ["phone_number", "email_address"]                    # the config's forget-field order
+    # the config's forget-field order
+    assert list(card.field.unique()) == ["phone_number", "email_address"]
     assert card.method.tolist()[:3] == ["none", "grad_ascent", "grad_diff"] and (card.n_seeds == 1).all()
     assert not any(c.endswith("_std") for c in card.columns)                                 # one run: plain values
     # the markdown twin: same sections, figures by relative path to files that exist
@@ -64,7 +72,9 @@ def test_mini_page_tables_equal_the_csvs(tmp_path):
     man = json.loads((run / "manifest.json").read_text())
     assert man["git_commit"] in page and "lume-lab run --preset mini --seed 0 --run-id mini" in page
     times = R.stage_times(run).set_index("family").seconds
-    assert times["unlearn"] == pytest.approx(sum(v["seconds"] for k, v in man["stages"].items() if k.startswith("unlearn_")))
+    assert times["unlearn"] == pytest.approx(
+        sum(v["seconds"] for k, v in man["stages"].items() if k.startswith("unlearn_"))
+    )
 
 
 def test_direction_marks_on_mini(tmp_path):
@@ -75,12 +85,18 @@ def test_direction_marks_on_mini(tmp_path):
     assert paper_rows.sum() == 8                              # 4 paper methods × 2 fields
     assert (card.loc[~paper_rows, "direction_mismatch"] == "").all()
     for key, r in card[paper_rows].iterrows():
-        want = [name for name, (a, b, tol) in S.DIRECTION_CHECKS.items()
-                if not pd.isna(r.get(a)) and not pd.isna(r.get(f"{a}_paper"))
-                and (not isinstance(b, str) or not (pd.isna(r.get(b)) or pd.isna(r.get(f"{b}_paper"))))
-                and S.direction(r[a], r[b] if isinstance(b, str) else b, tol) != S.direction(r[f"{a}_paper"], r[f"{b}_paper"] if isinstance(b, str) else b, tol)]
+        want = [
+            name
+            for name, (a, b, tol) in S.DIRECTION_CHECKS.items()
+            if not pd.isna(r.get(a))
+            and not pd.isna(r.get(f"{a}_paper"))
+            and (not isinstance(b, str) or not (pd.isna(r.get(b)) or pd.isna(r.get(f"{b}_paper"))))
+            and S.direction(r[a], r[b] if isinstance(b, str) else b, tol)
+            != S.direction(r[f"{a}_paper"], r[f"{b}_paper"] if isinstance(b, str) else b, tol)
+        ]
         assert r.direction_mismatch == ", ".join(want), key
-    # AlphaEdit on email: the paper's forget EM 63.2 > retain EM 58.8 (no selective forgetting); ours keeps retain above forget
+    # AlphaEdit on email: the paper's forget EM 63.2 > retain EM 58.8 (no selective forgetting); ours keeps retain above
+    # forget
     assert "EM" in card.at[("email_address", "alphaedit"), "direction_mismatch"].split(", ")
 
 
@@ -88,26 +104,36 @@ def test_seeds_mean_std_and_n(tmp_path):
     "Two seeds of one config: each cell the mean, `_std` the sample std, n_seeds 2; another config is refused."
     a, b = _copy_run(tmp_path / "s0"), _copy_run(tmp_path / "s1", seed=1)
     t2 = b / "report" / "table2_phone_number.csv"
-    t = pd.read_csv(t2, index_col=[0, 1]); t.loc[("forget", "em"), "npo"] += 6.0; t.to_csv(t2)
+    t = pd.read_csv(t2, index_col=[0, 1])
+    t.loc[("forget", "em"), "npo"] += 6.0
+    t.to_csv(t2)
     card = S.scorecard([a, b]).set_index(["field", "method"])
     ref = pd.read_csv(a / "report" / "table2_phone_number.csv", index_col=[0, 1]).at[("forget", "em"), "npo"]
     assert card.at[("phone_number", "npo"), "forget_em"] == pytest.approx(ref + 3.0)
     assert card.at[("phone_number", "npo"), "forget_em_std"] == pytest.approx(np.std([ref, ref + 6.0], ddof=1))
     assert card.at[("phone_number", "npo"), "retain_em_std"] == 0 and (card.n_seeds == 2).all()
-    with pytest.raises(ValueError, match="pass out_dir"): R.write_report([a, b])
+    with pytest.raises(ValueError, match="pass out_dir"):
+        R.write_report([a, b])
     page = R.write_report([a, b], tmp_path / "seeds").read_text()
     cell = scorecard_tables(page)["phone_number"].at["npo", "forget EM"]
     assert cell == f"{ref + 3.0:.1f} ± {np.std([ref, ref + 6.0], ddof=1):.1f}"
     assert "lume-lab run --preset mini --seed 1 --run-id s1" in page
     other = _copy_run(tmp_path / "other")
-    cfg = json.loads((other / "config.json").read_text()); cfg["inject"]["lr"] *= 2; (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="inject.lr"): S.scorecard([a, other])
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["inject"]["lr"] *= 2
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="inject.lr"):
+        S.scorecard([a, other])
 
 
 def test_failed_render_leaves_previous_page(tmp_path, monkeypatch):
-    "Everything is rendered before anything is written: a figure that cannot be read leaves the old page (or none), no temp file."
+    """Everything is rendered before anything is written:
+    a figure that cannot be read leaves the old page (or none), no temp file."""
     run = _copy_run(tmp_path / "mini")
-    before = {p.name: p.read_bytes() for p in [R.write_report([run]), run / "report" / "report.md", run / "report" / "scorecard.csv"]}
+    before = {
+        p.name: p.read_bytes()
+        for p in [R.write_report([run]), run / "report" / "report.md", run / "report" / "scorecard.csv"]
+    }
     def boom(path): raise OSError(f"cannot read {path}")
     monkeypatch.setattr(R, "_data_uri", boom)
     with pytest.raises(OSError): R.write_report([run])
@@ -118,9 +144,9 @@ def test_failed_render_leaves_previous_page(tmp_path, monkeypatch):
 
 
 def test_partial_smoke_run_gives_valid_page(tmp_path, capfd, monkeypatch):
-    """`lume-lab run --only e00 e01 e02 e99` on smoke: e99 writes a valid offline page with only the data, injection and run sections;
-    the terminal shows the plan and one line per experiment, no kernel warning, no papermill bar, the page's path last; the page
-    written after e00 marks the injection section (e02, still to come) "not yet run"."""
+    """`lume-lab run --only e00 e01 e02 e99` on smoke: e99 writes a valid offline page with only the data, injection and
+    run sections; the terminal shows the plan and one line per experiment, no kernel warning, no papermill bar, the
+    page's path last; the page written after e00 marks the injection section (e02, still to come) "not yet run"."""
     from functools import partial
     from lume_lab.pipeline.orchestration import cli
     pages = {}
@@ -132,26 +158,42 @@ def test_partial_smoke_run_gives_valid_page(tmp_path, capfd, monkeypatch):
     run = tmp_path / "part"
     out, err = capfd.readouterr()
     assert "IPKernelApp" not in out + err and "Executing" not in out + err and "cell/s" not in out + err
-    assert "chain: e00_base → e01_data → e02_inject → e99_report" in out and "expected time, as measured for preset smoke" in out
+    assert (
+        "chain: e00_base → e01_data → e02_inject → e99_report" in out
+        and "expected time, as measured for preset smoke" in out
+    )
     done = [l.strip() for l in out.splitlines() if l.strip().startswith("✓ ")]
     assert [l.split()[1] for l in done] == ["e00_base", "e01_data", "e02_inject", "e99_report"]
-    assert all(" · elapsed " in l and "% of the run · ETA " in l for l in done) and done[-1].split(" · ")[2] == "100% of the run"
-    assert any(l.startswith("    · base in ") for l in out.splitlines())          # a store stage, seen finishing in the manifest
+    assert (
+        all(" · elapsed " in l and "% of the run · ETA " in l for l in done)
+        and done[-1].split(" · ")[2] == "100% of the run"
+    )
+    # a store stage, seen finishing in the manifest
+    assert any(l.startswith("    · base in ") for l in out.splitlines())
     assert out.rstrip().splitlines()[-1] == f"report page: {run / 'report' / 'index.html'}"
     assert list(pages) == ["e00_base", "e01_data", "e02_inject", "e99_report"]
     early = h2_sections(pages["e00_base"])
-    assert "e02_inject: not yet run" in early["Injection and memorization (Fig. 3)"] and "not yet run" not in early["Data and base model"]
+    assert (
+        "e02_inject: not yet run" in early["Injection and memorization (Fig. 3)"]
+        and "not yet run" not in early["Data and base model"]
+    )
     assert "not yet run" not in pages["e99_report"]
     assert (run / "notebooks" / "e99_report.ipynb").exists()
-    files = [p.name for p in (run / "report").iterdir()]                 # every file under report/ has its line in the registry
-    assert {"data_sizes.csv", "extraction_rates.csv", "index.html"} <= set(files) and not undeclared(files, R.report_patterns() + list(R.PAGE_FILES))
+    # every file under report/ has its line in the registry
+    files = [p.name for p in (run / "report").iterdir()]
+    assert {"data_sizes.csv", "extraction_rates.csv", "index.html"} <= set(files) and not undeclared(
+        files, R.report_patterns() + list(R.PAGE_FILES)
+    )
     page = (run / "report" / "index.html").read_text()
     assert assert_self_contained(page) >= 2                                  # Fig. 3a and 3b at least
     assert _h2(page) == ["Data and base model", "Injection and memorization (Fig. 3)", "The run"]
     assert "Scorecard" not in page and "<h3>" not in page
     assert_fig3_table_matches(run)
     assert pd.read_csv(run / "report" / "scorecard.csv").empty
-    assert "lume-lab run --preset smoke --seed 0 --run-id part --set pretrain.checkpoint_every=8 --set pretrain.steps=24" in page
+    assert (
+        "lume-lab run --preset smoke --seed 0 --run-id part --set pretrain.checkpoint_every=8 --set pretrain.steps=24"
+        in page
+    )
     assert [l[3:] for l in (run / "report" / "report.md").read_text().splitlines() if l.startswith("## ")] == _h2(page)
 
 
@@ -176,27 +218,40 @@ def _set_split_sizes(run: Path, forget: int, retain: int):
 
 
 def test_verdict_first_and_small_split_banner(tmp_path):
-    "The first section is the verdict; a split under 10 people gets a banner above it naming field and n; none when all have >= 10."
+    """The first section is the verdict; a split under 10 people gets a banner above it naming field and n.
+    None when all have >= 10."""
     run = _copy_run(tmp_path / "mini")
     page = R.write_report([run]).read_text()
     assert _h2(page)[0] == "Verdict"
     card = pd.read_csv(run / "report" / "scorecard.csv")
-    present = [c for c in S.verdict_columns() if c in card]       # the copied mini run predates e10: its robustness columns are absent
-    assert len(present) >= 6 and assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(present)
+    # the copied mini run predates e10: its robustness columns are absent
+    present = [c for c in S.verdict_columns() if c in card]
+    assert len(present) >= 6 and assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(
+        present
+    )
     small = card.groupby("field", sort=False)[["forget_profiles", "retain_profiles"]].min()
-    assert (small.forget_profiles < 10).any()                       # the mini run's own split sizes: the precondition of the banner
+    # the mini run's own split sizes: the precondition of the banner
+    assert (small.forget_profiles < 10).any()
     banner = re.search(r'<div class="banner"[^>]*>([^<]+)</div>', page)
     assert banner and page.index(banner.group(0)) < page.index("<h2>Verdict</h2>")
     for f, r in small.iterrows():
         said = re.search(rf"{f} \(([^)]*) profiles\)", banner.group(1))
         assert bool(said) == (r.min() < 10), f
         for split in ("forget", "retain"):
-            assert (said is not None and f"{split} n = {r[f'{split}_profiles']:.0f}" in said.group(1)) == (r[f"{split}_profiles"] < 10), (f, split)
-    # the verdict table colours one cell per mark: better / same / worse against `none` (AUC: chance); `none`'s own cells are "ref"
-    marks, shown = R.verdict_marks(S.scorecard([run])), re.findall(r'<td class="(better|worse|same|ref)">', h2_sections(page)["Verdict"])
-    for cls, v in (("better", 1), ("same", 0), ("worse", -1)): assert shown.count(cls) == int((marks == v).sum().sum()), cls
+            assert (said is not None and f"{split} n = {r[f'{split}_profiles']:.0f}" in said.group(1)) == (
+                r[f"{split}_profiles"] < 10
+            ), (f, split)
+    # the verdict table colours one cell per mark: better / same / worse against `none` (AUC: chance); `none`'s own
+    # cells are "ref"
+    marks, shown = (
+        R.verdict_marks(S.scorecard([run])),
+        re.findall(r'<td class="(better|worse|same|ref)">', h2_sections(page)["Verdict"]),
+    )
+    for cls, v in (("better", 1), ("same", 0), ("worse", -1)):
+        assert shown.count(cls) == int((marks == v).sum().sum()), cls
     assert (marks == 1).sum().sum() > 0 and (marks == -1).sum().sum() > 0
-    n_ref = sum(S.SCORECARD_METRICS[c].reference == "none" for c in present)          # every verdict column measured against `none` (not AUC: chance)
+    # every verdict column measured against `none` (not AUC: chance)
+    n_ref = sum(S.SCORECARD_METRICS[c].reference == "none" for c in present)
     assert n_ref >= 5 and shown.count("ref") == (card.method == "none").sum() * n_ref
     # every split at 10 or more: no banner (constructed from the same run)
     _set_split_sizes(run, 10, 12)
@@ -208,7 +263,8 @@ def test_verdict_first_and_small_split_banner(tmp_path):
 
 
 def test_sections_still_to_come_say_not_yet_run(tmp_path):
-    "A page written while a run is under way (after e03): later sections, the verdict's later columns say 'not yet run'; the rest shows."
+    """A page written while a run is under way (after e03):
+    later sections, the verdict's later columns say 'not yet run'; the rest shows."""
     run = _copy_run(tmp_path / "mini")
     for p in (run / "report").iterdir():
         if p.name.startswith(("localization_", "remind_", "resurfacing")): p.unlink()
@@ -216,12 +272,17 @@ def test_sections_still_to_come_say_not_yet_run(tmp_path):
     page = R.write_report([run], pending=later).read_text()
     secs = h2_sections(page)
     assert list(secs)[:2] == ["Verdict", "Scorecard"]
-    for title, exp in (("Localization precision (Fig. 4b)", "e04_localization"), ("REMIND: residual memorization", "e05_remind"),
-                       ("Resurfacing attack (Fig. 5)", "e06_resurfacing"), ("Attribution against the ground truth (e09)", "e09_attribution")):
+    for title, exp in (
+        ("Localization precision (Fig. 4b)", "e04_localization"), ("REMIND: residual memorization", "e05_remind"),
+        ("Resurfacing attack (Fig. 5)", "e06_resurfacing"),
+        ("Attribution against the ground truth (e09)", "e09_attribution")):
         assert f"{exp}: not yet run" in secs[title], title
     for title in ("Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)"):
         assert "not yet run" not in secs[title] and ("<img" in secs[title] or "<table" in secs[title]), title
-    assert "AUC m^F (e04_localization), REMIND RF (e05_remind), leak after (e06_resurfacing): not yet run" in secs["Verdict"]
+    assert (
+        "AUC m^F (e04_localization), REMIND RF (e05_remind), leak after (e06_resurfacing): not yet run"
+        in secs["Verdict"]
+    )
     assert "PISTOL" not in page                                       # e07 is neither done nor to come: no section
     assert_report_matches_csvs(run)                                   # Table 2 on the page is the CSV's
     final = R.write_report([run]).read_text()                          # the run's end: nothing pending, no placeholder
@@ -234,7 +295,8 @@ def test_section_registry_is_the_page_order(tmp_path):
     titles = [s.title for s in R.PAGE_SECTIONS]
     got = [h for h in _h2(R.write_report([run]).read_text()) if h in titles]
     assert got == [t for t in titles if t in got] and len(got) >= 5
-    with pytest.raises(ValueError, match="experiments must be ids like 'e03'"): R.register_section("x", ("remind",), (), lambda rep: [])
+    with pytest.raises(ValueError, match="experiments must be ids like 'e03'"):
+        R.register_section("x", ("remind",), (), lambda rep: [])
 
 
 def _looked_at(render, run: Path) -> list[str]:
@@ -243,8 +305,9 @@ def _looked_at(render, run: Path) -> list[str]:
 
 
 def test_renderers_read_only_their_declared_files(tmp_path):
-    """Each section's renderer looks only at report files its own section declares (traced on the mini run, with its figures,
-    and on a run without outputs); the scorecard reads only declared files; a renderer reading an undeclared file is caught."""
+    """Each section's renderer looks only at report files its own section declares (traced on the mini run, with its
+    figures, and on a run without outputs); the scorecard reads only declared files; a renderer reading an undeclared
+    file is caught."""
     full, empty = _copy_run(tmp_path / "mini"), tmp_path / "empty"
     (empty / "report").mkdir(parents=True); shutil.copy(MINI / "config.json", empty / "config.json")
     for s in R.PAGE_SECTIONS:
@@ -254,7 +317,9 @@ def test_renderers_read_only_their_declared_files(tmp_path):
     with names_looked_at(full / "report") as seen: S.scorecard([full])
     assert {"localization_summary.csv", "resurfacing.csv"} <= set(seen)
     assert not undeclared(seen, R.report_patterns()), undeclared(seen, R.report_patterns())
-    sneaky = R.Section("x", ("e10",), ("x.csv",), lambda rep: [R.table(pd.read_csv(rep / "data_sizes.csv"))] + R._fig(rep, "y.png", ""))
+    sneaky = R.Section(
+        "x", ("e10",), ("x.csv",), lambda rep: [R.table(pd.read_csv(rep / "data_sizes.csv"))] + R._fig(rep, "y.png", "")
+    )
     assert undeclared(_looked_at(sneaky.render, full), sneaky.files) == ["data_sizes.csv", "y.png"]
     assert undeclared(["a/x.csv", "*.csv", "x.csv"], ["x.csv"]) == ["*.csv", "a/x.csv"]
 
@@ -265,13 +330,15 @@ def _written_names(code: str) -> list[str]:
 
 
 def test_experiments_write_report_files_through_the_helper():
-    """No experiment notebook writes a file itself (to_csv, savefig, write_text); each names its report files literally, and
-    each name is declared by the section of the experiment that writes it (e99 writes the page through write_report)."""
+    """No experiment notebook writes a file itself (to_csv, savefig, write_text); each names its report files literally,
+    and each name is declared by the section of the experiment that writes it (e99 writes the page through
+    write_report)."""
     written = {}
     for nb in sorted((HERE.parent / "nbs" / "experiments").glob("*.ipynb")):
         code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
         assert not re.search(r"\.(to_csv|to_parquet|savefig|write_text|write_bytes)\(|\bopen\(", code), nb.name
-        assert code.count("write_report_file(") == len(_written_names(code)), nb.name                 # a literal name in every call
+        # a literal name in every call
+        assert code.count("write_report_file(") == len(_written_names(code)), nb.name
         written[nb.stem] = _written_names(code)
     assert _written_names('write_report_file(store, f"table2_{f}.csv", t, index=True)') == ["table2_x.csv"]
     assert written.pop("e99_report") == [] and all(written.values()), written
@@ -281,28 +348,40 @@ def test_experiments_write_report_files_through_the_helper():
 
 
 def test_write_report_file(tmp_path):
-    "CSV and PNG bytes as to_csv and savefig write them to a file; atomic (no temp file left); undeclared and page names refused."
+    """CSV and PNG bytes as to_csv and savefig write them to a file; atomic (no temp file left).
+    Undeclared and page names refused."""
     import seaborn as sns
     run = tmp_path / "run"
     t = pd.read_csv(MINI / "report" / "table2_email_address.csv", index_col=[0, 1])
     t.to_csv(tmp_path / "direct.csv")
-    assert R.write_report_file(run, "table2_email_address.csv", t, index=True).read_bytes() == (tmp_path / "direct.csv").read_bytes()
-    g = sns.relplot(data=pd.DataFrame({"step": [0, 1, 2], "loss": [3.0, 2.0, 2.5]}), x="step", y="loss", kind="line", height=2)
+    assert (
+        R.write_report_file(run, "table2_email_address.csv", t, index=True).read_bytes()
+        == (tmp_path / "direct.csv").read_bytes()
+    )
+    g = sns.relplot(
+        data=pd.DataFrame({"step": [0, 1, 2], "loss": [3.0, 2.0, 2.5]}), x="step", y="loss", kind="line", height=2
+    )
     g.savefig(tmp_path / "direct.png", dpi=60)
-    assert R.write_report_file(run, "unlearning_logs.png", g, dpi=60).read_bytes() == (tmp_path / "direct.png").read_bytes()
+    assert (
+        R.write_report_file(run, "unlearning_logs.png", g, dpi=60).read_bytes()
+        == (tmp_path / "direct.png").read_bytes()
+    )
     plt.close(g.figure)
     assert sorted(p.name for p in (run / "report").iterdir()) == ["table2_email_address.csv", "unlearning_logs.png"]
     for name in ("notes.csv", "index.html", "scorecard.csv", "../table2_email_address.csv"):
-        with pytest.raises(ValueError, match=r"declared by no registered section.*table2_\*\.csv"): R.write_report_file(run, name, t)
+        with pytest.raises(ValueError, match=r"declared by no registered section.*table2_\*\.csv"):
+            R.write_report_file(run, name, t)
     with pytest.raises(ValueError, match="write a DataFrame as .csv"): R.write_report_file(run, "utility_base.png", t)
     with pytest.raises(ValueError, match=r"with \['dpi'\]"): R.write_report_file(run, "data_sizes.csv", t, dpi=90)
-    with pytest.raises(ValueError, match="the page's own files"): R.register_section("x", ("e10",), ("*.html",), lambda rep: [])
+    with pytest.raises(ValueError, match="the page's own files"):
+        R.register_section("x", ("e10",), ("*.html",), lambda rep: [])
     assert "x" not in [s.title for s in R.PAGE_SECTIONS]
 
 
 def _separation(remind: pd.DataFrame, half_width: float) -> pd.DataFrame:
-    """A remind_separation_<field>.csv as e05 writes it: REMIND's fair multi-class AUCs of a remind_<field>.csv (the mini fixture keeps
-    REMIND's rows only) against a made-up best baseline at 50, 53, 56, ... %, every interval ± `half_width`."""
+    """A remind_separation_<field>.csv as e05 writes it: REMIND's fair multi-class AUCs of a remind_<field>.csv (the
+    mini fixture keeps REMIND's rows only) against a made-up best baseline at 50, 53, 56, ... %, every interval ±
+    `half_width`."""
     t = remind[(remind.input == "orig") & (remind.protocol == "fair")]
     rows = []
     for i, (m, d) in enumerate(t.groupby("model", sort=False)):
@@ -310,32 +389,48 @@ def _separation(remind: pd.DataFrame, half_width: float) -> pd.DataFrame:
         for k in ("lr", "rf"):
             r = d[d.detector == f"remind_{k}"].multi.iloc[0]
             sep = abs(r - b) > 2 * half_width
-            rows.append(dict(model=m, input="orig", classifier=k, comparison="multi", remind_auc=r, remind_lo=r - half_width, remind_hi=r + half_width,
-                             baseline="min_k", baseline_auc=b, baseline_lo=b - half_width, baseline_hi=b + half_width,
-                             separated=sep, verdict="intervals overlap" if not sep else "REMIND ahead" if r > b else "baseline ahead"))
+            rows.append(
+                dict(
+                    model=m, input="orig", classifier=k, comparison="multi", remind_auc=r, remind_lo=r - half_width,
+                    remind_hi=r + half_width, baseline="min_k", baseline_auc=b, baseline_lo=b - half_width,
+                    baseline_hi=b + half_width, separated=sep,
+                    verdict="intervals overlap" if not sep else "REMIND ahead" if r > b else "baseline ahead")
+            )
     return pd.DataFrame(rows)
 
 
 def test_remind_intervals_on_the_page(tmp_path):
-    """e05's separation file reaches the REMIND section: per model REMIND LR / RF and the best fair baseline as 'AUC [lo, hi]', the
-    verdict per classifier, and how many models LR leads and separates on; the interval files leave the scorecard untouched."""
+    """e05's separation file reaches the REMIND section: per model REMIND LR / RF and the best fair baseline as 'AUC
+    [lo, hi]', the verdict per classifier, and how many models LR leads and separates on; the interval files leave the
+    scorecard untouched."""
     run = _copy_run(tmp_path / "mini")
     rep = run / "report"
     sep = _separation(pd.read_csv(rep / "remind_phone_number.csv"), 2.0)
     sep.to_csv(rep / "remind_separation_phone_number.csv", index=False)
-    sep.head(3).rename(columns={"remind_auc": "auc"}).to_csv(rep / "remind_ci_phone_number.csv", index=False)   # not a Table 1 file
+    # not a Table 1 file
+    sep.head(3).rename(columns={"remind_auc": "auc"}).to_csv(rep / "remind_ci_phone_number.csv", index=False)
     page = R.write_report([run]).read_text()
-    assert assert_report_matches_csvs(run) > 300                               # the scorecard reads neither interval file
+    # the scorecard reads neither interval file
+    assert assert_report_matches_csvs(run) > 300
     t = next(t for t in read_html_tables(page) if "REMIND LR % [95% CI]" in t.columns).set_index("model")
     assert list(t.index) == list(dict.fromkeys(sep.model))
     for _, r in sep.iterrows():
-        assert t.at[r.model, f"REMIND {r.classifier.upper()} % [95% CI]"] == f"{r.remind_auc:.1f} [{r.remind_lo:.1f}, {r.remind_hi:.1f}]"
+        assert (
+            t.at[r.model, f"REMIND {r.classifier.upper()} % [95% CI]"]
+            == f"{r.remind_auc:.1f} [{r.remind_lo:.1f}, {r.remind_hi:.1f}]"
+        )
         assert t.at[r.model, f"{r.classifier.upper()} vs baseline"] == r.verdict
-        assert t.at[r.model, "best fair baseline % [95% CI]"] == f"{r.baseline} {r.baseline_auc:.1f} [{r.baseline_lo:.1f}, {r.baseline_hi:.1f}]"
+        assert (
+            t.at[r.model, "best fair baseline % [95% CI]"]
+            == f"{r.baseline} {r.baseline_auc:.1f} [{r.baseline_lo:.1f}, {r.baseline_hi:.1f}]"
+        )
     lr = sep[sep.classifier == "lr"]
     assert 0 < lr.separated.sum() < len(lr)                                      # the fixture has both verdicts
     n = lambda v: (lr.verdict == v).sum()
-    assert (f"REMIND LR is ahead of the best fair baseline on {(lr.remind_auc > lr.baseline_auc).sum()} of {len(lr)} models; its 95 % interval "
-            f"(bootstrap over profiles) lies above the baseline's on {n('REMIND ahead')}, below on {n('baseline ahead')}, and overlaps it "
-            f"(no reading either way) on {n('intervals overlap')}") in html.unescape(h2_sections(page)["REMIND: residual memorization"])
-    assert sum("REMIND LR % [95% CI]" in t.columns for t in read_html_tables(page)) == 1   # email_address has no intervals: no table
+    assert (
+        f"REMIND LR is ahead of the best fair baseline on {(lr.remind_auc > lr.baseline_auc).sum()} of {len(lr)} "
+        f"models; its 95 % interval (bootstrap over profiles) lies above the baseline's on {n('REMIND ahead')}, below "
+        f"on {n('baseline ahead')}, and overlaps it (no reading either way) on {n('intervals overlap')}"
+    ) in html.unescape(h2_sections(page)["REMIND: residual memorization"])
+    # email_address has no intervals: no table
+    assert sum("REMIND LR % [95% CI]" in t.columns for t in read_html_tables(page)) == 1

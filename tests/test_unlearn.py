@@ -1,4 +1,5 @@
-"Cross-module and bad-input tests of lume_lab.unlearn: registry and specs, every gradient method on the toy problem, OracleGrad's mask."
+"""Cross-module and bad-input tests of lume_lab.unlearn:
+registry and specs, every gradient method on the toy problem, OracleGrad's mask."""
 import copy, math, os
 import pytest, torch
 
@@ -43,10 +44,14 @@ def test_every_method_raises_forget_loss(name, problem):
 def test_builtin_specs_registered_under_their_names():
     for name in BUILTIN_METHODS:
         spec = get_spec(name)
-        assert spec.name == name and set(spec.grid) <= set(spec.defaults) and f"unlearn.hparams.{name}" in PRESETS["mini"]
+        assert (
+            spec.name == name and set(spec.grid) <= set(spec.defaults) and f"unlearn.hparams.{name}" in PRESETS["mini"]
+        )
     assert method_names()[:len(BUILTIN_METHODS)] == list(BUILTIN_METHODS)
     assert [n for n in BUILTIN_METHODS if not get_spec(n).has_control] == ["oracle_grad", "uld"]
-    assert get_spec("oracle_grad").inputs == ("ground_truth_mask",) and get_spec("alphaedit").inputs == ("neutral_texts",)
+    assert get_spec("oracle_grad").inputs == ("ground_truth_mask",) and get_spec("alphaedit").inputs == (
+        "neutral_texts",
+    )
 
 
 def test_unknown_method_lists_allowed():
@@ -61,17 +66,24 @@ def test_toy_method_registered_from_a_test_runs(problem):
     def fn(model, tokenizer, forget, retain, hp, *, seed=0):
         with torch.no_grad(): model.lm_head.weight.mul_(hp["scale"])
         return model, None
-    register_method(MethodSpec("test_scale", fn, {"scale": 0.5}, check=lambda hp: [] if hp["scale"] > 0 else ["test_scale.scale must be > 0"]))
+    register_method(
+        MethodSpec(
+            "test_scale", fn, {"scale": 0.5},
+            check=lambda hp: [] if hp["scale"] > 0 else ["test_scale.scale must be > 0"])
+    )
     model, tok, forget, retain = problem
     unl, _ = get_spec("test_scale").run(copy.deepcopy(model), tok, forget, retain)
     assert torch.allclose(unl.lm_head.weight, 0.5 * model.lm_head.weight) and method_names()[-1] == "test_scale"
-    with pytest.raises(ValueError, match="test_scale.scale must be > 0"): get_spec("test_scale").run(model, tok, forget, retain, {"scale": -1.0})
-    with pytest.raises(ValueError, match="takes no input"): get_spec("test_scale").run(model, tok, forget, retain, neutral_texts=["x"])
+    with pytest.raises(ValueError, match="test_scale.scale must be > 0"):
+        get_spec("test_scale").run(model, tok, forget, retain, {"scale": -1.0})
+    with pytest.raises(ValueError, match="takes no input"):
+        get_spec("test_scale").run(model, tok, forget, retain, neutral_texts=["x"])
 
 
 @pytest.mark.parametrize("name", GRADIENT_METHODS)
 def test_unknown_hparam_names_allowed_keys(name, problem):
-    with pytest.raises(ValueError, match=rf"unknown hyperparameter\(s\) 'learning_rate' for method '{name}'; allowed: lr, epochs"):
+    with pytest.raises(ValueError, match=rf"unknown hyperparameter\(s\) 'learning_rate' for method '{name}'; allowed: "
+                                         r"lr, epochs"):
         _run(name, problem, {"learning_rate": 1e-3})
 
 
@@ -84,9 +96,14 @@ def test_bad_hparam_values_rejected(problem):
 
 @pytest.mark.parametrize("name", BUILTIN_METHODS)
 def test_presets_and_grid_resolve(name):
-    "Every preset file's row of the method (mini, Lacuna Table 5) and every grid value resolves; resolving is idempotent."
+    """Every preset file's row of the method (mini, Lacuna Table 5) and every grid value resolves.
+    Resolving is idempotent."""
     spec = get_spec(name)
-    rows = {preset: values[f"unlearn.hparams.{name}"] for preset, values in PRESETS.items() if f"unlearn.hparams.{name}" in values}
+    rows = {
+        preset: values[f"unlearn.hparams.{name}"]
+        for preset, values in PRESETS.items()
+        if f"unlearn.hparams.{name}" in values
+    }
     assert "mini" in rows
     for preset, values in rows.items():
         hp = spec.resolve(values)
@@ -96,7 +113,8 @@ def test_presets_and_grid_resolve(name):
 
 
 def test_paper_presets_where_the_paper_has_them():
-    assert {n for n in BUILTIN_METHODS if f"unlearn.hparams.{n}" in PRESETS["olmo2-1b"]} == {"simnpo", "oracle_grad", "memflex", "alphaedit"}
+    assert {n for n in BUILTIN_METHODS if f"unlearn.hparams.{n}" in PRESETS["olmo2-1b"]} == {
+        "simnpo", "oracle_grad", "memflex", "alphaedit"}
     assert get_spec("simnpo").resolve(PRESETS["olmo3-7b"]["unlearn.hparams.simnpo"])["alpha"] == 0.5
 
 
@@ -106,7 +124,8 @@ def test_missing_retain_is_an_error(problem):
         get_spec("grad_diff").run(copy.deepcopy(model), tok, forget, [], {"max_steps": 1})
     with pytest.raises(ValueError, match="needs a non-empty retain set with these hyperparameters"):
         get_spec("npo").run(copy.deepcopy(model), tok, forget, None, {"max_steps": 1, "alpha": 1.0})
-    unl, log = get_spec("npo").run(copy.deepcopy(model), tok, forget, None, {"max_steps": 1})   # plain NPO: no retain needed
+    # plain NPO: no retain needed
+    unl, log = get_spec("npo").run(copy.deepcopy(model), tok, forget, None, {"max_steps": 1})
     assert len(log) == 1 and math.isnan(log.retain_nll[0])
 
 
@@ -120,7 +139,9 @@ def test_oracle_grad_outside_mask_bitwise_unchanged(problem):
     model, tok, forget, retain = problem
     mask = _forget_mask(model, frac=0.3, seed=1)
     from lume_lab.unlearn.oracle_grad import oracle_grad
-    unl, _ = oracle_grad(copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 4}, ground_truth_mask=mask)
+    unl, _ = oracle_grad(
+        copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 4}, ground_truth_mask=mask
+    )
     after = dict(unl.named_parameters()); changed_in = 0
     for n, p in model.named_parameters():
         m = mask.get(n, torch.zeros_like(p, dtype=torch.bool))
@@ -133,11 +154,14 @@ def test_oracle_grad_outside_mask_bitwise_unchanged(problem):
 def test_oracle_grad_bad_masks(problem):
     model, tok, forget, retain = problem
     mask = _forget_mask(model)
-    run = lambda m, **hp: get_spec("oracle_grad").run(copy.deepcopy(model), tok, forget, retain, {"max_steps": 1, **hp}, ground_truth_mask=m)
+    run = lambda m, **hp: get_spec("oracle_grad").run(
+        copy.deepcopy(model), tok, forget, retain, {"max_steps": 1, **hp}, ground_truth_mask=m
+    )
     with pytest.raises(ValueError, match="needs ground_truth_mask"): run(None)
     with pytest.raises(ValueError, match="must be a bool tensor"): run({k: v.to(torch.uint8) for k, v in mask.items()})
     with pytest.raises(ValueError, match="weight_decay must be 0"): run(mask, weight_decay=0.01)
-    with pytest.raises(ValueError, match="not parameters of the model"): run({"model.nope.weight": torch.ones(2, dtype=torch.bool)})
+    with pytest.raises(ValueError, match="not parameters of the model"):
+        run({"model.nope.weight": torch.ones(2, dtype=torch.bool)})
     n0 = next(iter(mask))
     with pytest.raises(ValueError, match="has shape"): run({n0: torch.ones(3, dtype=torch.bool)})
     with pytest.raises(ValueError, match="selects no weight"): run({k: torch.zeros_like(v) for k, v in mask.items()})
@@ -171,22 +195,27 @@ from lume_lab.models.toy import toy_problem
 from lume_lab.unlearn.registry import get_spec
 out = sys.argv[1]
 model, tok, forget, retain = toy_problem(finetune_steps=20)
-unl, log = get_spec("grad_diff").run(copy.deepcopy(model), tok, forget, retain, {"lr": 1e-2, "max_steps": 3, "batch_size": 2})
+unl, log = get_spec("grad_diff").run(copy.deepcopy(model), tok, forget, retain,
+                                     {"lr": 1e-2, "max_steps": 3, "batch_size": 2})
 rank = int(os.environ["RANK"])
 torch.save({k: v.detach() for k, v in unl.state_dict().items()}, f"{out}/w{rank}.pt")
-json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forget), "steps": len(log)}, open(f"{out}/r{rank}.json", "w"))
+json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forget), "steps": len(log)},
+          open(f"{out}/r{rank}.json", "w"))
 from lume_lab.models.accel import end_process_group
 end_process_group()                      # no gloo threads left at exit (a rank can abort there otherwise)
 '''
 
 
 def test_accelerate_two_cpu_processes(tmp_path):
-    "The loop under accelerate with 2 CPU processes (gloo): ranks end bitwise identical, the forget NLL rises, and one process with the same global batch trains the same weights."
+    """The loop under accelerate with 2 CPU processes (gloo): ranks end bitwise identical and the forget NLL rises.
+    One process with the same global batch trains the same weights."""
     import json, subprocess, sys
     from lume_lab.pipeline.orchestration.launch import torchrun_argv
     script = tmp_path / "run.py"; script.write_text(_MP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1"}
-    r = subprocess.run([*torchrun_argv(2), str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*torchrun_argv(2), str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     w0, w1 = (torch.load(tmp_path / f"w{i}.pt", weights_only=True) for i in (0, 1))
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
@@ -194,12 +223,15 @@ def test_accelerate_two_cpu_processes(tmp_path):
     assert res[0]["steps"] == 3 and res[0]["after"] > res[0]["before"] + 0.05
     # batch_size is the global batch (split over the ranks): one process takes the same 3 steps on the same examples
     one = tmp_path / "one"; one.mkdir()
-    r1 = subprocess.run([sys.executable, str(script), str(one)], env={**env, "RANK": "0"}, capture_output=True, text=True, timeout=300)
+    r1 = subprocess.run(
+        [sys.executable, str(script), str(one)], env={**env, "RANK": "0"}, capture_output=True, text=True, timeout=300
+    )
     assert r1.returncode == 0, r1.stderr[-3000:]
     s = json.loads((one / "r0.json").read_text()); ws = torch.load(one / "w0.pt", weights_only=True)
     assert s["steps"] == 3 and abs(s["after"] - res[0]["after"]) < 1e-4 * abs(s["after"])
     off = sum(int((~torch.isclose(w0[k], ws[k], rtol=1e-4, atol=5e-5)).sum()) for k in ws)
-    assert off <= 1e-4 * sum(v.numel() for v in ws.values()), off     # Adam's near-zero-gradient coordinates aside (test_launch)
+    # Adam's near-zero-gradient coordinates aside (test_launch)
+    assert off <= 1e-4 * sum(v.numel() for v in ws.values()), off
 
 
 _FSDP2_SCRIPT = r"""
@@ -257,11 +289,13 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
     assert any(not torch.equal(og[k], init[k]) for k in mask)
 
 
-@pytest.mark.parametrize("key,value", [("alphaedit.kl_factor", float("inf")), ("alphaedit.v_lr", float("inf")), ("memflex.grad_threshold", float("inf")),
-                                       ("memflex.retain_factor", float("nan")), ("memflex.forget_factor", float("-inf")), ("uld.retain_weight", float("nan")),
-                                       ("memflex.grad_quantile", float("nan")), ("memflex.grad_quantile", 1.0)])
+@pytest.mark.parametrize("key,value", [
+    ("alphaedit.kl_factor", float("inf")), ("alphaedit.v_lr", float("inf")), ("memflex.grad_threshold", float("inf")),
+    ("memflex.retain_factor", float("nan")), ("memflex.forget_factor", float("-inf")),
+    ("uld.retain_weight", float("nan")), ("memflex.grad_quantile", float("nan")), ("memflex.grad_quantile", 1.0)])
 def test_method_hyperparameters_must_be_finite(key, value):
-    "A method's own hyperparameters refuse NaN and ±inf (a JSON --set value of NaN or Infinity parses to these) before any compute."
+    """A method's own hyperparameters refuse NaN and ±inf before any compute.
+    A JSON --set value of NaN or Infinity parses to these."""
     from lume_lab.core.config import ConfigError, make_config
     from lume_lab.pipeline.orchestration.config import resolve_config
     with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):

@@ -61,7 +61,8 @@ def test_alphaedit_null_space_and_target(problem):
         assert dW.norm() > 1.0                                     # a real edit
         ratio = ((dW @ K0).norm() / (W0 @ K0).norm()).item()
         cut = log[(log.phase == "null_space") & (log.layer == l)].cut.item()       # nullspace_threshold · λ_max(C0)
-        assert (dW @ K0).norm() ** 2 <= cut * K0.shape[1] * dW.norm() ** 2 * (1 + 1e-4)   # ‖ΔK0‖² ≤ N ε ‖Δ‖² (null-space bound)
+        # ‖ΔK0‖² ≤ N ε ‖Δ‖² (null-space bound)
+        assert (dW @ K0).norm() ** 2 <= cut * K0.shape[1] * dW.norm() ** 2 * (1 + 1e-4)
         logged = log[(log.phase == "edit") & (log.layer == l)].preserved_change.item()
         assert abs(logged - ratio) < 1e-3 * max(ratio, 1e-6) + 1e-6  # the log's second-moment formula agrees
     changed = {n for (n, p), q in zip(model.named_parameters(), edited.parameters()) if not torch.equal(p, q)}
@@ -75,8 +76,9 @@ def test_alphaedit_intermediate_loss_layer_and_neutral_texts(problem):
     "v* read at an intermediate layer (final norm + lm_head on its output); preserved keys from neutral texts only."
     model, tok, forget, retain = problem
     neutral = ["Where was the city of Lyon founded?", "Oslo and Bergen are cities.", "mail.com is a domain."]
-    edited, log = get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain,
-                                          {"layers": [0], "v_loss_layer": 1, "mom2_data": ["neutral"], "v_steps": 10}, neutral_texts=neutral)
+    edited, log = get_spec("alphaedit").run(
+        copy.deepcopy(model), tok, forget, retain,
+        {"layers": [0], "v_loss_layer": 1, "mom2_data": ["neutral"], "v_steps": 10}, neutral_texts=neutral)
     v = log[log.phase == "v"]
     assert v.target_nll.iloc[-1] < v.target_nll.iloc[0] and (v.layer == 0).all()
     changed = {n for (n, p), q in zip(model.named_parameters(), edited.parameters()) if not torch.equal(p, q)}
@@ -86,9 +88,12 @@ def test_alphaedit_intermediate_loss_layer_and_neutral_texts(problem):
 def test_alphaedit_sequential_batches(problem):
     "Two edit batches: the second is solved with the first batch's keys in K_p (AlphaEdit's sequential editing)."
     model, tok, forget, retain = problem
-    edited, log = get_spec("alphaedit").run(copy.deepcopy(model), tok, forget, retain, {"layers": [1, 2], "batch_size": 4, "v_steps": 10})
+    edited, log = get_spec("alphaedit").run(
+        copy.deepcopy(model), tok, forget, retain, {"layers": [1, 2], "batch_size": 4, "v_steps": 10}
+    )
     e = log[log.phase == "edit"]
-    assert e.batch.tolist() == [0, 0, 1, 1] and (e.preserved_change < 0.2).all()   # toy, relative cut 1e-3: measured 0.08-0.11
+    # toy, relative cut 1e-3: measured 0.08-0.11
+    assert e.batch.tolist() == [0, 0, 1, 1] and (e.preserved_change < 0.2).all()
     assert qa_nll(edited, tok, forget) > qa_nll(model, tok, forget)
 
 
@@ -109,11 +114,16 @@ def test_uld_base_unchanged_and_forget_nll_rises(problem, tmp_path):
     assert f1 > f0 + 1.0 and r1 < f1 / 3
     # generate: HF-style greedy output that starts with the prompt
     enc = tok([forget[0]["prompt"]], add_special_tokens=False, return_tensors="pt")
-    g = wrapped.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=5, do_sample=False,
-                         num_beams=1, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
-                         output_logits=True)
+    g = wrapped.generate(
+        input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=5, do_sample=False,
+        num_beams=1, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
+        output_logits=True)
     n = enc["input_ids"].shape[1]
-    assert torch.equal(g.sequences[:, :n], enc["input_ids"]) and 1 <= g.sequences.shape[1] - n <= 5 and len(g.logits) == g.sequences.shape[1] - n
+    assert (
+        torch.equal(g.sequences[:, :n], enc["input_ids"])
+        and 1 <= g.sequences.shape[1] - n <= 5
+        and len(g.logits) == g.sequences.shape[1] - n
+    )
     get_spec("uld").save(wrapped, tok, tmp_path)
     again = get_spec("uld").load(tmp_path, lambda: model, tok)
     assert isinstance(again, ULDModel) and (tmp_path / "assistant" / "uld_config.json").exists()
@@ -134,7 +144,8 @@ def test_uld_seeded(problem):
 
 @pytest.mark.parametrize("size", ["olmo2-1b", "olmo3-7b"])
 def test_paper_hparams_resolve(size):
-    "Lacuna Table 5 rows of the model-size presets pass the specs' checks, and AlphaEdit's layers fit a model of the paper's depth."
+    """Lacuna Table 5 rows of the model-size presets pass the specs' checks, and AlphaEdit's layers fit a model of the
+    paper's depth."""
     from lume_lab.unlearn import alphaedit as ae
     hp = get_spec("memflex").resolve(PRESETS[size]["unlearn.hparams.memflex"])
     assert (hp["forget_factor"], hp["retain_factor"], hp["sim_threshold"]) == (-0.6, 2.0, 0.92)
@@ -144,7 +155,8 @@ def test_paper_hparams_resolve(size):
     with pytest.raises(ValueError, match="layers must be distinct layer indices in 0..2"): ae._model_layers(hp, 3)
 
 
-@pytest.mark.parametrize("method,bad", [("memflex", {"sim_thresh": 0.9}), ("alphaedit", {"layer": [1]}), ("uld", {"n_layer": 1})])
+@pytest.mark.parametrize("method,bad",
+                         [("memflex", {"sim_thresh": 0.9}), ("alphaedit", {"layer": [1]}), ("uld", {"n_layer": 1})])
 def test_unknown_hparams(problem, method, bad):
     model, tok, forget, retain = problem
     with pytest.raises(ValueError, match="unknown hyperparameter"):

@@ -1,4 +1,5 @@
-"End-to-end and bad-input tests of `lume_lab.data.world` (the corpus, the held-out split, MC items) and of their scoring in `lume_lab.metrics.utility`."
+"""End-to-end and bad-input tests of `lume_lab.data.world` (the corpus, the held-out split, MC items) and of their
+scoring in `lume_lab.metrics.utility`."""
 import dataclasses, math
 from collections import Counter
 
@@ -79,7 +80,10 @@ def test_heldout_forms_and_unseen_facts_never_in_training(world):
     train, joined = set(corpus), "\n".join(corpus)
     assert not any(t in train for t in w["heldout"]["text"])
     # the MC-only phrasing never appears; a control item's training-form question never appears with its answer
-    held_q = [p.removeprefix("Question: ").removesuffix("\nAnswer:") for p in list(w["mc"]["heldout_prompt"]) + list(w["mc_control"]["heldout_prompt"])]
+    held_q = [
+        p.removeprefix("Question: ").removesuffix("\nAnswer:")
+        for p in list(w["mc"]["heldout_prompt"]) + list(w["mc_control"]["heldout_prompt"])
+    ]
     assert not any(q in joined for q in held_q)
     assert not any(f"{it['prompt']} {it['answer']}" in joined for it in w["mc_control"])
     # an unseen fact's subject-object pair is never stated together in a list or table row
@@ -97,7 +101,8 @@ def test_mini_corpus_size():
     cfg = make_config("mini").world
     w = build_world(cfg, 0)
     chars = sum(map(len, corpus_texts(w)))
-    assert 300_000 <= chars <= 1_500_000, chars      # ~700 facts + 100 public people: ~180k tokens, 7 epochs of pretraining
+    # ~700 facts + 100 public people: ~180k tokens, 7 epochs of pretraining
+    assert 300_000 <= chars <= 1_500_000, chars
     assert max(Counter(f["relation"] for f in w["facts"]).values()) <= cfg.facts_per_relation
     st = world_stats(w)
     assert st[st.split == "train"].docs.sum() == len(w["train"])
@@ -138,7 +143,9 @@ def test_padding_does_not_change_scores(world, tiny_lm):
     for bs in (5, 48):
         np.testing.assert_allclose(np.array(mc_scores(model, tok, items, batch_size=bs)), np.array(one), atol=1e-5)
     texts = list(world[0]["heldout"]["text"][:10])
-    assert perplexity(model, tok, texts, batch_size=1)["nll"] == pytest.approx(perplexity(model, tok, texts, batch_size=7)["nll"], abs=1e-5)
+    assert perplexity(model, tok, texts, batch_size=1)["nll"] == pytest.approx(
+        perplexity(model, tok, texts, batch_size=7)["nll"], abs=1e-5
+    )
 
 
 def test_perplexity_matches_manual(world, tiny_lm):
@@ -178,11 +185,14 @@ def test_bad_world_config(smoke, field, value, msg):
 def test_bad_inputs(smoke, tmp_path, tiny_lm):
     model, tok = tiny_lm
     with pytest.raises(ConfigError, match="world_cfg must be a WorldConfig"): build_world(smoke, 0)
-    with pytest.raises(ValueError, match="content_types must be a non-empty subset of wiki"): build_world(smoke.world, 0, content_types=["blog"])
+    with pytest.raises(ValueError, match="content_types must be a non-empty subset of wiki"):
+        build_world(smoke.world, 0, content_types=["blog"])
     with pytest.raises(ValueError, match="seed must be a non-negative int"): build_world(smoke.world, -1)
     with pytest.raises(FileNotFoundError, match="no world in"): load_world(tmp_path / "nothing")
     with pytest.raises(ValueError, match="items is empty"): mc_accuracy(model, tok, [])
-    with pytest.raises(ValueError, match="need a 'prompt' field"): mc_accuracy(model, tok, [dict(question="q", options=["a", "b"], answer_idx=0)])
-    with pytest.raises(ValueError, match="batch_size must be a positive int"): perplexity(model, tok, ["a b"], batch_size=0)
+    with pytest.raises(ValueError, match="need a 'prompt' field"):
+        mc_accuracy(model, tok, [dict(question="q", options=["a", "b"], answer_idx=0)])
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        perplexity(model, tok, ["a b"], batch_size=0)
     with pytest.raises(ValueError, match="texts must be a list of strings"): perplexity(model, tok, "a b")
     with pytest.raises(ValueError, match="n_cities must be a non-negative int"): world_facts(-5)
