@@ -82,7 +82,7 @@ nbtest-fast: setup gguf
 pytest: setup gguf
 	$(TEST_ENV) $(BIN)/pytest -q -n 2 --dist loadfile --durations=15 tests
 
-test: check-export nbtest pytest
+test: check-export lint nbtest pytest
 
 # The notebooks as a tutorial. `make lab`: JupyterLab on nbs/ with the project's kernel, "Python 3 (lume_lab)"
 # (LAB_FLAGS=--no-browser on a machine without a browser; --allow-root is added when run as root, e.g. in a container). `make docs`: every library notebook executed in the
@@ -114,7 +114,7 @@ results: results-args setup
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# The prepared GPU check (issue #42): bench/gpu_check.py, one command of about 5 minutes on one H100/H200, offline.
+# The prepared GPU check: bench/gpu_check.py, one command of about 5 minutes on one H100/H200, offline.
 # `make gpu-wheels` prepares here what travels with the tree to the GPU machine, both git-ignored and named in `carry`:
 #   .whl/         the wheels that machine lacks (it has torch 2.11 + CUDA, accelerate 1.15, transformers 5.17, pandas, pyarrow,
 #                 scikit-learn, ...): CPython 3.12 manylinux x86_64 wheels without their dependencies, installed there with

@@ -23,7 +23,7 @@ per-segment `owner == code` + `where` (~8 % of CPU time), while its matmuls cost
 At the presets' shapes the goal holds (2026-11-24, one thread, medians, 4 / 6 / 8 groups): segmented 0.91 / 0.95 / 0.90x
 with `--hidden 256 --layers 6 --seq-len 128 --batch 8` (mini) and 0.92 / 0.95 / 0.95x with `--hidden 512 --layers 8
 --seq-len 128 --batch 8` (study): the per-group masking pass costs ~ groups x weights, the matmuls ~ rows x weights.
-'masked grouped' (2026-11-26, issue #42) is the segmented backward in `inject.masks`' grouped mode: each Linear's group
+'masked grouped' (2026-11-26) is the segmented backward in `inject.masks`' grouped mode: each Linear's group
 parts written into one buffer indexed by owner code and picked by one gather, the modules no mask covers run once.
 Unlike the gather reverted above, the index is the owner id clamped (a vectorised uint8 pass; `masked_fill` and `where`
 on uint8 tensors were ~25x slower than a float add on this CPU), with no lookup table. Side by side with segmented, one

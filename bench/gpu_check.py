@@ -1,4 +1,4 @@
-"""One prepared GPU check (issue #42): what a lent GPU must measure, in one command of at most ~5 minutes.
+"""One prepared GPU check: what a lent GPU must measure, in one command of at most ~5 minutes.
 
     python bench/gpu_check.py --out DIR [--data .gpu_check/data] [--budget-s 300]  # on the GPU machine
     python bench/gpu_check.py --prepare-data .gpu_check/data             # here, on CPU, before (make gpu-wheels)

@@ -1,4 +1,4 @@
-"""Attribution scores against the ground truth, top-k selection and `localized_graddiff` (issue #19): constructed inputs
+"""Attribution scores against the ground truth, top-k selection and `localized_graddiff`: constructed inputs
 whose answer is known, exactness against OracleGrad, and bad inputs refused before any compute."""
 import copy, json
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "tests" / "data" / "mini_run"   # the config and manifest of `make run`'s mini run (see test_report.py)
@@ -22,7 +23,7 @@ def lume_lab(*args: str, importtime: bool = False, **kw) -> subprocess.Completed
     "`lume-lab ARGS` in a fresh interpreter, on this checkout's code (the working folder comes first on `sys.path`)."
     flags = ["-X", "importtime"] if importtime else []
     io = kw or {"capture_output": True}                       # or the caller's stdout/stderr
-    return subprocess.run([sys.executable, *flags, "-c", ENTRY, *args], cwd=ROOT, text=True, timeout=300, **io)
+    return subprocess.run([sys.executable, *flags, "-c", ENTRY, *args], cwd=ROOT, text=True, timeout=HANG_TIMEOUT, **io)
 
 
 def imported_modules(importtime_log: str) -> set[str]:

@@ -8,6 +8,7 @@ from lume_lab.core.config import make_config
 from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.pipeline.orchestration.runner import experiment_notebooks
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
+from conftest import HANG_TIMEOUT
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +277,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     for st in again:
         job = subprocess.run(
             launch_command(st, "e2e_copy", tmp_path, 2, "torchrun"), cwd=Path(__file__).resolve().parents[1],
-            env=launch_env("torchrun"), capture_output=True, text=True, timeout=600)
+            env=launch_env("torchrun"), capture_output=True, text=True, timeout=HANG_TIMEOUT)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         e = json.loads((tmp_path / "e2e_copy" / "manifest.json").read_text())["stages"][st]
         assert e["status"] == "done" and e["processes"] == 2 and e["hash"] == done[st]["hash"]

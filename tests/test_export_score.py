@@ -1,4 +1,4 @@
-"""Bring your own method (issue #41): `lume-lab export` writes the testbed for any framework, `lume-lab score` judges
+"""Bring your own method: `lume-lab export` writes the testbed for any framework, `lume-lab score` judges
 any checkpoint through the stages a registered method goes through. One smoke run (GradAscent only) serves every
 test."""
 import json, os, shutil, subprocess, sys, textwrap, warnings
@@ -17,6 +17,7 @@ from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.stages import external as X, remind as R, resurface as S, testbed as T, unlearn as U
 from lume_lab.pipeline.stages.base import load_pii
+from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "byom"
@@ -412,7 +413,8 @@ def test_round_trip_from_outside(run, exported, tmp_path):
     script.write_text(OUTSIDE)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     r = subprocess.run(
-        [sys.executable, str(script), str(exported), str(out)], capture_output=True, text=True, timeout=300, env=env,
+        [sys.executable, str(script), str(exported), str(out)], capture_output=True, text=True,
+        timeout=HANG_TIMEOUT, env=env,
         cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
     assert _score(run, out, "outside-ga") == 0

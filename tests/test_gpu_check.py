@@ -4,6 +4,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.py"
@@ -12,7 +13,7 @@ ENV = {
     "PYTHONHASHSEED": "0"}
 
 
-def _run(*args, timeout=300):
+def _run(*args, timeout=HANG_TIMEOUT):
     out = subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
         timeout=timeout)

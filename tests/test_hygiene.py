@@ -1,4 +1,4 @@
-"""No file of the repository names a path of the machine it was written on (issue #38): no work folder, scratch folder
+"""No file of the repository names a path of the machine it was written on: no work folder, scratch folder
 or home directory. System paths that code uses on purpose (`/tmp`, `/proc`) are fine.
 
 The patterns are assembled from pieces, so this file does not contain what it looks for and is scanned like every

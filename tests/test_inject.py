@@ -21,6 +21,7 @@ hf_logging.set_verbosity_error()
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import inject_dist_worker as worker  # noqa: E402
+from conftest import HANG_TIMEOUT
 
 SEEDS = [0, 1, 2]
 HEAVY_SEEDS = [0, 1]   # the per-sample reference and optimizer-state tests cost more: two random draws each
@@ -319,7 +320,7 @@ def test_distributed_matches_single_process(tmp_path):
     dist_dir.mkdir(); single_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([*torchrun_argv(2), str(ROOT / "tests" / "inject_dist_worker.py"), str(dist_dir)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (dist_dir / "world_size.txt").read_text() == "2"
     worker.run(single_dir)
@@ -380,7 +381,7 @@ def test_bf16_autocast_over_float32_weights():
         env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": mp}
         out = subprocess.run(
             [sys.executable, "-c", _AMP_SCRIPT, str(ROOT / "tests")], env=env, cwd=ROOT, capture_output=True, text=True,
-            timeout=300)
+            timeout=HANG_TIMEOUT)
         assert out.returncode == 0, out.stderr[-2000:]
         import json
         return json.loads(out.stdout.strip().splitlines()[-1])

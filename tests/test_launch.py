@@ -17,6 +17,7 @@ from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.orchestration.launch import ENV_LAUNCHER, ENV_PROCESSES, launch_command, launch_env
 from lume_lab.pipeline.stages.base import stage_base, stage_pii, stage_tokenizer, stage_world
 from lume_lab.pipeline.stages.testbed import stage_inject, stage_masks
+from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 # smoke, short: 24 pretraining steps, 6 injection steps of a global batch of 16 (8 per rank)
@@ -63,11 +64,11 @@ def _one_and_two_processes(runs, stage: str, run_one: str, run_two: str, fsdp2: 
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_TIMEOUT,
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(launch_command(stage, run_two, runs, 2, "torchrun", fsdp2=fsdp2), cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert two.returncode == 0, two.stderr[-3000:]
     return tuple(json.loads((runs / r / "manifest.json").read_text())["stages"][stage] for r in (run_one, run_two))
 
@@ -92,7 +93,7 @@ def test_two_process_fsdp2_injection_equals_one_process(runs):
     "`lume-lab stage inject_masked --fsdp2`: the model sharded over 2 gloo ranks (FSDP2) learns one process's weights."
     stage_inject(open_run("one", root=runs), True)                   # cached when the test above ran
     e = subprocess.run(launch_command("inject_masked", "sharded", runs, 2, "torchrun", fsdp2=True), cwd=ROOT,
-                       env=launch_env("torchrun"), capture_output=True, text=True, timeout=600)
+                       env=launch_env("torchrun"), capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert e.returncode == 0, e.stderr[-3000:]
     assert "sharded over 2 processes" in e.stdout + e.stderr                 # FSDP2, not DDP, trained it
     m = json.loads((runs / "sharded" / "manifest.json").read_text())["stages"]["inject_masked"]

@@ -13,6 +13,7 @@ from lume_lab.pipeline.orchestration.config import AUXILIARY_METHODS, resolve_co
 from lume_lab.pipeline.orchestration.runner import run_notebook, experiment_notebooks, NotebookRunError
 from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.unlearn.registry import BUILTIN_METHODS, get_spec
+from conftest import HANG_TIMEOUT
 
 HERE = Path(__file__).parent
 PY = sys.executable
@@ -203,7 +204,7 @@ def test_cli_unreachable_hub_id_fails_before_compute(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_TIMEOUT,
     )
     assert r.returncode == 2, r.stderr[-2000:]
     assert (

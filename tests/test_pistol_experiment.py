@@ -1,4 +1,4 @@
-"""PISTOL's experiment (issue #17, `lume_lab.pipeline.stages.pistol`): the fine-tuned smoke model reaches the stopping
+"""PISTOL's experiment (`lume_lab.pipeline.stages.pistol`): the fine-tuned smoke model reaches the stopping
 criterion before unlearning, the tables' DS is the DS of the ROUGE-1 means they show, and bad config fails naming the
 field."""
 import json

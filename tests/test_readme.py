@@ -1,6 +1,7 @@
 """README.md is the front door: short, naming only runs `make run` creates, and its worked examples run as written."""
 import re, subprocess, sys, textwrap
 from pathlib import Path
+from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -65,7 +66,7 @@ def test_readme_reading_order_lists_every_library_notebook():
 
 def test_readme_extending_examples_run(tmp_path):
     """The method, metric and experiment examples, exactly as README prints them, in a fresh interpreter; the
-    experiment's section on the page of a run made for it: "not yet run" while e10 is to come, its table once e10 wrote
+    experiment's section on the page of a run made for it: "not yet run" while e12 is to come, its table once e12 wrote
     its CSV; the metric's one declaration puts its column in the scorecard (scorecard.csv and the page's table, under
     its label)."""
     blocks = _python_blocks(_section("Extending"))
@@ -94,11 +95,11 @@ def test_readme_extending_examples_run(tmp_path):
         from lume_lab.pipeline.presentation.report import read_html_tables, write_report
         # a run made for the example, no experiment run yet
         store = open_experiment("readme", sys.argv[1], "smoke")
-        section = lambda page: page.split("<h2>NLL gap (e10)</h2>")[1].split("<h2>")[0]
-        assert "e10_gap: not yet run" in section(write_report([store.dir], pending=["e10_gap"]).read_text())
-        assert "NLL gap (e10)" not in write_report([store.dir]).read_text()       # neither run nor to come: no section
+        section = lambda page: page.split("<h2>NLL gap (e12)</h2>")[1].split("<h2>")[0]
+        assert "e12_gap: not yet run" in section(write_report([store.dir], pending=["e12_gap"]).read_text())
+        assert "NLL gap (e12)" not in write_report([store.dir]).read_text()       # neither run nor to come: no section
         want = nll_gap(model, tok, forget, retain)                      # the model as the method check left it
-        run_e10(store, model, tok, forget, retain)
+        run_e12(store, model, tok, forget, retain)
         shown = section(write_report([store.dir]).read_text())
         assert "not yet run" not in shown
         t = read_html_tables(shown)[0]
@@ -128,6 +129,7 @@ def test_readme_extending_examples_run(tmp_path):
     script = tmp_path / "readme_examples.py"
     script.write_text("\n".join(blocks) + check)
     r = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True, timeout=300, cwd=ROOT
+        [sys.executable, str(script), str(tmp_path / "runs")], capture_output=True, text=True,
+        timeout=HANG_TIMEOUT, cwd=ROOT
     )
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-3000:]

@@ -8,6 +8,7 @@ from lume_lab.core.config import PRESETS
 from lume_lab.models.ops import qa_nll
 from lume_lab.models.toy import toy_problem
 from lume_lab.unlearn.registry import BUILTIN_METHODS, MethodSpec, get_spec, method_names, register_method
+from conftest import HANG_TIMEOUT
 
 GRADIENT_METHODS = ["grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad"]
 
@@ -214,7 +215,7 @@ def test_accelerate_two_cpu_processes(tmp_path):
     script = tmp_path / "run.py"; script.write_text(_MP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1"}
     r = subprocess.run(
-        [*torchrun_argv(2), str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+        [*torchrun_argv(2), str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT
     )
     assert r.returncode == 0, r.stderr[-3000:]
     w0, w1 = (torch.load(tmp_path / f"w{i}.pt", weights_only=True) for i in (0, 1))
@@ -224,7 +225,8 @@ def test_accelerate_two_cpu_processes(tmp_path):
     # batch_size is the global batch (split over the ranks): one process takes the same 3 steps on the same examples
     one = tmp_path / "one"; one.mkdir()
     r1 = subprocess.run(
-        [sys.executable, str(script), str(one)], env={**env, "RANK": "0"}, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), str(one)], env={**env, "RANK": "0"}, capture_output=True, text=True,
+        timeout=HANG_TIMEOUT
     )
     assert r1.returncode == 0, r1.stderr[-3000:]
     s = json.loads((one / "r0.json").read_text()); ws = torch.load(one / "w0.pt", weights_only=True)
@@ -269,10 +271,12 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
     script = tmp_path / "run.py"; script.write_text(_FSDP2_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "IN_TEST": "1", "LUME_LAB_FSDP2": "1"}
     two, one = tmp_path / "two", tmp_path / "one"; two.mkdir(); one.mkdir()
-    r = subprocess.run([*torchrun_argv(2), str(script), str(two)], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*torchrun_argv(2), str(script), str(two)], env=env, capture_output=True, text=True,
+                       timeout=HANG_TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "sharded: FSDP" in r.stdout                    # the model was sharded, not replicated
-    r1 = subprocess.run([sys.executable, str(script), str(one)], env=env, capture_output=True, text=True, timeout=300)
+    r1 = subprocess.run([sys.executable, str(script), str(one)], env=env, capture_output=True, text=True,
+                        timeout=HANG_TIMEOUT)
     assert r1.returncode == 0, r1.stderr[-3000:]
     assert "sharded: Olmo2ForCausalLM" in r1.stdout       # one process: nothing to shard over
     for name in ("grad_diff", "oracle_grad", "npo"):

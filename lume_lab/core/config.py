@@ -413,7 +413,7 @@ class ResurfaceConfig:
 # %% ../../nbs/core/00_config.ipynb #8ff9c63b
 @dataclass
 class AttributionConfig:
-    "Attribution scores benchmarked against the ground-truth masks and the mask-signature check (e09, issue #19)."
+    "Attribution scores benchmarked against the ground-truth masks and the mask-signature check (e09)."
     # forget examples behind each estimate
     counts: list = checked([1, 8, "all"], Check('a non-empty list of ints >= 1 or "all"',
                                                 lambda v: isinstance(v, (list, tuple)) and bool(v)
@@ -458,7 +458,7 @@ _ATTACKED = Check(
 # %% ../../nbs/core/00_config.ipynb #cea0caec
 @dataclass
 class RobustnessConfig:
-    """The stress tests of e10 (issue #40).
+    """The stress tests of e10.
     Quantization, relearning and retain-only relearning, weight-space diagnostics."""
     # RTN bit widths (Zhang et al.: 4-bit restores, 8-bit mostly not)
     quant_bits: list = checked([4, 8], _BITS)
@@ -504,7 +504,7 @@ _SEEDS = Check(
 
 @dataclass
 class DoseConfig:
-    """The dose-response companion e11 (issue #40).
+    """The dose-response companion e11.
     OracleGrad's GradDiff confined to masks of controlled precision and recall."""
     # q: share of the mask inside m^F; "base": |m^F| / maskable, a random mask
     precisions: list = checked(["base", 0.25, 0.5, 0.75, 1.0], _PRECISIONS)
