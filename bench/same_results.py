@@ -36,9 +36,10 @@ def csv_gap(a: Path, b: Path) -> str:
     if list(x.columns) != list(y.columns): return f"columns differ: {sorted(set(x.columns) ^ set(y.columns))}"
     if x.shape != y.shape: return f"shape {x.shape} vs {y.shape}"
     num = x.select_dtypes("number").columns
-    gap = (x[num] - y[num]).abs().max().max() if len(num) else 0.0
+    gaps = (x[num] - y[num]).abs().max() if len(num) else pd.Series(dtype=float)
     text = [c for c in x.columns if c not in num and not x[c].astype(str).equals(y[c].astype(str))]
-    return f"max |Δ| {gap:.3g}" + (f"; text columns differ: {text}" if text else "")
+    moved = ", ".join(f"{c} {g:.3g}" for c, g in gaps[gaps > 0].items())
+    return (f"max |Δ|: {moved}" if moved else "numbers equal") + (f"; text columns differ: {text}" if text else "")
 
 
 def compare(old: Path, new: Path, stages: str, weights: bool) -> pd.DataFrame:
@@ -63,7 +64,8 @@ def compare(old: Path, new: Path, stages: str, weights: bool) -> pd.DataFrame:
 
 
 def migration(run: Path) -> pd.DataFrame:
-    "Per stage of a migrated run: adopted under its declared key, computed again, or never asked for."
+    """Per stage of a migrated run: `adopted` under its declared key, `pending` (verified, not asked for since),
+    `unverified`, or `-` (computed by the new code). `seconds`: what computing it took, when it was computed."""
     m = json.loads((run / "manifest.json").read_text())
     rows = [(n, e.get("migration", "-"), e.get("status"), e.get("seconds")) for n, e in m["stages"].items()]
     return pd.DataFrame(rows, columns=["stage", "migration", "status", "seconds"])
@@ -79,7 +81,8 @@ def md(df: pd.DataFrame) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("old", type=Path); ap.add_argument("new", type=Path)
-    ap.add_argument("--migrated", type=Path)
+    ap.add_argument("--migrated", type=Path, nargs="+", default=[],
+                    help="copies of old runs, run again by the new code: their manifests say what was adopted")
     ap.add_argument(
         "--stages",
         default=r"^(testbed|forget_fields|evaluate_|localization_|extraction_|reachability_|utility_)",
@@ -93,9 +96,9 @@ def main(argv=None):
     n_same = int((cmp_["bytes"] == "identical").sum())
     print(f"{n_same} of {len(cmp_)} files identical in {cmp_['stage'].nunique()} stages")
     print(cmp_[cmp_["bytes"] != "identical"].to_string(index=False) if n_same < len(cmp_) else "every file identical")
-    mig = migration(a.migrated) if a.migrated else None
-    if mig is not None:
-        print(mig["migration"].value_counts().to_string())
+    migs = {r: migration(r) for r in a.migrated}
+    for r, mig in migs.items():
+        print(r, mig["migration"].value_counts().to_dict())
     if a.out:
         commit = subprocess.run(
             ["git", "describe", "--always", "--dirty=+dirty"], cwd=ROOT, capture_output=True, text=True
