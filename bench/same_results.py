@@ -20,6 +20,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = (".safetensors", ".bin", ".pt")
+CLOCK_COLUMNS = {"seconds", "elapsed", "time"}   # wall-clock columns: they differ between any two runs
 
 
 def digest(p: Path) -> str:
@@ -39,7 +40,15 @@ def csv_gap(a: Path, b: Path) -> str:
     gaps = (x[num] - y[num]).abs().max() if len(num) else pd.Series(dtype=float)
     text = [c for c in x.columns if c not in num and not x[c].astype(str).equals(y[c].astype(str))]
     moved = ", ".join(f"{c} {g:.3g}" for c, g in gaps[gaps > 0].items())
-    return (f"max |Δ|: {moved}" if moved else "numbers equal") + (f"; text columns differ: {text}" if text else "")
+    if moved and set(gaps[gaps > 0].index) <= CLOCK_COLUMNS and not text: return f"wall-clock only (max abs Δ {moved})"
+    return (f"max abs Δ: {moved}" if moved else "numbers equal") + (f"; text columns differ: {text}" if text else "")
+
+
+def path_only(a: Path, b: Path, old: Path, new: Path) -> str:
+    "'only the run's own path' when two text files differ just by naming their run directories (a saved adapter's base)."
+    try: x, y = a.read_text(), b.read_text()
+    except (UnicodeDecodeError, OSError): return ""
+    return "only the run's own path" if x.replace(str(old.resolve()), str(new.resolve())) == y else ""
 
 
 def compare(old: Path, new: Path, stages: str, weights: bool) -> pd.DataFrame:
