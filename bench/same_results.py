@@ -45,7 +45,7 @@ def csv_gap(a: Path, b: Path) -> str:
 
 
 def path_only(a: Path, b: Path, old: Path, new: Path) -> str:
-    "'only the run's own path' when two text files differ just by naming their run directories (a saved adapter's base)."
+    "'only the run's own path' when two text files differ just by naming their run directories (an adapter's base)."
     try: x, y = a.read_text(), b.read_text()
     except (UnicodeDecodeError, OSError): return ""
     return "only the run's own path" if x.replace(str(old.resolve()), str(new.resolve())) == y else ""
@@ -66,9 +66,8 @@ def compare(old: Path, new: Path, stages: str, weights: bool) -> pd.DataFrame:
                 rows.append((name, str(f), "only in " + ("new" if b.exists() else "old"), ""))
                 continue
             same = digest(a) == digest(b)
-            rows.append(
-                (name, str(f), "identical" if same else "differs", "" if same or f.suffix != ".csv" else csv_gap(a, b))
-            )
+            how = "" if same else csv_gap(a, b) if f.suffix == ".csv" else path_only(a, b, old, new)
+            rows.append((name, str(f), "identical" if same else "differs", how))
     return pd.DataFrame(rows, columns=["stage", "file", "bytes", "how far"])
 
 
