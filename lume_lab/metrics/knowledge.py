@@ -32,16 +32,9 @@ def regurgitation_rate(predictions: list[str], references: list[str]) -> list[fl
     return rouge_recall(predictions, references, ("rougeL",))["rougeL"].tolist()
 
 # %% ../../nbs/metrics/03_knowledge.ipynb #186df66f
-def knowledge_scores(
-    model,
-    tokenizer,
-    examples,
-    max_new_tokens: int = 32,
-    batch_size: int = 16,
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    generations: list[dict] | None = None,
-) -> pd.DataFrame:
+def knowledge_scores(model, tokenizer, examples, max_new_tokens: int = 32, batch_size: int = 16,
+                     prompt_key: str = "prompt", answer_key: str = "answer",
+                     generations: list[dict] | None = None) -> pd.DataFrame:
     "One row per QA example: the greedy `generation` and `correct` (LUME knowledge accuracy = its mean)."
     gens = (
         generations
@@ -56,16 +49,9 @@ def knowledge_scores(
         ]
     )
 
-def regurgitation_scores(
-    model,
-    tokenizer,
-    examples,
-    max_new_tokens: int = 64,
-    batch_size: int = 16,
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    generations: list[dict] | None = None,
-) -> pd.DataFrame:
+def regurgitation_scores(model, tokenizer, examples, max_new_tokens: int = 64, batch_size: int = 16,
+                         prompt_key: str = "prompt", answer_key: str = "answer",
+                         generations: list[dict] | None = None) -> pd.DataFrame:
     "One row per completion example: the greedy `generation` and `regurgitation` (ROUGE-L recall vs the gold rest)."
     gens = (
         generations

@@ -92,16 +92,9 @@ def example_columns(ex: dict, exclude=()) -> dict:
     "The scalar (str/int/float/bool) fields of example `ex` other than `exclude`: the extra columns of a result row."
     return {k: v for k, v in ex.items() if k not in exclude and isinstance(v, (str, int, float, bool))}
 
-def memorization_scores(
-    model,
-    tokenizer,
-    examples,
-    batch_size: int = 16,
-    add_eos: bool = False,
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    stats: list[dict] | None = None,
-) -> pd.DataFrame:
+def memorization_scores(model, tokenizer, examples, batch_size: int = 16, add_eos: bool = False,
+                        prompt_key: str = "prompt", answer_key: str = "answer",
+                        stats: list[dict] | None = None) -> pd.DataFrame:
     "One row per example: `em`, `es`, `prob`, `n_tokens` plus the example's other columns."
     stats = (
         stats

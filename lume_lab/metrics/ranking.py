@@ -39,18 +39,9 @@ def _generated_ranks(model, tokenizer, examples, batch_size, prompt_key, answer_
         out.append(torch.cat([r, torch.full((len(a) - n,), float("inf"), dtype=torch.double)]))
     return out
 
-def ranking_scores(
-    model,
-    tokenizer,
-    examples,
-    m: int = 100,
-    prefix: str = "teacher",
-    batch_size: int = 16,
-    add_eos: bool = False,
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    stats: list[dict] | None = None,
-) -> pd.DataFrame:
+def ranking_scores(model, tokenizer, examples, m: int = 100, prefix: str = "teacher", batch_size: int = 16,
+                   add_eos: bool = False, prompt_key: str = "prompt", answer_key: str = "answer",
+                   stats: list[dict] | None = None) -> pd.DataFrame:
     "One row per example: `mrr` and `thr` (top-`m` hit ratio) of the gold answer tokens, plus extra columns."
     if prefix not in ("teacher", "generated"):
         raise ValueError(f"prefix must be 'teacher' or 'generated', got {prefix!r}")
