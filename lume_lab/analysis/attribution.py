@@ -107,22 +107,10 @@ def _rank_rows(flat: torch.Tensor, sizes: list, labels: dict, k: int) -> list[di
     return rows
 
 # %% ../../nbs/analysis/04_attribution.ipynb #502ce7a1
-def attribution_benchmark(
-    model,
-    tokenizer,
-    forget,
-    retain,
-    owner: Mapping,
-    forget_groups: Sequence[int],
-    retain_groups: Sequence[int],
-    *,
-    counts: Sequence = (1, 8, "all"),
-    scores: Sequence[str] | None = None,
-    lam: float = 1.0,
-    eps: float = 1e-12,
-    seed: int = 0,
-    max_length: int | None = None,
-) -> pd.DataFrame:
+def attribution_benchmark(model, tokenizer, forget, retain, owner: Mapping, forget_groups: Sequence[int],
+                          retain_groups: Sequence[int], *, counts: Sequence = (1, 8, "all"),
+                          scores: Sequence[str] | None = None, lam: float = 1.0, eps: float = 1e-12, seed: int = 0,
+                          max_length: int | None = None) -> pd.DataFrame:
     """AUC (with CI) and precision@|m^F| of each attribution score vs m^F ('forget') and m^F ∪ m^R ('unified'),
     per number of forget examples."""
     scores = _check_scores(scores if scores is not None else list(ATTRIBUTION_SCORES))

@@ -191,16 +191,9 @@ def _quantile_rank(a: torch.Tensor) -> torch.Tensor:
     srt = _sort_(a.clone())
     return (_searchsorted(srt, a) + _searchsorted(srt, a, right=True)).float().div_(2 * a.numel())
 
-def weight_score(
-    score: str,
-    d_inj: torch.Tensor,
-    d_unl: torch.Tensor,
-    d_back: torch.Tensor | None = None,
-    d_ctl: torch.Tensor | None = None,
-    group_sd: float = 1.0,
-    group_ctl_mean: float = 1.0,
-    eps: float = 1e-8,
-) -> torch.Tensor:
+def weight_score(score: str, d_inj: torch.Tensor, d_unl: torch.Tensor, d_back: torch.Tensor | None = None,
+                 d_ctl: torch.Tensor | None = None, group_sd: float = 1.0, group_ctl_mean: float = 1.0,
+                 eps: float = 1e-8) -> torch.Tensor:
     """One App. E score for the weights of one tensor, from its float32 deltas
     (`d_back` = θ_unl − θ_pre, `d_ctl` = control's Δ_unl)."""
     a = d_unl.abs()
@@ -507,19 +500,10 @@ def fake_state_dicts(
     return pre, inj, owner
 
 # %% ../../nbs/analysis/00_localization.ipynb #98d9075f
-def localization_table(
-    runs: Iterable[Mapping],
-    pre: Mapping,
-    inj: Mapping,
-    owner: Mapping,
-    *,
-    n_groups: int | None = None,
-    forget_groups: Sequence[int] | None = None,
-    retain_groups: Sequence[int] | None = None,
-    inj_ctrl: Mapping | None = None,
-    no_contrast_methods: Sequence[str] = (),
-    **kwargs,
-) -> pd.DataFrame:
+def localization_table(runs: Iterable[Mapping], pre: Mapping, inj: Mapping, owner: Mapping, *,
+                       n_groups: int | None = None, forget_groups: Sequence[int] | None = None,
+                       retain_groups: Sequence[int] | None = None, inj_ctrl: Mapping | None = None,
+                       no_contrast_methods: Sequence[str] = (), **kwargs) -> pd.DataFrame:
     """Tidy AUC table (field, method, labels, score, family, auc, ..., best) of unlearned runs;
     kwargs go to `localization_aucs`."""
     if forget_groups is None or retain_groups is None:

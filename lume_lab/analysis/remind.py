@@ -137,20 +137,8 @@ def _perturb(
     return out, dup
 
 # %% ../../nbs/analysis/01_remind.ipynb #56153eea
-def perturb(
-    ids,
-    perturbable,
-    neighbors,
-    *,
-    K: int = 15,
-    p: float = 0.3,
-    m: int = 20,
-    mode: str = "bernoulli",
-    pick: str = "uniform",
-    seed: int = 0,
-    max_tries: int = 10,
-    key: str | None = None,
-) -> list[list[int]]:
+def perturb(ids, perturbable, neighbors, *, K: int = 15, p: float = 0.3, m: int = 20, mode: str = "bernoulli",
+            pick: str = "uniform", seed: int = 0, max_tries: int = 10, key: str | None = None) -> list[list[int]]:
     """K EPP variants of `ids` (only `perturbable` positions change); seeded by (`seed`, `key`, default: the ids);
     repeats warn."""
     ids = [int(i) for i in ids]

@@ -77,18 +77,8 @@ def _ordered(labels) -> list:
     u = set(np.asarray(labels).tolist())
     return [c for c in CLASSES if c in u] + sorted(u - set(CLASSES), key=str)
 
-def classify(
-    features,
-    labels,
-    groups=None,
-    *,
-    model: str = "lr",
-    n_splits: int = 5,
-    seed: int = 42,
-    scaler: str = "pooled",
-    folds=None,
-    rf_trees: int = 100,
-) -> pd.DataFrame:
+def classify(features, labels, groups=None, *, model: str = "lr", n_splits: int = 5, seed: int = 42,
+             scaler: str = "pooled", folds=None, rf_trees: int = 100) -> pd.DataFrame:
     """Out-of-fold class probabilities (a column per class) of `model` trained on the other grouped folds
     (or the given `folds`)."""
     _classifier(model, seed)
@@ -253,21 +243,9 @@ def _prepare(features, labels, groups, balance: bool, seed: int):
     y = df.label.to_numpy()
     return df.drop(columns=["label", "group"]).to_numpy(), y, df.group.to_numpy(), int(df.label.value_counts().min())
 
-def remind_scores(
-    features,
-    labels,
-    groups,
-    *,
-    models=CLASSIFIERS,
-    n_splits: int = 5,
-    seed: int = 42,
-    scaler: str = "pooled",
-    balance: bool = True,
-    rf_trees: int = 100,
-    n_boot: int = 0,
-    level: float = 0.95,
-    oof: list | None = None,
-) -> pd.DataFrame:
+def remind_scores(features, labels, groups, *, models=CLASSIFIERS, n_splits: int = 5, seed: int = 42,
+                  scaler: str = "pooled", balance: bool = True, rf_trees: int = 100, n_boot: int = 0,
+                  level: float = 0.95, oof: list | None = None) -> pd.DataFrame:
     """REMIND's Tables 1–2: per (classifier, comparison) the out-of-fold AUC, TPR@1%FPR (fractions), accuracy, F1,
     n_per_class. A list `oof` receives each (classifier, comparison)'s out-of-fold probabilities (`_evaluate`'s records,
     with `classifier`)."""
@@ -284,17 +262,8 @@ def remind_scores(
     return pd.DataFrame(rows).assign(n_per_class=n_per)
 
 # %% ../../nbs/analysis/02_remind_eval.ipynb #79eb2355
-def feature_importances(
-    features,
-    labels,
-    *,
-    models=CLASSIFIERS,
-    seed: int = 42,
-    scaler: str = "pooled",
-    balance: bool = True,
-    groups=None,
-    rf_trees: int = 100,
-) -> pd.DataFrame:
+def feature_importances(features, labels, *, models=CLASSIFIERS, seed: int = 42, scaler: str = "pooled",
+                        balance: bool = True, groups=None, rf_trees: int = 100) -> pd.DataFrame:
     """Per feature (rows) and classifier (columns): mean |coef| over classes (LR) or impurity importance (RF),
     fitted on all rows."""
     names = (
@@ -313,17 +282,8 @@ def feature_importances(
 # %% ../../nbs/analysis/02_remind_eval.ipynb #09fade14
 BASELINES = ("loss", "zlib", "min_k", "min_k_pp", "spv_mean", "spv_max", "rougeL_f1")
 
-def baseline_scores(
-    model,
-    tokenizer,
-    examples,
-    losses,
-    k: float = 0.1,
-    *,
-    add_eos: bool = False,
-    generations: Sequence[str] | None = None,
-    batch_size: int = 16,
-) -> pd.DataFrame:
+def baseline_scores(model, tokenizer, examples, losses, k: float = 0.1, *, add_eos: bool = False,
+                    generations: Sequence[str] | None = None, batch_size: int = 16) -> pd.DataFrame:
     """Per example: its scalar fields and the baseline scores `BASELINES` (rougeL_f1 only with `generations`);
     see the table for orientations."""
     ex, L = list(examples), np.asarray(losses, dtype=np.float64)

@@ -295,14 +295,8 @@ def lume_documents(task: str, n: int, seed: int = 0, public_bios: list[dict] | N
     return docs
 
 # %% ../../nbs/data/03_lume.ipynb #b4d601ec
-def build_lume(
-    seed: int,
-    out_dir: str | Path | None = None,
-    n_per_task: int = 60,
-    public_bios: list[dict] | None = None,
-    forget_fraction: float = 0.5,
-    tasks=None,
-) -> DatasetDict:
+def build_lume(seed: int, out_dir: str | Path | None = None, n_per_task: int = 60,
+               public_bios: list[dict] | None = None, forget_fraction: float = 0.5, tasks=None) -> DatasetDict:
     "The LUME tasks as a DatasetDict (forget/retain documents and eval rows), saved to `out_dir` when given."
     if isinstance(n_per_task, bool) or not isinstance(n_per_task, int) or n_per_task < 2:
         raise ValueError(f"n_per_task must be an int >= 2, got {n_per_task!r}")

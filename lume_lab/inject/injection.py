@@ -197,22 +197,10 @@ def per_sample_reference_grads(model: nn.Module, batch: list[dict], owner: dict[
     return acc
 
 # %% ../../nbs/inject/01_injection.ipynb #c5d0ef12
-def masked_step(
-    model: nn.Module,
-    batch: list[dict],
-    owner,
-    optimizer: torch.optim.Optimizer,
-    *,
-    accelerator=None,
-    micro_batch_size: int = 8,
-    pad_id: int = 0,
-    masked: bool = True,
-    segmented: bool = False,
-    pad_to: int | None = None,
-    neutral_scope: str | None = None,
-    autocast: str | None = None,
-    grouped: bool = False,
-) -> dict:
+def masked_step(model: nn.Module, batch: list[dict], owner, optimizer: torch.optim.Optimizer, *, accelerator=None,
+                micro_batch_size: int = 8, pad_id: int = 0, masked: bool = True, segmented: bool = False,
+                pad_to: int | None = None, neutral_scope: str | None = None, autocast: str | None = None,
+                grouped: bool = False) -> dict:
     """Zero grads, accumulate the masked gradient of `batch` (one backward per single-group microbatch),
     one optimizer step."""
     optimizer.zero_grad(set_to_none=True)

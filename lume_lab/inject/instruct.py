@@ -76,19 +76,9 @@ def _shard_loss(model, tokenizer, rows: list[dict], rank: int, world: int, devic
     return -lp.sum() * ((world if mine else 0.0) / max(n, 1))
 
 # %% ../../nbs/inject/03_instruct.ipynb #fd120351
-def instruction_tune(
-    model,
-    tokenizer,
-    instruct_rows,
-    instruct_cfg,
-    seed: int,
-    *,
-    split_by: str = "profile",
-    lora_dropout: float = 0.0,
-    patience: int | None = None,
-    inplace: bool = False,
-    progress: bool = True,
-) -> tuple:
+def instruction_tune(model, tokenizer, instruct_rows, instruct_cfg, seed: int, *, split_by: str = "profile",
+                     lora_dropout: float = 0.0, patience: int | None = None, inplace: bool = False,
+                     progress: bool = True) -> tuple:
     """LoRA-tune the last two layers on QA `instruct_rows`, keep the best adapters by validation loss, merge;
     returns (model, log)."""
     _check_instruct_cfg(instruct_cfg)

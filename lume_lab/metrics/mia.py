@@ -76,18 +76,8 @@ def mia_chance_score(auc: float) -> float:
 # %% ../../nbs/metrics/04_mia.ipynb #adb63d83
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 
-def mia_scores(
-    model,
-    tokenizer,
-    examples,
-    k: float = 0.2,
-    batch_size: int = 16,
-    *,
-    add_eos: bool,
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    stats: list[dict] | None = None,
-) -> pd.DataFrame:
+def mia_scores(model, tokenizer, examples, k: float = 0.2, batch_size: int = 16, *, add_eos: bool,
+               prompt_key: str = "prompt", answer_key: str = "answer", stats: list[dict] | None = None) -> pd.DataFrame:
     """One row per example: `loss`, `zlib`, `min_k`, `min_k_pp` scores (higher = member) over the answer
     (+ EOS iff `add_eos`), extra columns."""
     if stats is None:

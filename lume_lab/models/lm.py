@@ -22,20 +22,10 @@ __all__ = ['olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_tabl
            'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #d3cfd41c
-def olmo2_config(
-    vocab_size: int | None = None,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int | None = None,
-    max_positions: int = 2048,
-    *,
-    tokenizer=None,
-    pad_token_id: int | None = 0,
-    eos_token_id: int | None = 1,
-    bos_token_id: int | None = None,
-    **overrides,
-) -> Olmo2Config:
+def olmo2_config(vocab_size: int | None = None, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                 intermediate_size: int | None = None, max_positions: int = 2048, *, tokenizer=None,
+                 pad_token_id: int | None = 0, eos_token_id: int | None = 1, bos_token_id: int | None = None,
+                 **overrides) -> Olmo2Config:
     """An `Olmo2Config` of these sizes, 🤗's defaults elsewhere (`overrides` go to `Olmo2Config`);
     `tokenizer` sets `vocab_size` and the pad and EOS ids."""
     if (vocab_size is None) == (tokenizer is None):

@@ -118,16 +118,8 @@ def pad_batch(seqs: list[list[int]], pad_id: int, side: str = "right", labels: l
     if lab is not None: out["labels"] = lab
     return out
 
-def collate_qa(
-    tokenizer,
-    examples,
-    *,
-    add_eos: bool,
-    side: str = "right",
-    prompt_key: str = "prompt",
-    answer_key: str = "answer",
-    max_length: int | None = None,
-) -> dict[str, torch.Tensor]:
+def collate_qa(tokenizer, examples, *, add_eos: bool, side: str = "right", prompt_key: str = "prompt",
+               answer_key: str = "answer", max_length: int | None = None) -> dict[str, torch.Tensor]:
     "A padded batch of prompt + answer with `labels` on the answer tokens only (-100 elsewhere)."
     enc = encode_many(
         tokenizer, examples, add_eos=add_eos, prompt_key=prompt_key, answer_key=answer_key, max_length=max_length

@@ -202,22 +202,9 @@ def _log_row(acc, out: dict, step: int, epoch: int, lr: float, gnorm) -> dict:
     return {"step": step, "epoch": epoch, "lr": lr, **dict(zip(keys, vals.tolist())), "grad_norm": _scalar(gnorm)}
 
 # %% ../../nbs/unlearn/01_base.ipynb #35b75aca
-def unlearn_loop(
-    model,
-    tokenizer,
-    forget,
-    retain,
-    loss_fn: Callable,
-    hp: dict,
-    *,
-    needs_ref: bool = False,
-    grad_masks: dict | None = None,
-    alternate_key: str | None = None,
-    seed: int = 0,
-    desc: str = "unlearn",
-    epoch_view: Callable | None = None,
-    fsdp2: bool | None = None,
-) -> tuple[object, pd.DataFrame]:
+def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, *, needs_ref: bool = False,
+                 grad_masks: dict | None = None, alternate_key: str | None = None, seed: int = 0, desc: str = "unlearn",
+                 epoch_view: Callable | None = None, fsdp2: bool | None = None) -> tuple[object, pd.DataFrame]:
     """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the
     `on_epoch_end` hooks. `fsdp2` (default: `models.accel.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job,
     shard the model (and the reference copy) with FSDP2 instead of replicating them; the returned model is then sharded

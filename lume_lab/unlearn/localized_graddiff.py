@@ -37,18 +37,8 @@ def _check_names(model, names) -> dict:
     return named
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #2671c48f
-def forget_statistics(
-    model,
-    tokenizer,
-    examples,
-    names,
-    *,
-    activations: bool = True,
-    checkpoints=(),
-    on_checkpoint=None,
-    max_length: int | None = None,
-    desc: str = "gradient statistics",
-) -> dict:
+def forget_statistics(model, tokenizer, examples, names, *, activations: bool = True, checkpoints=(),
+                      on_checkpoint=None, max_length: int | None = None, desc: str = "gradient statistics") -> dict:
     """Running sums over `examples` of ∇ℓ, (∇ℓ)² per weight of `names` and |Σ a·∂ℓ/∂a| per neuron:
     {'n', 'g', 'g2', 'act'}."""
     ex = check_qa(examples, "examples")

@@ -37,14 +37,8 @@ def uld_logits(
     return base_logits - alpha * a
 
 # %% ../../nbs/unlearn/11_uld.ipynb #3493042b
-def build_assistant(
-    model,
-    n_layers: int | None = None,
-    lora_r: int = 16,
-    lora_alpha: int = 32,
-    lora_dropout: float = 0.05,
-    seed: int = 0,
-):
+def build_assistant(model, n_layers: int | None = None, lora_r: int = 16, lora_alpha: int = 32,
+                    lora_dropout: float = 0.05, seed: int = 0):
     "A peft LoRA model on a copy of the first `n_layers` decoder layers (+ embeddings, final norm, lm_head) of `model`."
     from peft import LoraConfig, get_peft_model
 
@@ -133,20 +127,9 @@ class ULDModel(torch.nn.Module):
 
 # %% ../../nbs/unlearn/11_uld.ipynb #4a648009
 @torch.no_grad()
-def _uld_generate(
-    self,
-    input_ids,
-    attention_mask=None,
-    max_new_tokens: int = 32,
-    eos_token_id=None,
-    pad_token_id=None,
-    do_sample: bool = False,
-    num_beams: int = 1,
-    return_dict_in_generate: bool = False,
-    output_logits: bool = False,
-    use_cache: bool = True,
-    **kwargs,
-):
+def _uld_generate(self, input_ids, attention_mask=None, max_new_tokens: int = 32, eos_token_id=None, pad_token_id=None,
+                  do_sample: bool = False, num_beams: int = 1, return_dict_in_generate: bool = False,
+                  output_logits: bool = False, use_cache: bool = True, **kwargs):
     "Greedy decoding of the combined model (no sampling, no beams); HF-style output."
     if do_sample or num_beams != 1:
         raise NotImplementedError("ULDModel.generate supports greedy decoding only (do_sample=False, num_beams=1)")
