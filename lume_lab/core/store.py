@@ -17,11 +17,11 @@ from dataclasses import asdict, fields, is_dataclass
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash, get_field
 
 # %% auto #0
-__all__ = ['KEYS', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'package_versions',
-           'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError', 'check_resolved',
-           'RunStore', 'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute',
-           'section_fields', 'computed_as', 'process_rank', 'load_saved_datasets', 'open_run', 'run_status',
-           'run_warnings']
+__all__ = ['KEYS', 'HEARTBEAT_ENV', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'package_versions', 'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError',
+           'check_resolved', 'RunStore', 'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources',
+           'stage_compute', 'section_fields', 'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat',
+           'write_heartbeat', 'read_heartbeat', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -386,6 +386,39 @@ def _adopt_migrated(self: RunStore, name: str, h: str) -> bool:
     e.update(hash=h, migration="adopted", adopted=_now()); self._save()
     return True
 
+# %% ../../nbs/core/01_store.ipynb #130d5be2
+HEARTBEAT_ENV = "LUME_LAB_HEARTBEAT"   # names the file a running stage's progress bars report their count to
+
+def heartbeat_path(run_dir: str | Path, name: str) -> Path:
+    "Where stage `name`'s progress bars report while it runs (the file is removed when the stage ends)."
+    return Path(run_dir) / ".heartbeat" / f"{name}.json"
+
+@contextmanager
+def heartbeat(run_dir: str | Path, name: str):
+    """While stage `name` runs, point `HEARTBEAT_ENV` at its heartbeat file. Subprocesses (a launched training job)
+    inherit it, and `models.accel.progress` bars write their count there, which `lume-lab run` prints once a minute."""
+    p, old = heartbeat_path(run_dir, name), os.environ.get(HEARTBEAT_ENV)
+    os.environ[HEARTBEAT_ENV] = str(p)
+    try: yield p
+    finally:
+        if old is None: os.environ.pop(HEARTBEAT_ENV, None)
+        else: os.environ[HEARTBEAT_ENV] = old                 # a stage computed inside another one's function
+        p.unlink(missing_ok=True)
+        try: p.parent.rmdir()                                  # the folder too, unless another stage still reports
+        except OSError: pass
+
+def write_heartbeat(desc: str, n: int, total: int | None) -> None:
+    "Report a progress bar's count to the running stage's heartbeat file; nothing outside a stage, or off rank 0."
+    p = os.environ.get(HEARTBEAT_ENV)
+    if not p or os.environ.get("RANK", "0") != "0": return
+    Path(p).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(p, {"desc": desc, "n": n, "total": total, "time": time.time()})
+
+def read_heartbeat(run_dir: str | Path, name: str) -> dict | None:
+    "The last count stage `name`'s bars reported, or None (no bar yet, or the stage has ended)."
+    try: return json.loads(heartbeat_path(run_dir, name).read_text())
+    except (OSError, ValueError): return None
+
 # %% ../../nbs/core/01_store.ipynb #ccf9fe37
 def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iterable[str] = (), inputs: Any = None,
                deps: Iterable[str] = (), version: int = 1) -> Path:
@@ -417,7 +450,7 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iter
     work.mkdir(parents=True, exist_ok=True); marker.write_text(h)
     self.manifest["stages"][name] = {"status": "running", "hash": h, "started": _now(), "resumed": resumed}
     self._save(); t0 = time.perf_counter()
-    with capture_stage_warnings() as recorded:
+    with capture_stage_warnings() as recorded, heartbeat(self.dir, name):
         try: fn(work)
         except BaseException as ex:
             self.manifest["stages"][name].update(status="failed", error=f"{type(ex).__name__}: {ex}"[:2000],

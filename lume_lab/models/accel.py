@@ -13,7 +13,7 @@ from typing import Iterable
 
 # %% auto #0
 __all__ = ['ENV_FSDP2', 'default_device', 'check_job', 'make_accelerator', 'end_process_group', 'fsdp2_requested', 'is_fsdp2',
-           'fsdp2_shard', 'in_test', 'progress']
+           'fsdp2_shard', 'in_test', 'Beat', 'progress']
 
 # %% ../../nbs/models/04_accel.ipynb #1e1f44e0
 def default_device() -> torch.device:
@@ -103,7 +103,36 @@ def in_test() -> bool:
     "True under `nbdev-test` or the test suite (`IN_TEST` set)."
     return bool(os.environ.get("IN_TEST"))
 
+class Beat:
+    """A progress bar that also reports its count to the running stage's heartbeat file (`core.store.heartbeat`),
+    at most every `every` seconds. It counts for itself: a disabled tqdm bar does not count."""
+    def __init__(self, bar, desc: str, n: int = 0, every: float = 10.0):
+        import time
+        self.bar, self.desc, self.n, self.every, self._clock, self._last = bar, desc, n, every, time.monotonic, None
+        it = bar.iterable
+        self.total = bar.total if bar.total is not None else (len(it) if hasattr(it, "__len__") else None)
+
+    def _beat(self) -> None:
+        if self._last is not None and self._clock() - self._last < self.every: return
+        from lume_lab.core.store import write_heartbeat
+        write_heartbeat(self.desc, self.n, self.total); self._last = self._clock()
+
+    def __iter__(self):
+        self._beat()
+        for x in self.bar:
+            yield x
+            self.n += 1; self._beat()
+
+    def update(self, k: int = 1):
+        self.n += k; self._beat(); return self.bar.update(k)
+
+    def __getattr__(self, a): return getattr(self.bar, a)          # close, set_postfix, ... of the tqdm bar
+    def __enter__(self): self.bar.__enter__(); return self
+    def __exit__(self, *exc): return self.bar.__exit__(*exc)
+
 def progress(iterable: Iterable | None = None, desc: str = "", total: int | None = None, disable: bool = False, **kw):
-    "A tqdm bar over `iterable`, silent under tests (`kw` go to tqdm, e.g. `initial=` when resuming)."
+    """A tqdm bar over `iterable`, silent under tests (`kw` go to tqdm, e.g. `initial=` when resuming). Inside a
+    running stage it also reports its count to the stage's heartbeat, whether or not the bar is shown."""
     from tqdm.auto import tqdm
-    return tqdm(iterable, desc=desc, total=total, disable=disable or in_test(), **kw)
+    bar = tqdm(iterable, desc=desc, total=total, disable=disable or in_test(), **kw)
+    return Beat(bar, desc, kw.get("initial", 0)) if os.environ.get("LUME_LAB_HEARTBEAT") else bar

@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #29d9a8ee
 from __future__ import annotations
-import json, os, threading, time, uuid
+import datetime as _dt, json, os, threading, time, uuid
 from pathlib import Path
 
 from traitlets.config import Config
@@ -12,7 +12,7 @@ from traitlets.config import Config
 # to import (jsonschema's format checkers), and `lume-lab --help`, `presets` and `status` reach this module without
 # running one
 
-from ...core.store import runs_root, repo_root, package_dir
+from ...core.store import runs_root, repo_root, package_dir, read_heartbeat
 
 # %% auto #0
 __all__ = ['KERNEL_ARGS', 'COMPANION_EXPERIMENTS', 'EXPERIMENT_COSTS', 'NotebookRunError', 'notebook_parameters',
@@ -210,7 +210,7 @@ class ChainProgress:
     def __init__(self, preset: str, names: list[str], clock=time.monotonic):
         self.names, self.exp, self.clock, self.t0, self.done = (list(names), expected_seconds(preset, names), clock,
                                                                 clock(), [])
-        self.took = {}
+        self.took, self.computed = {}, set()
 
     def share(self) -> float:
         if any(v is None for v in self.exp.values()) or not sum(self.exp.values()):
@@ -220,19 +220,17 @@ class ChainProgress:
     def eta(self, elapsed: float) -> str:
         rest = [n for n in self.names if n not in self.done]
         if not rest: return "0s"
-        measured = [n for n in self.done if self.exp[n]]
-        pace = (
-            min(max(sum(self.took[n] for n in measured) / sum(self.exp[n] for n in measured), 0.5), 3.0)
-            if measured
-            else 1.0
-        )
+        measured = [n for n in self.done if self.exp[n] and n in self.computed]
+        pace = sum(self.took[n] for n in measured) / sum(self.exp[n] for n in measured) if measured else 1.0
         known, unmeasured = [n for n in rest if self.exp[n] is not None], [n for n in rest if self.exp[n] is None]
         if not known: return f"unknown ({', '.join(unmeasured)} unmeasured)"
         return (duration(pace * sum(self.exp[n] for n in known))
                 + (f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else ""))
 
-    def finished(self, name: str, seconds: float) -> str:
+    def finished(self, name: str, seconds: float, computed: bool = True) -> str:
+        "The line for experiment `name`, done in `seconds`; `computed`: whether any of its stages ran (not cached)."
         self.done.append(name); self.took[name] = seconds
+        if computed: self.computed.add(name)
         elapsed = self.clock() - self.t0
         return (
             f"✓ {name} in {duration(seconds)} · elapsed {duration(elapsed)} · {100 * self.share():.0f}% of the run · "
@@ -242,23 +240,43 @@ class ChainProgress:
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #45be9a16
 class StageWatcher(threading.Thread):
     "Print one line per store stage that finishes while it runs, from the run's manifest.json (polled every `every` s)."
-    def __init__(self, manifest: Path, t0: float, every: float = 2.0, out=print, clock=time.monotonic):
+    def __init__(self, manifest: Path, t0: float, every: float = 2.0, out=print, clock=time.monotonic,
+                 quiet: float = 60.0):
         super().__init__(daemon=True)
         self.manifest, self.t0, self.every, self.out, self.clock, self._halt = (
             Path(manifest), t0, every, out, clock, threading.Event()
         )
-        self.seen = self._done()
+        self.seen, self.quiet, self.last_line, self.computed = self._done(), quiet, clock(), 0
+        self.since = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=5)   # older "running": a dead run
+
+    def _stages(self) -> dict:
+        try: return json.loads(self.manifest.read_text()).get("stages", {})
+        except (OSError, ValueError): return {}                     # not written yet, or replaced while read: next poll
 
     def _done(self) -> set:
-        try: st = json.loads(self.manifest.read_text()).get("stages", {})
-        except (OSError, ValueError): return set()                  # not written yet, or replaced while read: next poll
+        st = self._stages()
         return {(k, v.get("finished"), v.get("seconds")) for k, v in st.items() if v.get("status") == "done"}
 
     def poll(self) -> None:
         done = self._done()
         for k, _, s in sorted(done - self.seen, key=lambda x: str(x[1])):
             self.out(f"    · {k} in {duration(s)} · elapsed {duration(self.clock() - self.t0)}")
+            self.last_line = self.clock(); self.computed += 1
         self.seen |= done
+        if self.clock() - self.last_line >= self.quiet: self.beat()
+
+    def beat(self) -> None:
+        "One line per stage running since this watcher started: for how long, and its bars' last reported count."
+        now = _dt.datetime.now(_dt.timezone.utc)
+        for k, v in self._stages().items():
+            try: started = _dt.datetime.fromisoformat(v.get("started", ""))
+            except ValueError: continue
+            if v.get("status") != "running" or started < self.since: continue
+            hb = read_heartbeat(self.manifest.parent, k)
+            count = f" · {hb['desc']} {hb['n']}/{hb['total'] or '?'}" if hb else ""
+            self.out(f"    … {k} running for {duration((now - started).total_seconds())}{count} · "
+                     f"elapsed {duration(self.clock() - self.t0)}")
+        self.last_line = self.clock()
 
     def run(self):
         while not self._halt.wait(self.every): self.poll()
