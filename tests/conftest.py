@@ -2,6 +2,12 @@ import os
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("IN_TEST", "1")
 
+# `lume-lab run` and `sweep` refuse a tree whose code has uncommitted changes. The suite runs from clean clones, where
+# this changes nothing; run from a developer's tree with edits, its runs test what the code does, not where it came from
+# (the refusal itself is tested with a stand-in for the tree).
+from lume_lab.core.store import dirty_files
+if dirty_files(): os.environ.setdefault("LUME_LAB_ALLOW_DIRTY", "1")
+
 # A subprocess a test starts gets this long before it counts as hung. It guards against a hang, never against slowness:
 # on a 2-core machine shared with other jobs, a GPU-check dry run that takes 46 s alone took 257 s, and a 300 s limit
 # failed a test that would have passed. Speed goals live in bench/, not in tests.

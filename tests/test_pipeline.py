@@ -142,6 +142,37 @@ def test_cli_rejects_bad_config_before_compute(tmp_path, capsys, args, msg):
     assert not any(tmp_path.iterdir())   # nothing was computed or written
 
 
+def test_cli_refuses_a_tree_with_uncommitted_code(tmp_path, monkeypatch, capsys):
+    """`lume-lab run`, `run --seeds` and `sweep` started from a checkout whose tracked code has uncommitted changes are
+    refused before anything is written, naming the files; an edited doc is no reason; `--allow-dirty` goes on."""
+    from lume_lab.core import store
+    repo, runs = tmp_path / "repo", tmp_path / "runs"
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo, check=True,
+                                    capture_output=True)
+    for f in ("lume_lab/core/store.py", "docs/notes.md"):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True); (repo / f).write_text("x = 1\n")
+    git("init", "-q"); git("add", "."); git("commit", "-qm", "init")
+    monkeypatch.setattr(store, "package_dir", lambda: repo / "lume_lab")   # the checkout the package runs from
+    monkeypatch.delenv("LUME_LAB_ALLOW_DIRTY", raising=False)
+    spec = tmp_path / "s.yaml"; spec.write_text("name: s\npreset: smoke\nseeds: [0]\n")
+    commands = (["run", "--preset", "smoke"], ["run", "--preset", "smoke", "--seeds", "0,1"], ["sweep", str(spec)])
+    only = lambda c: ["--only", "e98"] if c[0] == "run" else []    # past the check, a run stops at the unknown name
+    (repo / "docs/notes.md").write_text("x = 2\n")
+    assert main([*commands[0], "--only", "e98", "--runs-root", str(runs)]) == 2
+    assert "unknown experiment(s) e98" in capsys.readouterr().err                # a doc edit: not refused
+    (repo / "lume_lab/core/store.py").write_text("x = 2\n")
+    for c in commands:
+        assert main([*c, *only(c), "--runs-root", str(runs)]) == 2
+        assert "uncommitted changes to the code (lume_lab/core/store.py)" in capsys.readouterr().err, c
+    assert not runs.exists()
+    assert main([*commands[0], "--allow-dirty", "--only", "e98", "--runs-root", str(runs)]) == 2
+    assert "unknown experiment(s) e98" in capsys.readouterr().err
+    monkeypatch.setenv("LUME_LAB_ALLOW_DIRTY", "1")
+    assert main([*commands[0], "--only", "e98", "--runs-root", str(runs)]) == 2
+    assert "unknown experiment(s) e98" in capsys.readouterr().err
+    assert store.git_commit().endswith("+dirty")
+
+
 def _config_only_checkpoint(d: Path, layers: int) -> Path:
     "A directory holding only an OLMo-2 `config.json` with `layers` layers: all that `check_checkpoint` reads."
     from lume_lab.models.lm import olmo2_config

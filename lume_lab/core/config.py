@@ -16,14 +16,15 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'SCHEDULES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS',
            'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
-           'UTILITY_TEXTS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR',
-           'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError',
-           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
-           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
-           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
-           'ResurfaceConfig', 'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig',
-           'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'validate', 'validate_section',
-           'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS',
+           'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'CROSS_FIELD_RULES',
+           'REMOVED_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
+           'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig',
+           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
+           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'RobustnessConfig',
+           'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'load_preset', 'get_field', 'set_fields',
+           'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict', 'canonical_json',
+           'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -334,11 +335,44 @@ _METHOD_NAMES = Check(_METHODS_SAY,
 _HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstance(v, dict) and all(
     isinstance(m, str) and isinstance(h, dict) and all(isinstance(k, str) for k in h) for m, h in v.items()))
 
+# where on its trajectory each method is judged (`metrics.evaluate.operating_point`): rule -> {parameter: (what it must
+# be, check)}; every rule also takes `min_points` (an int >= 1, default 10), and `never_trained` its level, the held-out
+# answer NLL, from the run itself
+OPERATING_POINT_RULES = {
+    "never_trained": {},
+    "matched_utility": {"target": ("a finite number, the utility to keep (on the trajectory's utility scale)",
+                                   lambda v: finite_number(v, lo=-math.inf))},
+    "matched_retain_em": {"target": ("a number in [0, 1], the retain exact match to keep",
+                                     lambda v: _is_num(v) and 0 <= v <= 1)},
+}
+
+def _operating_point_problem(name: str, v) -> str | None:
+    "What is wrong with an `operating_point` dict, naming the field and the allowed values; None when nothing is."
+    rules = ", ".join(OPERATING_POINT_RULES)
+    if not isinstance(v, dict): return f"{name} must be a dict {{rule: one of {rules}, its parameters}}, got {v!r}"
+    if (rule := v.get("rule")) not in OPERATING_POINT_RULES: return f"{name}.rule must be one of {rules}, got {rule!r}"
+    params = OPERATING_POINT_RULES[rule]
+    if bad := sorted(set(v) - {"rule", "min_points", *params}):
+        return (f"{name} has {', '.join(bad)}, not a parameter of rule {rule!r}; its parameters: "
+                f"{', '.join(['min_points', *params])}")
+    if "min_points" in v and not (_is_int(v["min_points"]) and v["min_points"] >= 1):
+        return f"{name}.min_points must be an int >= 1, got {v['min_points']!r}"
+    for p, (says, ok) in params.items():
+        if p not in v: return f"{name}.{p} is required by rule {rule!r}: {says}"
+        if not ok(v[p]): return f"{name}.{p} must be {says}, got {v[p]!r}"
+    return None
+
+_OPERATING_POINT = Check("a dict {rule, its parameters}", lambda v: _operating_point_problem("", v) is None,
+                         _operating_point_problem)
+
 @dataclass
 class UnlearnConfig:
     """Which methods run (None: every built-in) on which forget fields. `hparams`: method -> {hyperparameter: value},
     the preset's rows and the user's `--set`s; `pipeline.orchestration.config.resolve_config` fills in each method's
-    spec defaults once, and the stages read the resolved rows from `config.json`."""
+    spec defaults once, and the stages read the resolved rows from `config.json`. `operating_point`: the rule that picks
+    where on its trajectory each method is judged (`metrics.evaluate.operating_point`); no stage reads it yet: it is
+    used once the unlearning stages record trajectories (no stage reads `unlearn` whole, so it changes no stage's
+    key)."""
     methods: list | None = checked(None, _METHOD_NAMES)
     forget_fields: list = checked(["email_address"], subset_of(TARGET_FIELDS))
     hparams: dict = checked({}, _HPARAMS)
@@ -349,6 +383,8 @@ class UnlearnConfig:
                                                              "no utility guard"))
     # t00: each point trains the steps its epochs give on the first forget field's split
     tune_match_steps: bool = checked(True, BOOLEAN)
+    # default: the earliest point whose choosing-split answer NLL reaches the held-out level ("as if never trained")
+    operating_point: dict = checked({"rule": "never_trained", "min_points": 10}, _OPERATING_POINT)
 
 @dataclass
 class LocalizationConfig:

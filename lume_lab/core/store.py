@@ -17,11 +17,12 @@ from dataclasses import asdict, fields, is_dataclass
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash, get_field
 
 # %% auto #0
-__all__ = ['KEYS', 'HEARTBEAT_ENV', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
-           'package_versions', 'machine_info', 'package_dir', 'git_commit', 'repo_root', 'runs_root', 'StageError',
-           'check_resolved', 'RunStore', 'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources',
-           'stage_compute', 'section_fields', 'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat',
-           'write_heartbeat', 'read_heartbeat', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
+__all__ = ['CODE_PATHS', 'KEYS', 'HEARTBEAT_ENV', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text',
+           'atomic_write_json', 'package_versions', 'machine_info', 'package_dir', 'dirty_files', 'git_commit',
+           'thread_info', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore', 'StageWarning',
+           'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute', 'section_fields',
+           'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat', 'write_heartbeat', 'read_heartbeat',
+           'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -93,16 +94,37 @@ def package_dir() -> Path:
     import lume_lab
     return Path(lume_lab.__file__).parent
 
+# what a run computes comes from these (the package, and the notebooks it is exported from and runs)
+CODE_PATHS = ("lume_lab", "nbs")
+
+def dirty_files(path: str | Path | None = None) -> list[str] | None:
+    """Tracked files under `CODE_PATHS` of the repository holding `path` (default: this package) with uncommitted
+    changes, as git names them from the repository's top; None outside git."""
+    path = Path(path or package_dir())
+    try:
+        st = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                             *(f":(top){p}" for p in CODE_PATHS)], cwd=path, capture_output=True, text=True, timeout=10)
+        if st.returncode: return None
+        return [l[3:] for l in st.stdout.splitlines() if l.strip()]
+    except (OSError, subprocess.SubprocessError): return None
+
 def git_commit(path: str | Path | None = None) -> str | None:
-    "The commit of the repository holding `path` (default: this package), `+dirty` if modified; None outside git."
+    """The commit of the repository holding `path` (default: this package), `+dirty` if `dirty_files` finds any;
+    None outside git."""
     path = Path(path or package_dir())
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=10)
         if sha.returncode: return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True,
-                               text=True, timeout=10)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError): return None
+    return sha.stdout.strip() + ("+dirty" if dirty_files(path) else "")
+
+def thread_info() -> dict:
+    """The threads this process computes with: torch's intra-op count (None when torch is not loaded: never imported
+    here just to look) and `OMP_NUM_THREADS` as set (None when unset). Float reductions, and so results to the last
+    bits, and every timing depend on them."""
+    torch = sys.modules.get("torch")
+    return {"torch": torch.get_num_threads() if torch is not None else None,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
 # %% ../../nbs/core/01_store.ipynb #023bd544
 def repo_root(start: str | Path | None = None) -> Path | None:
@@ -173,7 +195,7 @@ class RunStore:
         atomic_write_json(self.config_path, config.to_dict())
         self.config = config
         self.manifest.update(config=config.to_dict(), config_hash=config_hash(config), seed=config.seed,
-                             versions=package_versions(), git_commit=git_commit())
+                             versions=package_versions(), git_commit=git_commit(), threads=thread_info())
         self._save()
 
     def _save(self) -> None:
@@ -459,10 +481,13 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iter
     marker.unlink()
     if final.exists(): shutil.rmtree(final)
     os.replace(work, final)
+    threads = thread_info()
     self.manifest["stages"][name] = {"status": "done", "hash": h, "reads": sorted(reads),
                                      "seconds": round(time.perf_counter() - t0, 3), "finished": _now(),
-                                     "resumed": resumed, "cache_hits": 0, "warnings": recorded,
+                                     "resumed": resumed, "cache_hits": 0, "warnings": recorded, "threads": threads,
                                      **({"processes": world} if world > 1 else {})}
+    # the run's: as its last stage computed with torch ran (a kernel of the run, not the process that started it)
+    if threads["torch"] is not None: self.manifest["threads"] = threads
     self._save()
     return final
 

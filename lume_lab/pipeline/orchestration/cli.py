@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...core.config import DEFAULT_PRESET, PRESETS, PRESET_DESCRIPTIONS, ConfigError, make_config, config_hash
-from ...core.store import RunStore, StageError, open_run, reuse_sources, run_status, runs_root
+from ...core.store import RunStore, StageError, dirty_files, open_run, reuse_sources, run_status, runs_root
 from ...unlearn.registry import BUILTIN_METHODS
 from .config import config_report, open_resolved, resolve_config
 from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration,
@@ -22,8 +22,8 @@ from .export import export_run
 from .score import add_export_arguments, add_score_arguments, score_main
 
 # %% auto #0
-__all__ = ['REPORT_EXPERIMENT', 'parse_overrides', 'run_pipeline', 'stage_entries', 'run_stage_entry', 'presets_text',
-           'presets_table', 'main']
+__all__ = ['REPORT_EXPERIMENT', 'ENV_ALLOW_DIRTY', 'ALLOW_DIRTY_HELP', 'parse_overrides', 'check_clean_tree', 'run_pipeline',
+           'stage_entries', 'run_stage_entry', 'presets_text', 'presets_table', 'main']
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #353480b8
 def parse_overrides(items: list[str] | None) -> dict:
@@ -54,6 +54,21 @@ def _rewrite_page(store: RunStore, pending: list[str]) -> Path | None:
     from lume_lab.pipeline.presentation.report import write_report
     try: return write_report([store.dir], pending=[p for p in pending if not p.startswith(REPORT_EXPERIMENT)])
     except Exception as e: print(f"  (report page not rewritten: {type(e).__name__}: {e})", flush=True)
+
+# %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #d70b4cb1
+ENV_ALLOW_DIRTY = "LUME_LAB_ALLOW_DIRTY"   # "1": as --allow-dirty
+
+def check_clean_tree(allow_dirty: bool = False) -> None:
+    """A `ConfigError` naming the code files with uncommitted changes, unless there are none (or this is no git
+    checkout: nothing to compare with), `allow_dirty`, or $LUME_LAB_ALLOW_DIRTY is 1."""
+    if allow_dirty or os.environ.get(ENV_ALLOW_DIRTY) == "1": return
+    if not (files := dirty_files()): return
+    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    raise ConfigError(
+        f"uncommitted changes to the code ({shown}): a run made from them cannot be reproduced from any commit. "
+        "Commit or stash them, or pass --allow-dirty (or set LUME_LAB_ALLOW_DIRTY=1): the run then records its commit "
+        "as <sha>+dirty and the pages built from it say 'uncommitted code'"
+    )
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #b0dea6aa
 def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: int = 0, overrides: dict | None = None,
@@ -140,6 +155,12 @@ def run_stage_entry(name: str, run_id: str, runs_root: str | Path | None = None)
     return entries[name](store)
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #fcf36f8e
+ALLOW_DIRTY_HELP = (
+    "start even though tracked files under lume_lab/ or nbs/ have uncommitted changes (refused otherwise; "
+    "LUME_LAB_ALLOW_DIRTY=1 does the same, and the test suite sets it when run from such a tree): the run records its "
+    "commit as <sha>+dirty, and the pages built from it say 'uncommitted code'"
+)
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lume-lab", description="lume_lab: ground-truth testbed for LLM unlearning")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -167,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="adopt finished stages with identical inputs from these runs (run ids, run directories, or "
                         "folders of runs such as runs/)")
+    r.add_argument("--allow-dirty", action="store_true", help=ALLOW_DIRTY_HELP)
     w = sub.add_parser("sweep", help="run a sweep spec (YAML): override grid × seeds, "
                                      "one run per point in runs/<sweep>/<point>/")
     w.add_argument("spec", help="the sweep spec, e.g. sweeps/mask_coverage.yaml")
@@ -177,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="validate, print the points and the executor's parameters; submit nothing")
     w.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="runs whose finished stages the points may adopt (besides each other's), e.g. --reuse mini")
+    w.add_argument("--allow-dirty", action="store_true", help=ALLOW_DIRTY_HELP)
     st = sub.add_parser("stage",
                         help="run one training stage of an existing run (the entry point `accelerate launch` starts)")
     st.add_argument("name", help="stage name, e.g. inject_masked or unlearn_npo_phone_number")
@@ -256,6 +279,7 @@ def _main(argv: list[str] | None = None) -> int:
         elif a.cmd == "sweep":
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
+            check_clean_tree(a.allow_dirty)
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
         elif a.workers is not None and a.seeds is None:
             raise ConfigError(f"--workers applies only with --seeds (how many seeds run at once); "
@@ -266,13 +290,16 @@ def _main(argv: list[str] | None = None) -> int:
                     "--seeds runs every seed as a one-process run; --num-processes, --launcher and --fsdp2 apply to "
                     "one run: start `lume-lab run --seed N` per seed with them"
                 )
+            check_clean_tree(a.allow_dirty)
             spec = seeds_spec(
                 a.preset, parse_overrides(a.set), parse_seeds(a.seeds), a.only, a.run_id,
                 1 if a.workers is None else a.workers, a.reuse
             )
             return int((run_seeds(spec, run_pipeline, a.runs_root).status == "failed").any())
-        else: run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
-                           num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse, fsdp2=a.fsdp2)
+        else:
+            check_clean_tree(a.allow_dirty)
+            run_pipeline(a.preset, a.run_id, a.seed, parse_overrides(a.set), a.only, a.runs_root,
+                         num_processes=a.num_processes, launcher=a.launcher, reuse=a.reuse, fsdp2=a.fsdp2)
     # StageError: a stage whose inputs are not done
     except (ConfigError, NotebookRunError, StageError, FileNotFoundError, ValueError) as e:
         print(f"lume-lab: error: {e}", file=sys.stderr); return 2

@@ -19,7 +19,7 @@ from ...core.store import atomic_write_text, git_commit, package_dir, repo_root,
 # %% auto #0
 __all__ = ['READING_ORDER', 'MACHINERY', 'EXPERIMENTS', 'area_rank', 'library_notebooks', 'notebook_summary', 'cell_directives',
            'skips_cell', 'page_notebook', 'execute_notebook', 'render_page', 'remote_resources', 'Page', 'build_page',
-           'index_html', 'run_notebooks', 'build_docs', 'main']
+           'index_html', 'run_notebooks', 'uncommitted_banner', 'build_docs', 'main']
 
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #98e5db0d
 READING_ORDER = {
@@ -242,14 +242,14 @@ def _write(path: Path, text: str) -> None:
     os.chmod(atomic_write_text(path, text), 0o644)
 
 def build_page(page: Page, out_dir: str | Path, execute: bool = True, skip_flags=("notest",), timeout: int = 600,
-               nav: list[tuple[str, str]] = ()) -> Page:
-    """Execute (optionally) and render `page.src` to `out_dir/page.href`.
+               nav: list[tuple[str, str]] = (), banner: str = "") -> Page:
+    """Execute (optionally) and render `page.src` to `out_dir/page.href`, `banner` (HTML) at the top.
     Failures are recorded in the result, never raised."""
     t0, err = time.perf_counter(), ""
     try:
         nb = nbformat.read(page.src, as_version=4)
         if execute: err = execute_notebook(nb, Path(page.src).parent, skip_flags, timeout)
-        banner = f'<div class="docs-error">execution stopped at {html.escape(err)}</div>' if err else ""
+        banner += f'<div class="docs-error">execution stopped at {html.escape(err)}</div>' if err else ""
         body = render_page(nb, page.title or Path(page.src).stem, _nav(nav), _nav(nav, "docs bottom"), banner)
         _write(Path(out_dir) / page.href, body)
     except Exception as e: err = err or f"{type(e).__name__}: {e}"
@@ -345,6 +345,16 @@ def run_notebooks(runs_dir: str | Path) -> dict[str, list[Path]]:
     }
     return {k: v for k, v in out.items() if v}
 
+def uncommitted_banner(run_dir: str | Path) -> str:
+    """The warning at the top of a run's pages when the run was made from uncommitted code (its manifest's commit ends
+    in `+dirty`, `core.store.git_commit`); "" otherwise."""
+    m = Path(run_dir) / "manifest.json"
+    commit = str((json.loads(m.read_text()) if m.exists() else {}).get("git_commit") or "")
+    if not commit.endswith("+dirty"): return ""
+    return (f'<div class="docs-error"><b>Made from uncommitted code</b>: run {html.escape(Path(run_dir).name)} was '
+            f"computed at commit {html.escape(commit)}, with uncommitted changes to the code; no commit holds that "
+            "code, so its numbers cannot be reproduced from one.</div>")
+
 # %% ../../../nbs/pipeline/presentation/03_docs.ipynb #e8a3bdaa
 def _rel(target: str, start: str) -> str:
     "Link from page `start` to page `target`, both relative to the docs folder."
@@ -407,7 +417,7 @@ def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: l
             href = f"runs/{run}/{nb.stem}.html"
             title, summary = notebook_summary(nbformat.read(nb, as_version=4))
             pg = build_page(Page(str(nb), href, "runs", f"{title} (run {run})", summary), out_dir, False,
-                            nav=[("↑ index", _rel("index.html", href))])
+                            nav=[("↑ index", _rel("index.html", href))], banner=uncommitted_banner(runs_dir / run))
             _done(pg); run_pages.setdefault(nb.stem, []).append((run, pg))
     experiments = []
     for stem in sorted(set(exps) | set(run_pages)):
@@ -426,6 +436,7 @@ def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: l
     pages = [Page(**{**asdict(p), **{k: record[p.src][k] for k in ("status", "error", "seconds")}})
              if p.src in record and (out_dir / p.href).exists() else p for p in pages]
     _write(record_path, json.dumps([asdict(p) for p in pages], indent=1) + "\n")
+    commit = git_commit(root)
     mode = (
         f"every notebook executed (cells flagged {', '.join(skip_flags) or 'nothing'} or <code>eval: false</code> not "
         "run)"
@@ -433,7 +444,8 @@ def build_docs(out_dir: str | Path = "_docs", execute: bool = True, notebooks: l
         else "notebooks rendered as committed, not executed"
     )
     meta = (
-        f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from commit {html.escape(str(git_commit(root)))}; "
+        f"Built {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from commit {html.escape(str(commit))}"
+        f"{' (<b>uncommitted code</b>)' if str(commit).endswith('+dirty') else ''}; "
         f"{mode}. Read top to bottom; every page links the previous and next one. Formulas show as TeX source (the "
         "pages open offline, without MathJax); <code>make lab</code> opens the notebooks themselves to run and "
         "change them."

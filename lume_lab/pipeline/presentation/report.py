@@ -25,8 +25,8 @@ __all__ = ['LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT
            'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure',
            'preformatted', 'details', 'fields_in', 'remind_separation', 'dose_summary', 'Section', 'register_section',
            'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'verdict_table',
-           'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'report_blocks', 'render_html',
-           'md_table', 'render_markdown', 'read_html_tables', 'write_report']
+           'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'threads_text', 'report_blocks',
+           'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -738,6 +738,22 @@ def stage_times(run_dir) -> pd.DataFrame:
     )
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #a892bca6
+def threads_text(t: dict | None) -> str:
+    "A run's recorded thread counts (`core.store.thread_info`) in words."
+    if not t: return "not recorded"
+    return (f"torch {t.get('torch') if t.get('torch') is not None else 'not loaded'}, "
+            f"OMP_NUM_THREADS {t.get('OMP_NUM_THREADS') or 'unset'}")
+
+def _uncommitted_banner(run_dirs: list[Path]) -> list:
+    "A banner when any of `run_dirs` was made from uncommitted code (its commit ends in `+dirty`); none otherwise."
+    dirty = [(d.name, c) for d in run_dirs if str(c := run_manifest(d).get("git_commit") or "").endswith("+dirty")]
+    if not dirty: return []
+    one = len(dirty) == 1
+    return [banner(f"Made from uncommitted code: {'run' if one else 'runs'} "
+                   f"{', '.join(f'{n} (commit {c})' for n, c in dirty)} {'was' if one else 'were'} computed by code "
+                   f"with uncommitted changes; no commit holds that code, so {'its' if one else 'their'} numbers "
+                   "cannot be reproduced from one.")]
+
 def _run_section(run_dirs: list[Path]) -> list:
     "Seeds, commits, versions, the reproduce lines, stage times and the full config."
     rows = []
@@ -747,7 +763,7 @@ def _run_section(run_dirs: list[Path]) -> list:
         rows.append(
             {"run": d.name, "preset": cfg["preset"], "seed": cfg["seed"], "config hash": man.get("config_hash", ""),
              "git commit": man.get("git_commit") or "", "created": man.get("created", ""),
-             "updated": man.get("updated", ""),
+             "updated": man.get("updated", ""), "threads": threads_text(man.get("threads")),
              "versions": ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "transformers") if v.get(k))}
         )
     times = [stage_times(d).set_index("family").seconds.rename(d.name) for d in run_dirs]
@@ -850,7 +866,8 @@ def report_blocks(
         ),
     ]
     blocks += (
-        _test_size_banner(cfg["preset"]) + _split_banner(card) + _verdict_section(card, Path(out_dir or rep), waiting)
+        _uncommitted_banner(run_dirs) + _test_size_banner(cfg["preset"]) + _split_banner(card)
+        + _verdict_section(card, Path(out_dir or rep), waiting)
         + _scorecard_section(card, waiting)
     )
     sections, shown = [], False

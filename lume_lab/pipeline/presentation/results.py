@@ -15,6 +15,7 @@ from ...core.config import config_diff, dotted_leaves
 from ...core.store import atomic_write_text, machine_info, repo_root, stage_compute
 from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table,
                                                    remind_separation, reproduce_command, stage_times)
+from .report import threads_text
 from .scorecard import (SCORECARD_METRICS, metric_sources, resolved_config,
                                                       robustness_csv, run_config, run_manifest, scorecard)
 from ..orchestration.sweep import read_spec
@@ -23,12 +24,13 @@ from ..orchestration.sweep import read_spec
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
            'UTILITY_ROWS', 'NAME_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table',
            'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels', 'seeds_command',
-           'header_lines', 'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
-           'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
-           'remind_interval_lines', 'dose_label', 'dose_display', 'dose_lines', 'quantized_em_label',
-           'quantized_em_table', 'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines',
-           'config_groups', 'group_labels', 'config_difference_table', 'compare_lines', 'results_page', 'write_results',
-           'add_results_arguments', 'results_main', 'main']
+           'threads_line', 'uncommitted_lines', 'header_lines', 'read_markdown_tables', 'scorecard_lines',
+           'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values', 'sweep_tables',
+           'sweep_command', 'sweep_lines', 'remind_interval_table', 'remind_interval_lines', 'dose_label',
+           'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table', 'robustness_lines',
+           'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups', 'group_labels',
+           'config_difference_table', 'compare_lines', 'results_page', 'write_results', 'add_results_arguments',
+           'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -124,8 +126,36 @@ def seeds_command(run_dir, sweep: str, seeds: list[int]) -> str:
     return shlex.join(args)
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #263e9632
+def _threads(t: dict | None) -> str:
+    "A run's recorded thread counts (`core.store.thread_info`) in words."
+    if not t: return "not recorded"
+    return (f"torch {t.get('torch') if t.get('torch') is not None else 'not loaded'}, "
+            f"OMP_NUM_THREADS {t.get('OMP_NUM_THREADS') or 'unset'}")
+
+def threads_line(run_dirs: list[Path]) -> str:
+    """The threads bullet: the runs grouped by the thread counts they computed with, and a warning when they differ
+    (their times are then not comparable, and float reductions may differ in the last bits)."""
+    by: dict[str, list[str]] = {}
+    for label, d in zip(run_labels(run_dirs), run_dirs):
+        by.setdefault(_threads(run_manifest(d).get("threads")), []).append(label)
+    if len(by) == 1: return f"- **Threads**: {next(iter(by))}"
+    return ("- **Threads**, differing between the runs (their times are not comparable; float reductions may differ): "
+            + "; ".join(f"{t}: {', '.join(labels)}" for t, labels in by.items()))
+
+def uncommitted_lines(run_dirs: list[Path]) -> list[str]:
+    """A warning for the top of a page when any of `run_dirs` was made from uncommitted code (its commit ends in
+    `+dirty`, `core.store.git_commit`); none otherwise."""
+    dirty = [(l, c) for l, d in zip(run_labels(run_dirs), run_dirs)
+             if str(c := run_manifest(d).get("git_commit") or "").endswith("+dirty")]
+    if not dirty: return []
+    one = len(dirty) == 1
+    return [f"**Made from uncommitted code**: {'run' if one else 'runs'} "
+            f"{', '.join(f'{l} (commit `{c}`)' for l, c in dirty)} {'was' if one else 'were'} computed by code with "
+            f"uncommitted changes; no commit holds that code, so {'its' if one else 'their'} numbers cannot be "
+            "reproduced from one."]
+
 def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -> list[str]:
-    "The header of a page over `run_dirs`: command(s), commit(s), date, machine and seeds, as markdown bullets."
+    "The header of a page over `run_dirs`: command(s), commit(s), date, machine, threads and seeds, as bullets."
     mans = [run_manifest(d) for d in run_dirs]
     cmds = [command] if isinstance(command, str) else list(command or [reproduce_command(d) for d in run_dirs])
     commits = list(dict.fromkeys(m.get("git_commit") for m in mans if m.get("git_commit")))
@@ -145,6 +175,7 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
         f"- **Date**: {start[:10]}{' to ' + end[:10] if end[:10] != start[:10] else ''} (created {start}; last "
         f"experiment finished {end})",
         f"- **Machine**: {machine}; software {software}",
+        threads_line(run_dirs),
         f"- **Seeds**: {', '.join(dict.fromkeys(str(run_config(d)['seed']) for d in run_dirs))}",
     ]
 
@@ -645,7 +676,10 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     kind, dirs = results_sources(paths)
     note = ("Generated by `lume_lab.pipeline.presentation.results` (`make results`) from the runs' CSVs; "
             "regenerate it, do not edit it.")
-    if kind == "sweep": return "\n\n".join([f"# Results: {name}", note, *sweep_lines(dirs[0], command)]) + "\n"
+    if kind == "sweep":
+        points = [dirs[0] / p for p in sweep_points_table(dirs[0]).point if is_run_dir(dirs[0] / p)]
+        return "\n\n".join([f"# Results: {name}", *uncommitted_lines(points), note,
+                             *sweep_lines(dirs[0], command)]) + "\n"
     if kind == "seeds" and command is None:
         command = seeds_command(dirs[0], dirs[0].parent.name, [run_config(d)["seed"] for d in dirs])
     groups = config_groups(dirs)
@@ -659,7 +693,8 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
     return (
         "\n\n".join(
-            [f"# Results: {name}", *empty, note, "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
+            [f"# Results: {name}", *uncommitted_lines(dirs), *empty, note,
+             "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
              *card, *testbed_lines(dirs), *stress, *experiment_lines(dirs), *stage_lines(dirs)]
         )
         + "\n"
