@@ -21,7 +21,7 @@ from .registry import SCHEDULERS, get_spec
 
 # %% auto #0
 __all__ = ['BASE_HPARAMS', 'LR_GRID', 'LOG_COLUMNS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor',
-           'on_epoch_end', 'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
+           'on_epoch_end', 'monitored', 'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
 
 # %% ../../nbs/unlearn/01_base.ipynb #760ca44f
 class PairedQA(Dataset):
@@ -93,6 +93,30 @@ def _call_epoch_hooks(model, epoch: int, view: Callable | None = None):
         seen = view(model) if view is not None else model
         for h in list(_EPOCH_HOOKS): h(seen, epoch)
     model.train()
+
+# %% ../../nbs/unlearn/01_base.ipynb #65876d6e
+_MONITORS: list = []
+
+@contextmanager
+def monitored(monitor):
+    """Within the block, `unlearn_loop` calls `monitor(model, step, last)` before the first step and after every
+    optimizer step (model in eval mode, no gradients); a True return stops training there. When the loop ends it
+    calls `monitor.finish(model)`, which may put back the weights of an earlier point (`unlearn.trajectory`)."""
+    if not (callable(monitor) and callable(getattr(monitor, "finish", None))):
+        raise ValueError(f"monitor must be callable as monitor(model, step, last) and have finish(model), "
+                         f"got {type(monitor).__name__}")
+    if _MONITORS: raise ValueError("unlearn_loop takes one monitor at a time, and one is already set")
+    _MONITORS.append(monitor)
+    try: yield monitor
+    finally: _MONITORS.remove(monitor)
+
+def _ask_monitor(model, step: int, last: bool) -> bool:
+    "The monitor's answer at `step` (True: stop here); False without a monitor."
+    if not _MONITORS: return False
+    was = model.training; model.eval()
+    with torch.no_grad(): stop = bool(_MONITORS[0](model, step, last))
+    model.train(was)
+    return stop
 
 # %% ../../nbs/unlearn/01_base.ipynb #62ca95d1
 def _prepare_masks(model, grad_masks: dict) -> dict:
@@ -228,7 +252,8 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     bar = progress(total=total, desc=desc, disable=not acc.is_local_main_process)
     try:
         model.train()
-        while step < total:
+        stopped = _ask_monitor(acc.unwrap_model(model), 0, total == 0)
+        while step < total and not stopped:
             ds.set_epoch(epoch)
             if hasattr(dl, "set_epoch"):
                 dl.set_epoch(epoch)
@@ -243,16 +268,21 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
                 rows.append(_log_row(acc, out, step, epoch, lr, gnorm))
                 step += 1
                 bar.update(1)
+                if _ask_monitor(acc.unwrap_model(model), step, step >= total):
+                    stopped = True
+                    break
                 if step >= total:
                     break
             epoch += 1
-            _call_epoch_hooks(acc.unwrap_model(model), epoch, epoch_view)
+            if not stopped: _call_epoch_hooks(acc.unwrap_model(model), epoch, epoch_view)
     finally:
         bar.close()
         for h in hooks:
             h.remove()
         for p in frozen:
             p.requires_grad_(True)
+    if _MONITORS:
+        with torch.no_grad(): _MONITORS[0].finish(acc.unwrap_model(model).eval())
     return acc.unwrap_model(model).eval(), pd.DataFrame(rows, columns=LOG_COLUMNS)
 
 # %% ../../nbs/unlearn/01_base.ipynb #01fbb4af
