@@ -310,6 +310,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'lume_lab.core.config.config_from_dict': ( 'core/config.html#config_from_dict',
                                                                                  'lume_lab/core/config.py'),
                                       'lume_lab.core.config.config_hash': ('core/config.html#config_hash', 'lume_lab/core/config.py'),
+                                      'lume_lab.core.config.dose_grid_fits': ('core/config.html#dose_grid_fits', 'lume_lab/core/config.py'),
                                       'lume_lab.core.config.dotted_leaves': ('core/config.html#dotted_leaves', 'lume_lab/core/config.py'),
                                       'lume_lab.core.config.finite_number': ('core/config.html#finite_number', 'lume_lab/core/config.py'),
                                       'lume_lab.core.config.fraction': ('core/config.html#fraction', 'lume_lab/core/config.py'),
