@@ -283,8 +283,8 @@ def _robustness_section(rep: Path) -> list:
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #579d2d26
 def dose_summary(run_dir, field: str) -> pd.DataFrame | None:
     """e11's `dose_summary_<field>.csv`.
-    Per grid point (p, r) its mask's size over |m^F| and achieved precision and recall, the seeds, each measure's mean and
-    `<measure>_sd`; None without it."""
+    Per grid point (p, r) its mask's size over |m^F| and achieved precision and recall, the seeds, each measure's mean
+    and `<measure>_sd`; None without it."""
     p = report_dir(run_dir) / f"dose_summary_{field}.csv"
     return pd.read_csv(p) if p.is_file() else None
 

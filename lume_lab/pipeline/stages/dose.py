@@ -62,8 +62,9 @@ def _dose_masks(store: RunStore) -> tuple[dict, dict, dict]:
     return mF, mR, {n: tuple(t.shape) for n, t in owner.items()}
 
 def check_dose_grid(store: RunStore) -> dict:
-    """The run's counts ({'forget_size', 'outside'}) when every point of `dose.precision_grid` × `dose.recall_grid` fits
-    in its masks; otherwise one `ConfigError` naming each point that does not (p, r, the weights needed and available)."""
+    """The run's counts ({'forget_size', 'outside'}) when every point of `dose.precision_grid` × `dose.recall_grid`
+    fits in its masks; otherwise one `ConfigError` naming each point that does not (p, r, the weights needed and
+    available)."""
     from lume_lab.analysis.dose import grid_counts
     mF, _, shapes = _dose_masks(store)
     F = sum(int(m.sum()) for m in mF.values())
