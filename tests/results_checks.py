@@ -361,7 +361,8 @@ def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
 
 def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
     """Every cell of a dose-response table (field, run) is its dose_summary_<field>.csv cell:
-    the point's level and sizes, each measure's mean ± sd."""
+    the point (p and r, or an older sweep's kind and level), its mask's size, precision and recall, each measure's
+    mean ± sd."""
     labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
     want = {
         (p.stem.removeprefix("dose_summary_"), l)
@@ -369,24 +370,26 @@ def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
         for p in (Path(d) / "report").glob("dose_summary_*.csv")
     }
     assert {(h[1], h[2]) for h, _ in tables} == want, (sorted((h[1], h[2]) for h, _ in tables), sorted(want))
+    facts = ("size_over_mF", "precision", "recall", "seeds")   # the mask's numbers: no sd on the page
     for heads, t in tables:
         s = pd.read_csv(Path(labels[heads[2]]) / "report" / f"dose_summary_{heads[1]}.csv")
-        assert (
-            len(t) == len(s) and list(t.kind) == list(s.kind.astype(str)) and list(t.level) == list(s.level.astype(str))
-        ), heads
-        for (_, row), (_, src) in zip(t.iterrows(), s.iterrows()):
+        # the grid's p and r (as %g), or an older sweep's kind and level
+        point = {c: [format(v, "g") for v in s[c]] for c in ("p", "r")} if "p" in s else {
+            c: s[c].astype(str).tolist() for c in ("kind", "level")}
+        assert len(t) == len(s) and all(list(t[c]) == v for c, v in point.items()), heads
+        for i, ((_, row), (_, src)) in enumerate(zip(t.iterrows(), s.iterrows())):
+            at = (heads, *(v[i] for v in point.values()))
             for c in t.columns[2:]:
-                col = {"precision": "precision", "recall": "recall", "seeds": "seeds"}.get(c) or DOSE_CELLS.get(c)
+                col = c if c in facts else DOSE_CELLS.get(c)
                 assert col is not None, f"column {c!r} of the dose table is not one the check knows"
                 tokens = row[c].split(" ± ") if row[c] else []
-                if not tokens: assert pd.isna(src.get(col, np.nan)), (heads, src.level, c); continue
-                assert_shown(tokens[0], src[col], (heads, src.level, c))
+                if not tokens: assert pd.isna(src.get(col, np.nan)), (at, c); continue
+                assert_shown(tokens[0], src[col], (at, c))
                 sd = src.get(f"{col}_sd", np.nan)
                 if len(tokens) == 2:
-                    assert_shown(tokens[1], sd, (heads, src.level, c, "sd"))
+                    assert_shown(tokens[1], sd, (at, c, "sd"))
                 else:
-                    assert pd.isna(sd) or col in ("precision", "recall", "seeds"), (
-                        heads, src.level, c, "an sd the page leaves out")
+                    assert pd.isna(sd) or col in facts, (at, c, "an sd the page leaves out")
                 checked += len(tokens)
     return checked
 

@@ -205,8 +205,8 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert set(ep[ep.label == "npo"].epoch) == set(range(make_config("smoke").lume_exp.epochs + 1))
     assert set(pd.read_csv(report / "lume_summary.csv").label) == set(ep.label)
     assert all((report / f"lume_{f}.png").exists() for f in ("fig2", "fig3_mia", "fig4_utility", "fig6_tasks"))
-    # e11: the dose-response points beside the run's weight-changing methods, OracleGrad's bitwise twin at q = 1, the
-    # page section
+    # e11: the dose-response grid's points beside the run's weight-changing methods, OracleGrad's bitwise twin at
+    # (p, r) = (1, 1), each mask's realized size, precision and recall, the page section
     from lume_lab.pipeline.stages.dose import dose_points
 
     pts = dose_points(make_config("smoke"))
@@ -219,19 +219,18 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
     assert all(need <= set(g.measure) for _, g in dp.groupby("method")) and all(
         need <= set(g.measure) for _, g in dm.groupby("method")
     )
-    q1 = dp[(dp.kind == "precision") & (dp.level == "1")].set_index("measure").value
+    q1 = dp[(dp.p == 1) & (dp.r == 1)].set_index("measure").value
     og = dm[dm.method == "oracle_grad"].set_index("measure").value
-    # q = 1, the run's seed: OracleGrad
+    # (1, 1), the run's seed: OracleGrad
     assert abs(q1["forget_em"] - og["forget_em"]) < 1e-9 and abs(q1["share_in_forget"] - 1) < 1e-9
     summ = pd.read_csv(report / f"dose_summary_{field}.csv")
-    assert len(summ) == len({(p.kind, p.level_name) for p in pts}) and {
-        "precision",
-        "recall",
-        "forget_em",
-        "forget_em_sd",
-    } <= set(summ.columns)
+    assert len(summ) == len({(p.p, p.r) for p in pts}) and {
+        "p", "r", "size_over_mF", "precision", "recall", "forget_em", "forget_em_sd"} <= set(summ.columns)
+    # realized precision and recall within rounding of the requested ones, the size r/p of |m^F|
+    assert (summ.precision - summ.p).abs().max() < 1e-3 and (summ.recall - summ.r).abs().max() < 1e-3
+    assert ((summ.size_over_mF - summ.r / summ.p).abs() < 1e-3).all()
     assert (report / f"dose_curves_{field}.png").exists() and (report / "dose_scatter.png").exists()
-    assert "Dose-response over mask precision (e11)" in (report / "index.html").read_text()
+    assert "Dose-response over mask precision and recall (e11)" in (report / "index.html").read_text()
     # e99: the page shows every figure above inlined, and its tables hold the CSVs' values
     from report_checks import assert_fig3_table_matches, assert_report_matches_csvs, assert_self_contained
 

@@ -325,8 +325,8 @@ def _add_stress_files(run: Path) -> None:
     ).to_csv(rep / f"remind_separation_{f}.csv", index=False)
     pd.DataFrame(
         {
-            "field": f, "kind": ["precision", "precision", "recall"], "level": ["base", "1", "0.5"],
-            "precision": [0.3, 1.0, 1.0], "recall": [0.3, 1.0, 0.5], "seeds": 3, "forget_em": [40.0, 10.04, 20.0],
+            "field": f, "p": [0.5, 1.0, 1.0], "r": [1.0, 1.0, 0.5], "size_over_mF": [2.0, 1.0, 0.5],
+            "precision": [0.5, 1.0, 1.0], "recall": [1.0, 1.0, 0.5], "seeds": 3, "forget_em": [40.0, 10.04, 20.0],
             "forget_em_sd": [5.0, 1.0, 2.0], "quant4_recovery": [0.5, np.nan, 0.25],
             "quant4_recovery_sd": [0.1, np.nan, np.nan]}
     ).to_csv(rep / f"dose_summary_{f}.csv", index=False)
@@ -355,7 +355,8 @@ def test_stress_sections_match_their_csvs(tmp_path):
     ].tolist() == ["0.50 ± 0.10", "", "0.25"]
     for old, new in (
         ("| 20.0 ± 2.0 |", "| 21.0 ± 2.0 |"), ("| REMIND LR | 2 | 2 | 1 |", "| REMIND LR | 2 | 1 | 1 |"),
-        ("| 0.62 |", "| 0.52 |"), ("| npo | 1 | 12.5 |", "| npo | 1 | 12.6 |"), ("| 13.8 | 21.2 |", "| 13.8 | 22.2 |")):
+        ("| 0.62 |", "| 0.52 |"), ("| npo | 1 | 12.5 |", "| npo | 1 | 12.6 |"), ("| 13.8 | 21.2 |", "| 13.8 | 22.2 |"),
+        ("| 0.5 | 1 | 2.000 |", "| 0.5 | 1 | 1.000 |")):
         assert old in page, old
         with pytest.raises(AssertionError):
             assert_results_match_csvs(page.replace(old, new, 1), [run])

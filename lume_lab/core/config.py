@@ -17,14 +17,14 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
            'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS',
-           'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'CROSS_FIELD_RULES',
-           'REMOVED_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
-           'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig',
-           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
-           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'RobustnessConfig',
-           'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'load_preset', 'get_field', 'set_fields',
-           'roles_fit', 'validate', 'validate_section', 'make_config', 'config_from_dict', 'canonical_json',
-           'config_hash', 'dotted_leaves', 'config_diff']
+           'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK',
+           'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least',
+           'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig',
+           'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
+           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
+           'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
+           'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate', 'validate_section',
+           'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -517,19 +517,11 @@ class RobustnessConfig:
     q4_1_offsets: list = checked([], _OFFSETS)
 
 # %% ../../nbs/core/00_config.ipynb #f7e9b999
-_is_level = lambda x, lo_open: _is_num(x) and (x > 0 if lo_open else x >= 0) and x <= 1
-_PRECISIONS = Check(
-    'a non-empty list of distinct numbers in [0, 1] or "base"',
+_GRID = Check(
+    "a non-empty list of distinct numbers in (0, 1]",
     lambda v: (
-        isinstance(v, (list, tuple))
-        and bool(v)
-        and len(set(v)) == len(v)
-        and all(x == "base" or _is_level(x, False) for x in v)
+        isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v) and all(_is_num(x) and 0 < x <= 1 for x in v)
     ),
-)
-_RECALLS = Check(
-    "a list of distinct numbers in (0, 1]",
-    lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v) and all(_is_level(x, True) for x in v),
 )
 _SEEDS = Check(
     "a non-empty list of distinct ints >= 0",
@@ -541,11 +533,11 @@ _SEEDS = Check(
 @dataclass
 class DoseConfig:
     """The dose-response companion e11.
-    OracleGrad's GradDiff confined to masks of controlled precision and recall."""
-    # q: share of the mask inside m^F; "base": |m^F| / maskable, a random mask
-    precisions: list = checked(["base", 0.25, 0.5, 0.75, 1.0], _PRECISIONS)
-    # r: the share of m^F a mask inside it keeps (r = 1 is q = 1)
-    recalls: list = checked([0.25, 0.5], _RECALLS)
+    OracleGrad's GradDiff confined to the masks of a precision × recall grid."""
+    # p: the share of the mask inside m^F
+    precision_grid: list = checked([0.5, 0.75, 1.0], _GRID)
+    # r: the share of m^F inside the mask; each (p, r) is a point, its mask r·|m^F|/p weights
+    recall_grid: list = checked([0.25, 0.5, 1.0], _GRID)
     seeds: list = checked([0, 1, 2], _SEEDS)                         # each draws the mask and the unlearning data order
     fields: list | None = checked(None, optional(subset_of(TARGET_FIELDS), "the first forget field e03 unlearns"))
     # e10's attacks and e06's resurfacing on every point
@@ -766,6 +758,30 @@ def roles_fit(
         "profiles come out of the injected ones, and every group must keep at least one testbed profile)"
     )
 
+# share of the maskable weights a grid point may overshoot by before the config refuses it: per-tensor rounding of the
+# element masks moves the real share of m^F by far less; the stage checks the real masks exactly
+DOSE_GRID_SLACK = 0.01
+
+def dose_grid_fits(
+    precisions, recalls, n_groups: int, mask_fraction: float, mask_kind: str, prefix: str = "dose."
+) -> str | None:
+    """Why points of the dose grid cannot fit in the maskable weights, or None. With element masks each group owns
+    `round(mask_fraction·numel)` weights of every tensor, so m^F (the first `n_groups // 2` groups) is a share
+    s = (n_groups // 2)·mask_fraction of the maskable weights, and point (p, r) needs r·s·(1−p)/p of them outside m^F,
+    where 1 − s lie. Structural masks' share is known once they are drawn: the stage checks those."""
+    if mask_kind != "element": return None
+    s = (n_groups // 2) * mask_fraction
+    need = {(p, r): r * s * (1 - p) / p for p in precisions for r in recalls}
+    if not (bad := [pr for pr, v in need.items() if v > 1 - s + DOSE_GRID_SLACK]): return None
+    pts = "; ".join(f"p={p:g}, r={r:g} needs {need[p, r]:.0%}" for p, r in bad)
+    r_max = max(recalls)
+    return (
+        f"{prefix}precision_grid × {prefix}recall_grid has points that do not fit in the maskable weights ({pts} of "
+        f"them outside m^F): m^F, pii.n_groups // 2 = {n_groups // 2} groups × inject.mask_fraction {mask_fraction:g}, "
+        f"is {s:.0%} of them, so {1 - s:.0%} lie outside it; allowed: p >= r·s / (1 − s + r·s), "
+        f"p >= {r_max * s / (1 - s + r_max * s):.3g} at r = {r_max:g}"
+    )
+
 # %% ../../nbs/core/00_config.ipynb #e49ce445
 CROSS_FIELD_RULES = (   # (fields the rule reads, rule(*values) -> problem or None)
     (("model.name_or_path", "model.hidden_size", "model.num_heads"), lambda p, hs, nh: None
@@ -788,6 +804,8 @@ CROSS_FIELD_RULES = (   # (fields the rule reads, rule(*values) -> problem or No
      f"got qa_resample={q!r}"),
     (("lume_exp.reg_max_new_tokens", "model.max_seq_len"), lambda r, L: None if r < L else
      f"lume_exp.reg_max_new_tokens ({r}) must be < model.max_seq_len ({L}): the prompt needs room in the context"),
+    (("dose.precision_grid", "dose.recall_grid", "pii.n_groups", "inject.mask_fraction", "inject.mask_kind"),
+     dose_grid_fits),
 )
 
 # %% ../../nbs/core/00_config.ipynb #c7a1e007
@@ -836,6 +854,9 @@ def make_config(preset: str = DEFAULT_PRESET, overrides: dict | None = None, see
 
 REMOVED_FIELDS = {   # fields an older run's config.json may hold, and why they are gone
     "unlearn.hparams_preset": "a preset borrowed another's method rows; each preset file now names its own",
+    # e11's sweeps of one variable moved the mask size with it: the grid replaced them
+    "dose.precisions": "precision at mask size |m^F| (recall equal to it); now dose.precision_grid × dose.recall_grid",
+    "dose.recalls": "recall at precision 1 (size r·|m^F|); now dose.precision_grid × dose.recall_grid",
 }
 
 def config_from_dict(d: dict) -> RunConfig:

@@ -376,22 +376,22 @@ def _source_result(c, kind: str, label: str, field: str, stage: str, prefix: str
     return _robust(c, kind, label, field, stage)
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c2072125
-def _dose_point(c: RunConfig, tag: str) -> tuple | None:
-    """(kind, level, seed) of dose tag `tag`, the level as `dose.precisions` / `dose.recalls` holds it;
-    None if the config has no such point."""
+def _dose_point(levels: dict | None, tag: str) -> tuple | None:
+    """(kind, level, seed) of dose tag `tag`, the level as the old config's `dose.precisions` / `dose.recalls`
+    (`levels`: {'precisions', 'recalls'}) held it; None without the lists or if they have no such point."""
     m = re.fullmatch(r"([pr])(.+)_s(\d+)", tag)
-    if m is None: return None
+    if m is None or not levels: return None
     kind = {"p": "precision", "r": "recall"}[m[1]]
-    levels = [
+    matches = [
         v
-        for v in (c.dose.precisions if kind == "precision" else c.dose.recalls)
+        for v in (levels.get("precisions", []) if kind == "precision" else levels.get("recalls", []))
         if (v if v == "base" else format(v, "g")) == m[2]
     ]
-    return (kind, levels[0], int(m[3])) if levels else None
+    return (kind, matches[0], int(m[3])) if matches else None
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #b6d18ff5
 def _dose_unlearn(c, f, tag, field):
-    pt, hp = _dose_point(c, tag), _method_hparams(c, "oracle_grad")
+    pt, hp = _dose_point(f.get("dose_levels"), tag), _method_hparams(c, "oracle_grad")
     key = (
         None
         if pt is None or hp is None
@@ -626,6 +626,13 @@ def _reference_rows(run: Path) -> int:
     return load_from_disk(str(run / "testbed" / "splits"))[f"forget_{field}"].num_rows
 
 # %% ../../../nbs/pipeline/orchestration/07_legacy_keys.ipynb #c7af3d5a
+def _saved_dose_levels(run: Path) -> dict | None:
+    "The old `dose.precisions` and `dose.recalls` of a run's saved config (`config.orig.json` first), or None."
+    for p in (run / "config.orig.json", run / "config.json"):
+        d = json.loads(p.read_text()).get("dose", {}) if p.exists() else {}
+        if "precisions" in d or "recalls" in d: return {k: d.get(k, []) for k in ("precisions", "recalls")}
+    return None
+
 def legacy_facts(run_dir, config: RunConfig) -> dict[str, dict]:
     """Per done stage of the run in `run_dir` whose key held a value the config does not, that value, read from the
     run's files."""
@@ -638,6 +645,8 @@ def legacy_facts(run_dir, config: RunConfig) -> dict[str, dict]:
         elif re.fullmatch(f"{_EXT}checkpoint_{_F}", name) and (d / "checkpoint.json").exists():
             info = json.loads((d / "checkpoint.json").read_text())
             out[name] = {"checkpoint": info["digest"], "control": (info.get("control") or {}).get("digest")}
+        elif re.fullmatch(f"{_TAG}unlearn_{_F}", name) and (levels := _saved_dose_levels(run)):
+            out[name] = {"dose_levels": levels}
         elif name.startswith("tune_") and config.unlearn.tune_match_steps and (run / "testbed").is_dir():
             out[name] = {"reference_rows": _reference_rows(run)}
         elif (

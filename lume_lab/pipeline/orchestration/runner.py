@@ -135,9 +135,9 @@ EXPERIMENT_COSTS = {
             # the companions: measured once each on the 2 cores shared with other jobs (docs/notes/timing.md)
             "e07": 692,
             "e08": 3389,
-            # 21 dose points × 70.3 s, the stage compute per point of 14 points on idle cores
-            # (docs/results/mini-dose.md)
-            "e11": 1476,
+            # 27 dose points (3 × 3 grid points × 3 seeds) × 70.3 s, the stage compute per point measured on 14 points
+            # of the older sweeps on idle cores (docs/results/mini-dose.md)
+            "e11": 1898,
         },
     },
     "smoke": {

@@ -283,20 +283,21 @@ def _robustness_section(rep: Path) -> list:
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #579d2d26
 def dose_summary(run_dir, field: str) -> pd.DataFrame | None:
     """e11's `dose_summary_<field>.csv`.
-    Per mask (kind, level) its achieved precision and recall, the seeds, each measure's mean and `<measure>_sd`; None
-    without it."""
+    Per grid point (p, r) its mask's size over |m^F| and achieved precision and recall, the seeds, each measure's mean
+    and `<measure>_sd`; None without it."""
     p = report_dir(run_dir) / f"dose_summary_{field}.csv"
     return pd.read_csv(p) if p.is_file() else None
 
 def _dose_section(rep: Path) -> list:
-    """e11: GradDiff in masks of controlled precision and recall, per field.
+    """e11: GradDiff in the masks of a precision × recall grid, per field.
     The means over seeds, the curves, the localization-robustness scatter."""
     if not any(rep.glob("dose_summary_*.csv")): return []                  # e11 not run: no section
     blocks = [
         paragraph(
-            "OracleGrad's GradDiff confined to masks of |m^F| weights with a share q inside m^F (precision; q = 1 is "
-            "OracleGrad, base a random mask) or to a share r of m^F (recall); mean over the seeds, sd beside it. EM, "
-            "utility Δ and leak rates in points, recoveries as fractions."
+            "OracleGrad's GradDiff confined to the mask of each grid point: a share p of it inside m^F (precision), a "
+            "share r of m^F in it (recall), so r·|m^F|/p weights (size_over_mF: its size over |m^F|); (1, 1) is "
+            "OracleGrad. Mean over the seeds, sd beside it; forget EM at the end of the schedule. EM, utility Δ and "
+            "leak rates in points, recoveries as fractions."
         )
     ]
     for p in sorted(rep.glob("dose_summary_*.csv")):
@@ -304,14 +305,15 @@ def _dose_section(rep: Path) -> list:
         t = dose_summary(rep.parent, f)
         cols = [
             c
-            for c in ("kind", "level", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget",
+            for c in ("p", "r", "size_over_mF", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget",
                       "share_in_forget", "quant4_recovery", "relearn_forget_half_recovery",
                       "relearn_retain_only_recovery", "leak_after")
             if c in t
         ]
         blocks += [paragraph(f"{f}:"), table(t[cols].round(3))]
         blocks += _fig(rep, f"dose_curves_{f}.png",
-                       f"{f}: each measure against the achieved precision and recall; dashed: the run's methods")
+                       f"{f}: each measure against the achieved precision, recall and size; dashed: the run's "
+                       "methods")
     blocks += _fig(rep, "dose_scatter.png",
                    "Share of the weight change inside m^F against each attack's recovery, every unlearned model")
     return blocks
@@ -515,7 +517,7 @@ register_section(
 register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",),
                  ("lume_epochs.csv", "lume_references.csv", "lume_summary.csv", "lume_fig*.png"), _lume_section)
 register_section(
-    "Dose-response over mask precision (e11)",
+    "Dose-response over mask precision and recall (e11)",
     ("e11",),
     ("dose_points_*.csv", "dose_methods_*.csv", "dose_summary_*.csv", "dose_curves_*.png", "dose_scatter.png"),
     _dose_section,
@@ -706,8 +708,8 @@ def reproduce_command(run_dir) -> str:
 def stage_family(stage: str, cfg: dict) -> str:
     """The stage's name without its field, and then without its method or reference model, and `_control`.
     e11's points as one family each."""
-    # dose_p0.25_s1_unlearn_<field> -> dose_unlearn
-    name = re.sub(r"^dose_[pr][^_]+_s\d+_", "dose_", stage.removesuffix("_control"))
+    # dose_p0.5_r0.25_s1_unlearn_<field> (and the older sweeps' dose_p0.25_s1_...) -> dose_unlearn
+    name = re.sub(r"^dose_(?:p[^_]+_r[^_]+|[pr][^_]+)_s\d+_", "dose_", stage.removesuffix("_control"))
     field = next((f for f in cfg["pii"]["target_fields"] if name.endswith(f"_{f}")), None)
     if field is None: return name
     name = name.removesuffix(f"_{field}")

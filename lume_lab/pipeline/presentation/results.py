@@ -27,10 +27,10 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'threads_line', 'uncommitted_lines', 'header_lines', 'read_markdown_tables', 'scorecard_lines',
            'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values', 'sweep_tables',
            'sweep_command', 'sweep_lines', 'remind_interval_table', 'remind_interval_lines', 'dose_label',
-           'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table', 'robustness_lines',
-           'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups', 'group_labels',
-           'config_difference_table', 'compare_lines', 'results_page', 'write_results', 'add_results_arguments',
-           'results_main', 'main']
+           'dose_point_columns', 'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table',
+           'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
+           'group_labels', 'config_difference_table', 'compare_lines', 'results_page', 'write_results',
+           'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -435,14 +435,18 @@ def dose_label(column: str) -> tuple[str, int]:
     m = SCORECARD_METRICS[{k: c for c, k in metric_sources("robustness").items()}.get(column, column)]
     return m.label, m.digits
 
+def dose_point_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
+    """The columns that name a dose point, as shown: the grid's p and r, or an older sweep's kind and level."""
+    if "p" in summary: return {c: [format(v, "g") for v in summary[c]] for c in ("p", "r")}
+    return {c: summary[c].astype(str).tolist() for c in ("kind", "level")}
+
 def dose_display(summary: pd.DataFrame) -> pd.DataFrame:
-    """e11's summary as display strings.
-    The point (kind, level, achieved precision and recall, seeds), then each measure as mean ± sd."""
-    out = pd.DataFrame(
-        {"kind": summary.kind.astype(str), "level": summary.level.astype(str),
-         "precision": summary.precision.map(lambda v: fmt_num(v, 3)),
-         "recall": summary.recall.map(lambda v: fmt_num(v, 3)), "seeds": summary.seeds.map(lambda v: fmt_num(v, 0))}
-    )
+    """e11's summary as display strings. The point (`dose_point_columns`), the mask's size over |m^F| (when the summary
+    has it), achieved precision and recall, seeds, then each measure as mean ± sd."""
+    out = pd.DataFrame(dose_point_columns(summary), index=summary.index)
+    if "size_over_mF" in summary: out["size_over_mF"] = summary.size_over_mF.map(lambda v: fmt_num(v, 3))
+    out["precision"], out["recall"] = (summary[c].map(lambda v: fmt_num(v, 3)) for c in ("precision", "recall"))
+    out["seeds"] = summary.seeds.map(lambda v: fmt_num(v, 0))
     for c in DOSE_COLUMNS:
         if c not in summary: continue
         label, k = dose_label(c)
@@ -458,10 +462,10 @@ def dose_lines(run_dirs: list[Path]) -> list[str]:
     if not fields: return []
     lines = [
         "## Dose-response",
-        "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in masks of |m^F| weights with a share q "
-        "inside m^F (kind precision; q = 1 is OracleGrad, `base` a random mask) or in a share r of m^F (kind "
-        "recall); mean ± sd over the dose seeds (blank: not defined, e.g. a recovery where unlearning removed under "
-        "`robustness.min_drop` EM points).",
+        "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in the mask of each grid point, a share p of it "
+        "inside m^F (precision) and a share r of m^F in it (recall), so r·|m^F|/p weights (size_over_mF: the realized "
+        "size over |m^F|); (1, 1) is OracleGrad. Forget EM at the end of the schedule; mean ± sd over the dose seeds "
+        "(blank: not defined, e.g. a recovery where unlearning removed under `robustness.min_drop` EM points).",
     ]
     for f in fields:
         lines.append(f"### {f}")
