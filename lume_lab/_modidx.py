@@ -1630,8 +1630,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                    'lume_lab/pipeline/stages/base.py'),
                                                'lume_lab.pipeline.stages.base.load_base': ( 'pipeline/stages/base.html#load_base',
                                                                                             'lume_lab/pipeline/stages/base.py'),
-                                               'lume_lab.pipeline.stages.base.load_pii': ( 'pipeline/stages/base.html#load_pii',
-                                                                                           'lume_lab/pipeline/stages/base.py'),
                                                'lume_lab.pipeline.stages.base.load_stage_model': ( 'pipeline/stages/base.html#load_stage_model',
                                                                                                    'lume_lab/pipeline/stages/base.py'),
                                                'lume_lab.pipeline.stages.base.prepare_base': ( 'pipeline/stages/base.html#prepare_base',
