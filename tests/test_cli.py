@@ -1,5 +1,5 @@
-"""The command line answers at once and ends cleanly. `lume-lab --help`, `presets` and `status` import no torch,
-transformers or papermill: each runs under `python -X importtime` and the test reads the module names it printed
+"""The command line answers at once and ends cleanly. `lume-lab --help`, `presets`, `status` and `config` import no
+torch, transformers or papermill: each runs under `python -X importtime` and the test reads the module names it printed
 (never the times: these machines are noisy). A reader that closes the pipe early ends the command quietly, and a
 mistyped run id is answered with the runs there are."""
 import json
@@ -51,15 +51,29 @@ def runs(tmp_path) -> Path:
     return tmp_path / "runs"
 
 
-@pytest.mark.parametrize("cmd", ["--help", "presets", "status"])
+@pytest.mark.parametrize("cmd", ["--help", "presets", "status", "config"])
 def test_quick_commands_import_no_torch_transformers_or_papermill(cmd, runs):
-    args = ["status", "mini_run", "--runs-root", str(runs)] if cmd == "status" else [cmd]
-    r = lume_lab(*args, importtime=True)
+    args = {"status": ["status", "mini_run", "--runs-root", str(runs)], "config": ["config", "--preset", "mini"]}
+    r = lume_lab(*args.get(cmd, [cmd]), importtime=True)
     assert r.returncode == 0, r.stderr[-2000:]
     mods = imported_modules(r.stderr)
     assert "lume_lab.core.store" in mods and "argparse" in mods     # the log was read: the CLI's own imports are in it
     heavy = sorted({m.split(".")[0] for m in mods} & set(HEAVY))
     assert not heavy, f"`lume-lab {cmd}` imports {', '.join(heavy)} (python -X importtime shows which module asks)"
+
+
+def test_config_resolves_every_method_from_the_declarations_alone():
+    """`lume-lab config` resolves each method's hyperparameters from `lume_lab.unlearn.specs`: no method's own
+    module (its training code) is imported, and the resolved methods are all there."""
+    from lume_lab.pipeline.orchestration.config import config_methods
+    from lume_lab.core.config import make_config
+    r = lume_lab("config", "--preset", "mini", "--all", importtime=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    mods = imported_modules(r.stderr)
+    assert "lume_lab.unlearn.specs" in mods
+    methods = config_methods(make_config("mini"))
+    assert not [m for m in methods if f"lume_lab.unlearn.{m}" in mods]
+    assert all(f"unlearn.hparams.{m}." in r.stdout for m in methods)
 
 
 def test_status_prints_the_stages_of_the_fixture_run(runs):

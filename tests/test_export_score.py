@@ -16,7 +16,7 @@ from lume_lab.inject.testbed import field_splits
 from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.stages import external as X, remind as R, resurface as S, testbed as T, unlearn as U
-from lume_lab.pipeline.stages.base import load_pii
+from lume_lab.data.pii import load_pii
 from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +322,7 @@ def test_export_splits_masks_and_keys(run, exported):
         for s in rows.values()
         for r in s
     )
-    pii = load_pii(st)["profiles"]
+    pii = load_pii(st.path("pii"))["profiles"]
     injected = {
         role: {p["profile_id"] for p in pii if p["role"] == role}
         for role in ("testbed", "instruct", "resurface", "validation")

@@ -6,9 +6,10 @@
 from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from torch import nn
+if TYPE_CHECKING: from torch import nn   # annotations only: `import lume_lab.models.arch` needs no torch
 
 # %% auto #0
 __all__ = ['OLMO2', 'LLAMA', 'ARCHITECTURES', 'ATTENTION_LEAVES', 'MLP_LEAVES', 'PROJECTION_LEAVES', 'SCORED_PATTERN',

@@ -14,12 +14,13 @@ from ..models.ops import encode_texts, pad_batch, pad_id, to_device
 from .dpo import with_idk_answers
 from ..core.config import finite_number
 from ..models.arch import architecture
-from .registry import MethodSpec, register_method
+from .specs import ALPHAEDIT_HPARAMS, ALPHAEDIT_SPEC, EDIT_SITES, MOM2_SOURCES, OBJECTIVES
+from .specs import _model_layers
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'MOM2_SOURCES', 'EDIT_SITES', 'OBJECTIVES', 'SPEC', 'down_proj', 'post_mlp_norm', 'block',
-           'key_positions', 'preserved_keys', 'key_second_moments', 'key_second_moment', 'null_space',
-           'null_space_projector', 'site_module', 'unlikelihood', 'optimize_values', 'alphaedit_update', 'alphaedit']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'down_proj', 'post_mlp_norm', 'block', 'key_positions', 'preserved_keys',
+           'key_second_moments', 'key_second_moment', 'null_space', 'null_space_projector', 'site_module',
+           'unlikelihood', 'optimize_values', 'alphaedit_update', 'alphaedit']
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #c018df4b
 def _module(model, name: str, layer: int, required: bool = True):
@@ -230,81 +231,6 @@ def alphaedit_update(
     A = P @ C + l2 * torch.eye(d, device=K1.device, dtype=K1.dtype)
     return torch.linalg.solve(A, P @ K1 @ R.T).T
 
-# %% ../../nbs/unlearn/10_alphaedit.ipynb #194d2c7f
-DEFAULT_HPARAMS = {"layers": None, "v_loss_layer": None, "v_steps": 30, "v_lr": 0.5, "v_weight_decay": 0.0,
-                   "clamp_norm_factor": 0.75, "kl_factor": 0.0625, "l2": 1.0, "nullspace_threshold": 1e-3,
-                   "nullspace_relative": True,
-                   "edit_site": "residual", "objective": "idk", "retain_weight": 0.0, "mom2_data": ["retain"],
-                   "batch_size": 8, "max_length": None, "mom2_max_length": 128}
-MOM2_SOURCES = ("neutral", "retain")
-EDIT_SITES = ("residual", "mlp_out")
-OBJECTIVES = ("idk", "suppress")
-
-def _default_layers(L: int) -> list[int]: return list(range(L // 6, max(1, L // 3) + 1))
-
-def _is_int(v, lo=0): return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-# %% ../../nbs/unlearn/10_alphaedit.ipynb #36bb9e21
-def _check_alphaedit(hp: dict) -> list[str]:
-    "AlphaEdit's own rules that need no model (`batch_size`, `max_length` are checked by the registry first)."
-    probs, layers, vl = [], hp["layers"], hp["v_loss_layer"]
-    if layers is not None and (
-        not isinstance(layers, (list, tuple))
-        or not layers
-        or not all(_is_int(l) for l in layers)
-        or len(set(layers)) != len(layers)
-    ):
-        probs.append(f"alphaedit.layers must be None or distinct layer indices >= 0, got {layers!r}")
-    elif vl is not None and not _is_int(vl, max(layers) if layers else 0):
-        probs.append(
-            f"alphaedit.v_loss_layer must be None or an int >= {max(layers) if layers else 0} (the last edited layer), "
-            f"got {vl!r}"
-        )
-    pos = lambda v, integer=False: finite_number(v, strict=True, integer=integer)
-    for k_, integer in (
-        ("v_steps", True), ("mom2_max_length", True), ("v_lr", False), ("clamp_norm_factor", False), ("l2", False),
-        ("nullspace_threshold", False),
-    ):
-        if not pos(hp[k_], integer):
-            probs.append(f"alphaedit.{k_} must be a positive {'int' if integer else 'number'}, got {hp[k_]!r}")
-    for k_ in ("v_weight_decay", "kl_factor", "retain_weight"):
-        if not finite_number(hp[k_]): probs.append(f"alphaedit.{k_} must be a number >= 0, got {hp[k_]!r}")
-    if (
-        not isinstance(hp["mom2_data"], (list, tuple))
-        or not hp["mom2_data"]
-        or set(hp["mom2_data"]) - set(MOM2_SOURCES)
-    ):
-        probs.append(f"alphaedit.mom2_data must be a non-empty subset of {MOM2_SOURCES}, got {hp['mom2_data']!r}")
-    if not isinstance(hp["nullspace_relative"], bool):
-        probs.append(f"alphaedit.nullspace_relative must be true or false, got {hp['nullspace_relative']!r}")
-    elif hp["nullspace_relative"] and pos(hp["nullspace_threshold"]) and hp["nullspace_threshold"] > 1:
-        probs.append(
-            "alphaedit.nullspace_threshold is a fraction of lambda_max when nullspace_relative is true: "
-            f"must be in (0, 1], got {hp['nullspace_threshold']!r}"
-        )
-    for k_, allowed in (("edit_site", EDIT_SITES), ("objective", OBJECTIVES)):
-        if hp[k_] not in allowed: probs.append(f"alphaedit.{k_} must be one of {allowed}, got {hp[k_]!r}")
-    return probs
-
-# %% ../../nbs/unlearn/10_alphaedit.ipynb #4b7bcf57
-def _model_layers(hp: dict, L: int) -> dict:
-    """`hp` with `layers` filled in for a model of `L` layers;
-    `ValueError` when `layers` or `v_loss_layer` do not fit it."""
-    hp = {**hp, "layers": _default_layers(L) if hp["layers"] is None else list(hp["layers"])}
-    if not all(l < L for l in hp["layers"]):
-        raise ValueError(f"alphaedit.layers must be distinct layer indices in 0..{L - 1}, got {hp['layers']!r}")
-    if hp["v_loss_layer"] is not None and not max(hp["layers"]) <= hp["v_loss_layer"] < L:
-        raise ValueError(
-            f"alphaedit.v_loss_layer must be None or an int in {max(hp['layers'])}..{L - 1}, got {hp['v_loss_layer']!r}"
-        )
-    return hp
-
-def _check_alphaedit_model(hp: dict, n_layers: int) -> list[str]:
-    """`layers` and `v_loss_layer` must exist in a model of `n_layers` layers
-    (checked by the run config, before any compute)."""
-    try: _model_layers(hp, n_layers); return []
-    except ValueError as e: return [str(e)]
-
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #00fe4b07
 def _preserved_texts(hp, retain, neutral_texts):
     texts = []
@@ -409,23 +335,7 @@ def _alphaedit(model, tokenizer, forget, retain, hp, *, seed=0, neutral_texts=No
     return model.eval(), pd.DataFrame(log)
 
 # %% ../../nbs/unlearn/10_alphaedit.ipynb #a48e62d4
-SPEC = register_method(
-    MethodSpec(
-        "alphaedit",
-        _alphaedit,
-        DEFAULT_HPARAMS,
-        check=_check_alphaedit,
-        check_model=_check_alphaedit_model,
-        inputs=("neutral_texts",),
-        needs_retain=lambda hp: "retain" in hp["mom2_data"] or hp["retain_weight"] > 0,
-        summary="closed-form MLP edit toward 'I don't know' (or away from the answer), null-space projected",
-        grid={
-            "nullspace_threshold": [1e-3, 3e-3], "nullspace_relative": [True], "edit_site": ["residual"],
-            "clamp_norm_factor": [1.5], "retain_weight": [0.0, 0.1], "objective": ["suppress"],
-            "mom2_data": [["neutral"]],
-        },
-    )
-)
+SPEC, DEFAULT_HPARAMS = ALPHAEDIT_SPEC, ALPHAEDIT_HPARAMS   # the declaration above, by this module's names
 
 def alphaedit(
     model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0, neutral_texts: list[str] | None = None

@@ -17,11 +17,11 @@ from ..models.accel import fsdp2_requested, fsdp2_shard, make_accelerator, progr
 from ..models.ops import batch_nll, check_qa, collate_qa, qa_nll, to_device
 from ..models.lm import lr_multiplier
 from ..models.toy import toy_problem
-from .registry import SCHEDULERS, get_spec
+from .registry import BASE_HPARAMS, LR_GRID, SCHEDULERS, get_spec
 
 # %% auto #0
-__all__ = ['BASE_HPARAMS', 'LR_GRID', 'LOG_COLUMNS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor',
-           'on_epoch_end', 'monitored', 'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
+__all__ = ['LOG_COLUMNS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'on_epoch_end', 'monitored',
+           'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
 
 # %% ../../nbs/unlearn/01_base.ipynb #760ca44f
 class PairedQA(Dataset):
@@ -57,12 +57,6 @@ def frozen_copy(model):
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters(): p.requires_grad_(False)
     return ref
-
-# %% ../../nbs/unlearn/01_base.ipynb #8e27f0f9
-BASE_HPARAMS = {"lr": 1e-3, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant",
-                "warmup_steps": 0, "warmup_ratio": 0.0, "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None}
-# the learning rates every gradient method's t00 grid searches (`pipeline.stages.tune`)
-LR_GRID = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]
 
 # %% ../../nbs/unlearn/01_base.ipynb #bdd3fa22
 def warmup_length(total: int, warmup_steps: int = 0, warmup_ratio: float = 0.0) -> int:

@@ -8,11 +8,11 @@ import random
 import torch
 import torch.nn.functional as F
 from ..models.ops import check_qa, n_answer_tokens, sequence_logprob
-from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
-from .registry import MethodSpec, register_method
+from .base import add_retain_nll, unlearn_loop
+from .specs import DPO_HPARAMS, DPO_SPEC
 
 # %% auto #0
-__all__ = ['IDK_ANSWERS', 'DEFAULT_HPARAMS', 'SPEC', 'with_idk_answers', 'dpo_loss', 'dpo']
+__all__ = ['IDK_ANSWERS', 'SPEC', 'DEFAULT_HPARAMS', 'with_idk_answers', 'dpo_loss', 'dpo']
 
 # %% ../../nbs/unlearn/05_dpo.ipynb #41cf5147
 IDK_ANSWERS = (
@@ -29,8 +29,6 @@ def with_idk_answers(forget, seed: int = 0, key: str = "idk_answer") -> list[dic
     return [{**e, key: " " + rng.choice(IDK_ANSWERS)} for e in check_qa(forget, "forget")]
 
 # %% ../../nbs/unlearn/05_dpo.ipynb #78dc6194
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "beta": 0.1, "gamma": 1.0, "alpha": 1.0}
-
 def dpo_loss(
     logp_w: torch.Tensor, ref_logp_w: torch.Tensor, logp_l: torch.Tensor, ref_logp_l: torch.Tensor, beta: float
 ) -> torch.Tensor:
@@ -56,10 +54,7 @@ def _dpo(model, tokenizer, forget, retain, hp, *, seed=0):
     )
 
 # %% ../../nbs/unlearn/05_dpo.ipynb #be25d7f2
-SPEC = register_method(MethodSpec(
-    "dpo", _dpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, needs_reference=True,
-    summary="prefer 'I don't know' over the forget answer (DPO)",
-    grid={"lr": LR_GRID, "epochs": [5], "beta": [0.1, 0.5], "max_grad_norm": [None]}))
+SPEC, DEFAULT_HPARAMS = DPO_SPEC, DPO_HPARAMS   # the declaration above, by this module's names
 
 def dpo(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by DPO towards 'I don't know' answers (plus α·retain NLL). Trains `model` in place."

@@ -6,15 +6,13 @@
 from __future__ import annotations
 import torch
 from ..models.ops import batch_nll
-from .base import BASE_HPARAMS, LR_GRID, retain_nll_or_nan, unlearn_loop
-from .registry import MethodSpec, register_method
+from .base import retain_nll_or_nan, unlearn_loop
+from .specs import GRAD_ASCENT_HPARAMS, GRAD_ASCENT_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'grad_ascent_loss', 'grad_ascent']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'grad_ascent_loss', 'grad_ascent']
 
 # %% ../../nbs/unlearn/02_grad_ascent.ipynb #0df5333e
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5}
-
 def grad_ascent_loss(forget_nll: torch.Tensor) -> torch.Tensor:
     "GA objective to minimise: the negated forget NLL."
     return -forget_nll
@@ -31,9 +29,7 @@ def _grad_ascent(model, tokenizer, forget, retain, hp, *, seed=0):
     return unlearn_loop(model, tokenizer, forget, retain, _ga_step, hp, seed=seed, desc="grad_ascent")
 
 # %% ../../nbs/unlearn/02_grad_ascent.ipynb #96406111
-SPEC = register_method(MethodSpec(
-    "grad_ascent", _grad_ascent, DEFAULT_HPARAMS, summary="gradient ascent on the forget answers",
-    grid={"lr": LR_GRID, "epochs": [2, 5], "max_grad_norm": [None]}))
+SPEC, DEFAULT_HPARAMS = GRAD_ASCENT_SPEC, GRAD_ASCENT_HPARAMS   # the declaration above, by this module's names
 
 def grad_ascent(model, tokenizer, forget, retain=None, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by gradient ascent on its answer NLL (`retain` is only logged). Trains `model` in place."

@@ -6,15 +6,13 @@
 from __future__ import annotations
 import torch
 from ..models.ops import batch_nll
-from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
-from .registry import MethodSpec, register_method
+from .base import unlearn_loop
+from .specs import GRAD_DIFF_HPARAMS, GRAD_DIFF_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'grad_diff_loss', 'grad_diff_step', 'grad_diff']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'grad_diff_loss', 'grad_diff_step', 'grad_diff']
 
 # %% ../../nbs/unlearn/03_grad_diff.ipynb #02a29d1a
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0}
-
 def grad_diff_loss(
     forget_nll: torch.Tensor, retain_nll: torch.Tensor, gamma: float = 1.0, alpha: float = 1.0
 ) -> torch.Tensor:
@@ -32,9 +30,7 @@ def _grad_diff(model, tokenizer, forget, retain, hp, *, seed=0):
     return unlearn_loop(model, tokenizer, forget, retain, grad_diff_step, hp, seed=seed, desc="grad_diff")
 
 # %% ../../nbs/unlearn/03_grad_diff.ipynb #6269941d
-SPEC = register_method(MethodSpec(
-    "grad_diff", _grad_diff, DEFAULT_HPARAMS, needs_retain=True, summary="ascent on forget, descent on retain",
-    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0], "alpha": [1.0, 3.0], "max_grad_norm": [None]}))
+SPEC, DEFAULT_HPARAMS = GRAD_DIFF_SPEC, GRAD_DIFF_HPARAMS   # the declaration above, by this module's names
 
 def grad_diff(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with Gradient Difference against `retain`. Trains `model` in place."

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from ..models.accel import progress
 from ..models.ops import check_qa, collate_qa, eval_mode, sequence_logprob, to_device
-from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
+from .base import unlearn_loop
 from .grad_diff import grad_diff_step
-from .registry import MethodSpec, register_method
+from .specs import LOCALIZED_GRADDIFF_HPARAMS, LOCALIZED_GRADDIFF_SPEC, FORGET_SCORES
 
 # %% auto #0
-__all__ = ['FORGET_SCORES', 'DEFAULT_HPARAMS', 'SPEC', 'forget_statistics', 'forget_score', 'top_k_mask', 'localized_grad_diff',
-           'estimate_scores', 'localized_graddiff']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'forget_statistics', 'forget_score', 'top_k_mask', 'localized_grad_diff', 'estimate_scores',
+           'localized_graddiff']
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #71a83187
 def _neuron_source(name: str) -> tuple[str, str, int]:
@@ -91,8 +91,6 @@ def forget_statistics(model, tokenizer, examples, names, *, activations: bool = 
     return st
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #5a502f3f
-FORGET_SCORES = ("grad", "fisher", "snip", "act_grad")
-
 def forget_score(score: str, name: str, stats: dict, weight: torch.Tensor) -> torch.Tensor:
     """One forget-only score (`FORGET_SCORES`) of tensor `name` from `forget_statistics` sums
     (float32, the weight's shape)."""
@@ -124,25 +122,6 @@ def top_k_mask(scores: dict, k: int) -> dict:
     need = k - int(sel.sum())
     sel[torch.nonzero(flat == t).reshape(-1)[:need]] = True  # the first `need` ties, in position order
     return {n: m.reshape(s.shape) for (n, s), m in zip(scores.items(), sel.split(sizes))}
-
-# %% ../../nbs/unlearn/12_localized_graddiff.ipynb #399a4730
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0, "score": "snip", "k": None,
-                   "n_examples": None}
-
-def _check_localized(hp: dict) -> list[str]:
-    "Localized GradDiff's own rules (the generic ones are checked by the registry first)."
-    probs = []
-    if hp["score"] not in FORGET_SCORES:
-        probs.append(f"localized_graddiff.score must be one of {', '.join(FORGET_SCORES)}, got {hp['score']!r}")
-    for key in ("k", "n_examples"):
-        v = hp[key]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            probs.append(f"localized_graddiff.{key} must be None or a positive int, got {v!r}")
-    if hp["weight_decay"] != 0:
-        probs.append(
-            f"localized_graddiff.weight_decay must be 0 (unselected weights stay unchanged), got {hp['weight_decay']!r}"
-        )
-    return probs
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #3373e6e5
 def localized_grad_diff(model, tokenizer, forget, retain, hp: dict, scores: dict, k: int, *, seed: int = 0):
@@ -180,14 +159,8 @@ def _localized_graddiff(model, tokenizer, forget, retain, hp, *, seed=0, ground_
     return localized_grad_diff(model, tokenizer, forget, retain, hp, scores, k, seed=seed)
 
 # %% ../../nbs/unlearn/12_localized_graddiff.ipynb #86b718fe
-SPEC = register_method(
-    MethodSpec(
-        "localized_graddiff", _localized_graddiff, DEFAULT_HPARAMS, check=_check_localized,
-        inputs=("ground_truth_mask",), needs_retain=True, has_control=False,
-        summary="GradDiff confined to the top-k weights of a forget-set attribution score",
-        grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "score": list(FORGET_SCORES), "max_grad_norm": [None]},
-    )
-)
+# the declaration above, by this module's names
+SPEC, DEFAULT_HPARAMS = LOCALIZED_GRADDIFF_SPEC, LOCALIZED_GRADDIFF_HPARAMS
 
 def localized_graddiff(
     model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from ..models.ops import batch_nll, check_qa, collate_qa, eval_mode, sequence_logprob, to_device
 from ..models.arch import CANDIDATE_PATTERN   # the projections of every architecture row (models.arch)
-from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
+from .base import unlearn_loop
 from ..core.config import finite_number
-from .registry import MethodSpec, register_method
+from .specs import MEMFLEX_HPARAMS, MEMFLEX_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'set_gradients', 'memflex_select', 'memflex_loss', 'memflex']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'set_gradients', 'memflex_select', 'memflex_loss', 'memflex']
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #7809cba2
 def set_gradients(
@@ -60,9 +60,6 @@ def memflex_select(model, tokenizer, forget, retain, sim_threshold: float = 0.92
     return df.name[df.selected].tolist(), df
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #4c75f1ae
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "forget_factor": -0.6, "retain_factor": 2.0,
-                   "sim_threshold": 0.92, "grad_threshold": 6e-4, "grad_quantile": None, "pattern": CANDIDATE_PATTERN}
-
 def memflex_loss(
     forget_nll: torch.Tensor, retain_nll: torch.Tensor, forget_factor: float = -0.6, retain_factor: float = 2.0
 ) -> torch.Tensor:
@@ -71,33 +68,6 @@ def memflex_loss(
     return forget_factor * forget_nll + retain_factor * retain_nll
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #4878437d
-def _check_memflex(hp: dict) -> list[str]:
-    "MemFlex's own rules (the generic ones — lr, epochs, … — are checked by the registry first)."
-    probs = []
-    if not (finite_number(hp["forget_factor"], lo=-math.inf) and hp["forget_factor"] < 0):
-        probs.append(
-            f"memflex.forget_factor must be a negative number (ascent on the forget set), got {hp['forget_factor']!r}"
-        )
-    if not finite_number(hp["retain_factor"]):
-        probs.append(f"memflex.retain_factor must be a number >= 0, got {hp['retain_factor']!r}")
-    if not (isinstance(hp["sim_threshold"], (int, float)) and -1 <= hp["sim_threshold"] <= 1):
-        probs.append(f"memflex.sim_threshold must be in [-1, 1], got {hp['sim_threshold']!r}")
-    if not finite_number(hp["grad_threshold"]):
-        probs.append(f"memflex.grad_threshold must be a number >= 0, got {hp['grad_threshold']!r}")
-    q = hp["grad_quantile"]
-    if q is not None and not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q < 1):
-        probs.append(f"memflex.grad_quantile must be null (use grad_threshold) or a number in [0, 1), got {q!r}")
-    if hp["weight_decay"] != 0:
-        probs.append(f"memflex.weight_decay must be 0 (unselected tensors stay unchanged), got {hp['weight_decay']!r}")
-    if not isinstance(hp["pattern"], str):
-        probs.append(f"memflex.pattern must be a regular expression (str), got {hp['pattern']!r}")
-    else:
-        try:
-            re.compile(hp["pattern"])
-        except re.error as e:
-            probs.append(f"memflex.pattern is not a valid regular expression ({e}), got {hp['pattern']!r}")
-    return probs
-
 def _memflex_step(model, batch, ref, hp):
     f, r = batch_nll(model, batch["forget"]), batch_nll(model, batch["retain"])
     return {
@@ -132,10 +102,7 @@ def _memflex(model, tokenizer, forget, retain, hp, *, seed=0):
     return model, log
 
 # %% ../../nbs/unlearn/09_memflex.ipynb #9fab31b6
-SPEC = register_method(MethodSpec(
-    "memflex", _memflex, DEFAULT_HPARAMS, check=_check_memflex, needs_retain=True,
-    summary="GradDiff in the tensors where forget and retain gradients disagree",
-    grid={"lr": LR_GRID, "epochs": [5], "grad_threshold": [3e-5, 1e-4], "max_grad_norm": [None]}))
+SPEC, DEFAULT_HPARAMS = MEMFLEX_SPEC, MEMFLEX_HPARAMS   # the declaration above, by this module's names
 
 def memflex(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     """Unlearn `forget` with MemFlex (gradient-disagreement localization + GradDiff in the selected tensors).

@@ -7,15 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ..models.ops import n_answer_tokens, sequence_logprob
-from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
-from .registry import MethodSpec, register_method
+from .base import add_retain_nll, unlearn_loop
+from .specs import NPO_HPARAMS, NPO_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'npo_loss', 'npo']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'npo_loss', 'npo']
 
 # %% ../../nbs/unlearn/06_npo.ipynb #25910dc5
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "beta": 0.1, "gamma": 1.0, "alpha": 0.0}
-
 def npo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, beta: float) -> torch.Tensor:
     """Mean over examples of $-\\frac{2}{\\beta}\\log\\sigma(-\\beta(\\log\\pi_\\theta - \\log\\pi_{ref}))$
     (sequence log-probs)."""
@@ -39,10 +37,7 @@ def _npo(model, tokenizer, forget, retain, hp, *, seed=0):
     )
 
 # %% ../../nbs/unlearn/06_npo.ipynb #4a8b64cd
-SPEC = register_method(MethodSpec(
-    "npo", _npo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0, needs_reference=True,
-    summary="negative preference optimization against the original model",
-    grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.0, 1.0], "max_grad_norm": [None]}))
+SPEC, DEFAULT_HPARAMS = NPO_SPEC, NPO_HPARAMS   # the declaration above, by this module's names
 
 def npo(model, tokenizer, forget, retain=None, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with NPO against a frozen copy of `model` (plus α·retain NLL if α > 0). Trains `model` in place."

@@ -4,16 +4,14 @@
 
 # %% ../../nbs/unlearn/08_oracle_grad.ipynb #42ce9821
 from __future__ import annotations
-from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
+from .base import unlearn_loop
 from .grad_diff import grad_diff_step
-from .registry import MethodSpec, register_method
+from .specs import ORACLE_GRAD_HPARAMS, ORACLE_GRAD_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'oracle_grad']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'oracle_grad']
 
 # %% ../../nbs/unlearn/08_oracle_grad.ipynb #441aa244
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 5.0, "alpha": 1.0}
-
 def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_mask=None):
     if ground_truth_mask is None:
         raise ValueError("oracle_grad needs ground_truth_mask: a dict parameter name -> bool forget mask")
@@ -23,10 +21,7 @@ def _oracle_grad(model, tokenizer, forget, retain, hp, *, seed=0, ground_truth_m
     )
 
 # %% ../../nbs/unlearn/08_oracle_grad.ipynb #d0ba6008
-SPEC = register_method(MethodSpec(
-    "oracle_grad", _oracle_grad, DEFAULT_HPARAMS, inputs=("ground_truth_mask",), needs_retain=True, has_control=False,
-    summary="GradDiff confined to the ground-truth forget mask",
-    grid={"lr": LR_GRID, "epochs": [5], "gamma": [1.0, 5.0], "max_grad_norm": [None]}))
+SPEC, DEFAULT_HPARAMS = ORACLE_GRAD_SPEC, ORACLE_GRAD_HPARAMS   # the declaration above, by this module's names
 
 def oracle_grad(
     model, tokenizer, forget, retain, hparams: dict | None = None, ground_truth_mask: dict | None = None, seed: int = 0

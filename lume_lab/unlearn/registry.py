@@ -9,16 +9,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
-
 from ..core.config import SCHEDULES, finite_number
 
 # %% auto #0
-__all__ = ['SCHEDULERS', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems', 'save_weights', 'load_weights',
-           'MethodSpec', 'register_method', 'get_spec', 'method_names', 'methods_table']
+__all__ = ['SCHEDULERS', 'BASE_HPARAMS', 'LR_GRID', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems',
+           'save_weights', 'load_weights', 'Ref', 'MethodSpec', 'register_method', 'get_spec', 'method_names',
+           'methods_table']
 
 # %% ../../nbs/unlearn/00_registry.ipynb #61bdf420
 SCHEDULERS = SCHEDULES   # the schedules `models.lm.lr_multiplier` knows (core.config's vocabulary)
+# the training loop's settings every gradient method starts from (`unlearn.base.unlearn_loop` reads them)
+BASE_HPARAMS = {"lr": 1e-3, "epochs": 5, "max_steps": None, "batch_size": 4, "scheduler": "constant",
+                "warmup_steps": 0, "warmup_ratio": 0.0, "weight_decay": 0.0, "max_grad_norm": 1.0, "max_length": None}
+# the learning rates every gradient method's t00 grid searches (`pipeline.stages.tune`)
+LR_GRID = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]
 
 _CHECKS = {  # key -> (predicate, what is allowed)
     "lr": (lambda v: finite_number(v, strict=True), "a positive number"),
@@ -68,11 +72,24 @@ def load_weights(out_dir, load_base, tokenizer, dtype="float32"):
 INPUTS = ("ground_truth_mask", "neutral_texts")   # run-level inputs the pipeline supplies to a method, by name
 
 @dataclass(frozen=True)
+class Ref:
+    "A `'module:attribute'` reference to a function, imported on its first call (like an entry point)."
+    target: str
+
+    def resolve(self) -> Callable:
+        "The function the reference names (imports its module)."
+        mod, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(mod), attr)
+
+    def __call__(self, *args, **kwargs): return self.resolve()(*args, **kwargs)
+
+@dataclass(frozen=True)
 class MethodSpec:
     "What the pipeline needs to know about one unlearning method."
     name: str
     # fn(model, tokenizer, forget, retain, hparams, *, seed=0, **inputs) -> (result, log DataFrame)
-    fn: Callable
+    # or a "module:attribute" string (also save, load): imported on the first call, so a declaration needs no torch
+    fn: Callable | str
     defaults: dict               # every hyperparameter with its default: the allowed keys
     check: Callable[[dict], list[str]] | None = None   # method-specific problems of a resolved hparam dict
     # problems of resolved hparams for a model of n_layers layers
@@ -83,10 +100,18 @@ class MethodSpec:
     needs_reference: bool = False                 # keeps a frozen copy of the model
     changes_weights: bool = True                  # False: the result wraps the unchanged model
     has_control: bool = True                      # also unlearned from the unmasked control model
-    save: Callable = save_weights                 # save(result, tokenizer, out_dir)
+    save: Callable | str = save_weights           # save(result, tokenizer, out_dir)
     # load(out_dir, load_base, tokenizer, dtype) -> model; load_base() loads the model it ran on
-    load: Callable = load_weights
+    load: Callable | str = load_weights
     summary: str = ""                             # one line for the methods table
+
+    def __post_init__(self):
+        for k in ("fn", "save", "load"):
+            v = getattr(self, k)
+            if isinstance(v, str):
+                if not (":" in v and all(p.replace(".", "_").isidentifier() for p in v.split(":", 1))):
+                    raise ValueError(f"method {self.name!r}: {k} must be a callable or 'module:attribute', got {v!r}")
+                object.__setattr__(self, k, Ref(v))
 
     def resolve(self, hparams: dict | None = None) -> dict:
         "`{**defaults, **hparams}` checked: unknown keys or bad values raise `ValueError` naming what is allowed."
@@ -132,7 +157,7 @@ class MethodSpec:
 
 # %% ../../nbs/unlearn/00_registry.ipynb #8262c3e2
 BUILTIN_METHODS = ("grad_ascent", "grad_diff", "ukl", "dpo", "npo", "simnpo", "oracle_grad", "memflex", "alphaedit",
-                   "uld")   # the ten, in the paper's order; each is the module lume_lab.unlearn.<name>
+                   "uld")   # the ten, in the paper's order; each is declared in lume_lab.unlearn.specs
 RESERVED_NAMES = ("none",)   # "none" names the model before unlearning in the pipeline's evaluation tables
 _REGISTRY: dict[str, MethodSpec] = {}
 
@@ -156,8 +181,9 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     return spec
 
 def get_spec(name: str) -> MethodSpec:
-    "The registered spec `name`, importing `lume_lab.unlearn.<name>` for a built-in method."
-    if name not in _REGISTRY and name in BUILTIN_METHODS: importlib.import_module(f"lume_lab.unlearn.{name}")
+    "The registered spec `name`; the declarations of the built-in methods (`lume_lab.unlearn.specs`) on first use."
+    # torch-free: a declaration names its training function by "module:attribute"
+    if name not in _REGISTRY: from lume_lab.unlearn import specs   # noqa: F401 (importing it registers them)
     if name not in _REGISTRY:
         raise ValueError(f"unknown unlearning method {name!r}; allowed: {', '.join(method_names())}")
     return _REGISTRY[name]
@@ -169,6 +195,7 @@ def method_names() -> list[str]:
 # %% ../../nbs/unlearn/00_registry.ipynb #fee84e4d
 def methods_table() -> pd.DataFrame:
     "One row per method (built-ins first): inputs, retain, reference, changes_weights, has_control, summary."
+    import pandas as pd   # here: the command line resolves configs through this module, and needs no pandas
     rows = []
     for n in method_names():
         s = get_spec(n)

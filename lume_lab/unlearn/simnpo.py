@@ -7,15 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ..models.ops import n_answer_tokens, sequence_logprob
-from .base import BASE_HPARAMS, LR_GRID, add_retain_nll, unlearn_loop
-from .registry import MethodSpec, register_method
+from .base import add_retain_nll, unlearn_loop
+from .specs import SIMNPO_HPARAMS, SIMNPO_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'simnpo_loss', 'simnpo']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'simnpo_loss', 'simnpo']
 
 # %% ../../nbs/unlearn/07_simnpo.ipynb #e950547e
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "beta": 10.0, "delta": 1.5, "gamma": 3.0, "alpha": 1.0}
-
 def simnpo_loss(logp_sum: torch.Tensor, n_tokens: torch.Tensor, beta: float, delta: float = 0.0) -> torch.Tensor:
     "Mean over examples of $-\\frac{2}{\\beta}\\log\\sigma(\\beta(-\\log\\pi_\\theta(y|x)/|y| - \\delta))$."
     nll_mean = -logp_sum / n_tokens
@@ -35,13 +33,7 @@ def _simnpo(model, tokenizer, forget, retain, hp, *, seed=0):
     )
 
 # %% ../../nbs/unlearn/07_simnpo.ipynb #1f4de8dd
-SPEC = register_method(
-    MethodSpec(
-        "simnpo", _simnpo, DEFAULT_HPARAMS, needs_retain=lambda hp: hp["alpha"] > 0,
-        summary="reference-free, length-normalised NPO",
-        grid={"lr": LR_GRID, "epochs": [5], "alpha": [0.01, 1.0], "max_grad_norm": [None]},
-    )
-)
+SPEC, DEFAULT_HPARAMS = SIMNPO_SPEC, SIMNPO_HPARAMS   # the declaration above, by this module's names
 
 def simnpo(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` with SimNPO (plus α·retain NLL). Trains `model` in place."

@@ -7,15 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ..models.ops import answer_logits, answer_nll, batch_nll, lm_inputs
-from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
-from .registry import MethodSpec, register_method
+from .base import unlearn_loop
+from .specs import UKL_HPARAMS, UKL_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'answer_kl', 'ukl_loss', 'ukl']
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'answer_kl', 'ukl_loss', 'ukl']
 
 # %% ../../nbs/unlearn/04_ukl.ipynb #c7dc3f82
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "gamma": 1.0, "alpha": 1.0}
-
 def answer_kl(logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     "Per-example mean over answer positions of KL(π_ref ‖ π_θ), full vocabulary; `logits` are π_θ's."
     rows, _, mask = answer_logits(logits, labels)
@@ -44,13 +42,7 @@ def _ukl(model, tokenizer, forget, retain, hp, *, seed=0):
     )
 
 # %% ../../nbs/unlearn/04_ukl.ipynb #de5bc308
-SPEC = register_method(
-    MethodSpec(
-        "ukl", _ukl, DEFAULT_HPARAMS, needs_retain=True, needs_reference=True,
-        summary="ascent on forget, KL to the original on retain",
-        grid={"lr": LR_GRID, "epochs": [5], "alpha": [1.0, 3.0], "max_grad_norm": [None]},
-    )
-)
+SPEC, DEFAULT_HPARAMS = UKL_SPEC, UKL_HPARAMS   # the declaration above, by this module's names
 
 def ukl(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Unlearn `forget` by gradient ascent with KL(π_ref ‖ π_θ) on `retain` answers. Trains `model` in place."

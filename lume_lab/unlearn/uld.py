@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 from ..models.ops import batch_nll, check_qa, lm_inputs, token_mean_nll, answer_logits
 from ..models.arch import architecture
-from .base import BASE_HPARAMS, LR_GRID, unlearn_loop
+from .base import unlearn_loop
 from ..core.config import finite_number
-from .registry import MethodSpec, register_method
+from .specs import ULD_HPARAMS, ULD_SPEC
 
 # %% auto #0
-__all__ = ['DEFAULT_HPARAMS', 'SPEC', 'relative_top_mask', 'uld_logits', 'build_assistant', 'uniform_kl', 'uld_loss', 'ULDModel',
+__all__ = ['SPEC', 'DEFAULT_HPARAMS', 'relative_top_mask', 'uld_logits', 'build_assistant', 'uniform_kl', 'uld_loss', 'ULDModel',
            'uld']
 
 # %% ../../nbs/unlearn/11_uld.ipynb #ec893567
@@ -77,24 +77,6 @@ def uld_loss(forget_nll: torch.Tensor, retain_kl: torch.Tensor, retain_weight: f
     return forget_nll + retain_weight * retain_kl
 
 # %% ../../nbs/unlearn/11_uld.ipynb #5c907f65
-DEFAULT_HPARAMS = {**BASE_HPARAMS, "lr": 1e-3, "epochs": 5, "n_layers": None, "lora_r": 16, "lora_alpha": 32,
-                   "lora_dropout": 0.05, "retain_weight": 5.0, "alpha": 1.0, "top_logit_filter": 0.1}
-
-def _check_uld(hp: dict) -> list[str]:
-    "ULD's own rules (the generic ones are checked by the registry first)."
-    probs = []
-    if hp["n_layers"] is not None and not (isinstance(hp["n_layers"], int) and hp["n_layers"] >= 1):
-        probs.append(f"uld.n_layers must be None or a positive int, got {hp['n_layers']!r}")
-    for k in ("lora_r", "lora_alpha"):
-        if not (isinstance(hp[k], int) and hp[k] >= 1): probs.append(f"uld.{k} must be a positive int, got {hp[k]!r}")
-    if not (isinstance(hp["lora_dropout"], (int, float)) and 0 <= hp["lora_dropout"] < 1):
-        probs.append(f"uld.lora_dropout must be in [0, 1), got {hp['lora_dropout']!r}")
-    if not finite_number(hp["retain_weight"]):
-        probs.append(f"uld.retain_weight must be a number >= 0, got {hp['retain_weight']!r}")
-    if not (isinstance(hp["top_logit_filter"], (int, float)) and 0 <= hp["top_logit_filter"] < 1):
-        probs.append(f"uld.top_logit_filter must be in [0, 1), got {hp['top_logit_filter']!r}")
-    return probs
-
 def _uld_step(model, batch, ref, hp):
     f = batch_nll(model, batch["forget"]); r = batch["retain"]
     out = model(**lm_inputs(r))
@@ -210,23 +192,7 @@ def _save_uld(result, tokenizer, out_dir): result.save_assistant(Path(out_dir) /
 def _load_uld_result(out_dir, load_base, tokenizer, dtype="float32"):
     return ULDModel.load(load_base(), Path(out_dir) / "assistant").eval()
 
-def _check_uld_model(hp: dict, n_layers: int) -> list[str]:
-    "`n_layers` of the assistant must fit in the target's `n_layers` decoder layers."
-    n = hp["n_layers"]
-    return (
-        []
-        if n is None or n <= n_layers
-        else [f"uld.n_layers must be None or an int in 1..{n_layers} (the model has {n_layers} layers), got {n!r}"]
-    )
-
-SPEC = register_method(
-    MethodSpec(
-        "uld", _uld, DEFAULT_HPARAMS, check=_check_uld, check_model=_check_uld_model, needs_retain=True,
-        changes_weights=False, has_control=False, save=_save_uld, load=_load_uld_result,
-        summary="subtract a small assistant's logits; the model's weights never change",
-        grid={"lr": LR_GRID, "epochs": [5], "max_grad_norm": [None]},
-    )
-)
+SPEC, DEFAULT_HPARAMS = ULD_SPEC, ULD_HPARAMS   # the declaration above, by this module's names
 
 def uld(model, tokenizer, forget, retain, hparams: dict | None = None, seed: int = 0):
     "Train a ULD assistant on `forget`/`retain`; return `(ULDModel(model, assistant), log)`. `model` is not modified."

@@ -54,8 +54,6 @@ def _preset_rows(preset: str) -> dict[str, dict]:
 def resolve_config(cfg: RunConfig) -> RunConfig:
     """`cfg` with `unlearn.methods` explicit and every method's hyperparameters resolved;
     one `ConfigError` lists every problem."""
-    # registers the e09 method (not a built-in); here, not at the top: torch
-    from lume_lab.unlearn import localized_graddiff
     cfg = validate(copy.deepcopy(cfg))
     methods, rows, problems, hparams = config_methods(cfg), _preset_rows(cfg.preset), [], {}
     problems += [f"unlearn.hparams sets {m!r}, which is not in unlearn.methods ({', '.join(run_methods(cfg))})"

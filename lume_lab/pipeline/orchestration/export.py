@@ -100,9 +100,9 @@ def tofu_rows(rows, paraphrases, profiles: dict, pool: list[str], seed: int, k: 
 def field_exports(store: RunStore, field: str) -> dict[str, list[dict]]:
     "`forget_<field>`, `retain_<field>`, `holdout_<field>`: rows in TOFU's field names (`tofu_rows`)."
     from lume_lab.inject.testbed import field_splits, load_testbed
-    from lume_lab.pipeline.stages.base import load_pii
+    from lume_lab.data.pii import load_pii
     from lume_lab.pipeline.stages.remind import holdout_qa
-    c, pii = store.config, load_pii(store)
+    c, pii = store.config, load_pii(store.path("pii"))
     sp = field_splits(load_testbed(store.path("testbed")), field)
     people = {p["profile_id"]: p for p in pii["profiles"]}
     fresh, hold, hold_r = holdout_qa(store, field)
@@ -200,8 +200,8 @@ def groups_info(store: RunStore, fields: list[str]) -> dict:
     """What the masks' groups hold: encoding, each group's side and profiles, and per forget field the groups of m^F and
     m^F ∪ m^R."""
     from lume_lab.analysis.localization import default_groups
-    from lume_lab.pipeline.stages.base import load_pii
-    c, prof = store.config, pd.DataFrame(load_pii(store)["profiles"].to_list())
+    from lume_lab.data.pii import load_pii
+    c, prof = store.config, pd.DataFrame(load_pii(store.path("pii"))["profiles"].to_list())
     F, R = default_groups(c.pii.n_groups)
     groups = [{"group": g, "owner_id": g + 1, "side": "forget" if g in F else "retain",
                "profiles": sorted(prof[prof.group == g].profile_id)} for g in range(c.pii.n_groups)]

@@ -20,7 +20,7 @@ from ...models.accel import default_device
 
 # %% auto #0
 __all__ = ['SOURCE_READS', 'stage_world', 'check_checkpoint', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base',
-           'load_stage_model', 'load_pii', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
+           'load_stage_model', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #2a57b2e7
 def _uses_hf_checkpoint(cfg: RunConfig) -> bool: return cfg.model.name_or_path is not None
@@ -156,11 +156,6 @@ def load_stage_model(store: RunStore, stage: str, device=None):
     "(model, tokenizer) saved under `<stage>/model` (for `base`, whatever `load_base` loads)."
     if stage == "base": return load_base(store, device)
     return load_model(store.path(stage) / "model", dtype=store.config.model.dtype, device=device)
-
-def load_pii(store: RunStore):
-    "The run's PII `DatasetDict` (stage `pii`)."
-    from lume_lab.data.pii import load_pii as _load
-    return _load(store.path("pii"))
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #c32c05c2
 def stage_utility(store: RunStore, name: str = "base", model_stage: str = "base") -> pd.DataFrame:

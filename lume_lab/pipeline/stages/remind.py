@@ -12,7 +12,8 @@ import pandas as pd
 
 from ...core.store import RunStore, section_fields
 from ..orchestration.config import run_methods
-from .base import load_base, load_pii, load_stage_model
+from ...data.pii import load_pii
+from .base import load_base, load_stage_model
 from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
@@ -28,7 +29,7 @@ def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], lis
     """(never-injected profiles, their questions, their paraphrased questions) on `field`:
     REMIND's holdout class, the export's holdout split."""
     from lume_lab.data.pii import make_profiles, render_qa
-    c, pii = store.config, load_pii(store)
+    c, pii = store.config, load_pii(store.path("pii"))
     fresh = make_profiles(c.remind.n_holdout, c.seed, exclude_names=set(pii["profiles"]["full_name"]), id_prefix="h")
     rng = random.Random(f"remind-holdout:{c.seed}:{field}")
     hold = [q for p in fresh for q in render_qa(p, [field], c.pii.qa_per_field, rng)]
@@ -38,7 +39,7 @@ def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], lis
 def remind_examples(store: RunStore, field: str) -> pd.DataFrame:
     "One row per QA input of `field`'s classes: class, input (orig / reph), prompt, question, answer, profile_id."
     from lume_lab.inject.testbed import field_split_names
-    c, tb, pii = store.config, stage_testbed(store), load_pii(store)
+    c, tb, pii = store.config, stage_testbed(store), load_pii(store.path("pii"))
     names = field_split_names(field)
     cols = ["prompt", "question", "answer", "profile_id"]
     def frame(rows, cls, inp):

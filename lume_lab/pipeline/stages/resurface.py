@@ -13,7 +13,8 @@ import pandas as pd
 from ...core.store import RunStore
 from ..orchestration.config import run_methods
 from ..orchestration.launch import launched_stage
-from .base import load_base, load_pii, load_stage_model
+from ...data.pii import load_pii
+from .base import load_base, load_stage_model
 from .testbed import stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 from ...unlearn.registry import get_spec
@@ -30,7 +31,7 @@ def stage_instruct_floor(store: RunStore) -> Path:
     c = store.config
     def fn(out):
         model, tok = load_base(store)
-        merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
+        merged, log = instruction_tune(model, tok, load_pii(store.path("pii"))["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     return launched_stage(store, "instruct_floor", fn, reads=["instruct", "seed"], deps=["pii", "base"])
 
@@ -59,7 +60,7 @@ def attempt_rows(store: RunStore, field: str) -> tuple[list[dict], pd.DataFrame]
     c = store.config
     forget = list(field_splits(stage_testbed(store), field)["forget"])
     ids = sorted({r["profile_id"] for r in forget})
-    prof = {p["profile_id"]: p for p in load_pii(store)["profiles"]}
+    prof = {p["profile_id"]: p for p in load_pii(store.path("pii"))["profiles"]}
     first = forget if c.resurface.extraction_prompts else []
     rows, n = attack_set([prof[i] for i in ids], field, c.resurface.attempts, c.seed,
                          paraphrases=c.resurface.paraphrases, first=first)

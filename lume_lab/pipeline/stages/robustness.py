@@ -12,7 +12,8 @@ import torch
 
 from ...core.store import RunStore
 from ..orchestration.config import run_methods
-from .base import load_pii, load_stage_model
+from ...data.pii import load_pii
+from .base import load_stage_model
 from .testbed import forget_groups, stage_masks, stage_testbed
 from .unlearn import ModelSource, _weights, method_source, stage_unlearn
 from ...unlearn.registry import get_spec
@@ -148,8 +149,9 @@ def stage_relearning(store: RunStore, src: ModelSource, attack: str) -> pd.DataF
     from lume_lab.analysis.relearning import relearning_data
     c, field = store.config, src.field
     sp = _splits(store, field)
+    qa_train = load_pii(store.path("pii"))["qa_train"]
     # refuses before compute
-    rows, scored = relearning_data(attack, sp["forget"], sp["retain"], load_pii(store)["qa_train"], field, c.seed)
+    rows, scored = relearning_data(attack, sp["forget"], sp["retain"], qa_train, field, c.seed)
     def fn(out):
         model, tok = src.load()
         attacked, log = relearn(model, tok, rows, c)

@@ -16,7 +16,8 @@ from ...inject.masks import group_mask
 from ...models.lm import save_model
 from ...models.ops import pad_id
 from ..orchestration.launch import fsdp2_requested, launched_stage
-from .base import load_base, load_pii, load_stage_model, prepare_base, stage_pii
+from ...data.pii import load_pii
+from .base import load_base, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
 __all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'stage_masks', 'inject_reads', 'stage_inject',
@@ -61,7 +62,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
     owner = stage_masks(store) if masked else None
     def fn(out):
         model, tok = load_base(store)
-        ex = injection_examples(load_world(store.path("world")), load_pii(store), tok, c.inject, c.seed)
+        ex = injection_examples(load_world(store.path("world")), load_pii(store.path("pii")), tok, c.inject, c.seed)
         steps = c.inject.steps if masked or c.inject.control_steps is None else c.inject.control_steps
         # the partial stage dir survives an interruption, so a rerun finds these
         # (DDP/FSDP2 jobs restart the stage instead)
@@ -109,7 +110,7 @@ def stage_instruct(store: RunStore, masked: bool = True) -> Path:
     c, src = store.config, "inject_masked" if masked else "inject_unmasked"
     def fn(out):
         model, tok = load_stage_model(store, src)
-        merged, log = instruction_tune(model, tok, load_pii(store)["instruct"], c.instruct, c.seed)
+        merged, log = instruction_tune(model, tok, load_pii(store.path("pii"))["instruct"], c.instruct, c.seed)
         save_model(merged, tok, out / "model"); log.to_csv(out / "log.csv", index=False)
     return launched_stage(store, "instruct_masked" if masked else "instruct_unmasked", fn, reads=["instruct", "seed"],
                           deps=["pii", src])
@@ -121,7 +122,8 @@ def stage_testbed(store: RunStore):
     c = store.config
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
-        build_testbed(model, tok, load_pii(store), c.testbed, c.seed, out, target_fields=c.pii.target_fields)
+        pii = load_pii(store.path("pii"))
+        build_testbed(model, tok, pii, c.testbed, c.seed, out, target_fields=c.pii.target_fields)
     return load_testbed(
         store.stage(
             "testbed", fn, reads=["testbed", "seed"], inputs={"min_split_profiles": MIN_SPLIT_PROFILES},
@@ -135,7 +137,7 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
     c = store.config
     def fn(out):
         model, tok = load_stage_model(store, stage)
-        rows = [r for r in load_pii(store)["qa_train"] if r["field"] in c.pii.target_fields]
+        rows = [r for r in load_pii(store.path("pii"))["qa_train"] if r["field"] in c.pii.target_fields]
         mem = memorized_profiles(extraction_table(model, tok, rows, c.testbed.max_new_tokens), c.testbed.min_share)
         extraction_rates(mem, ["field", "group", "role", "side"]).to_csv(out / "extraction_rates.csv", index=False)
         mem.to_csv(out / "memorized.csv", index=False)
@@ -155,7 +157,7 @@ def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh:
     if stage == "instruct_masked": stage_testbed(store); mem = pd.read_csv(store.path("testbed") / "memorized.csv")
     else: mem = stage_extraction(store, stage)
     def fn(out):
-        rows = reachability_rows(load_pii(store), mem, c.pii.target_fields, n_fresh, c.seed)
+        rows = reachability_rows(load_pii(store.path("pii")), mem, c.pii.target_fields, n_fresh, c.seed)
         if rows.empty: ext = rows.assign(generated=[], revealed=[])
         else: ext = extraction_table(*load_stage_model(store, stage), rows.to_dict("records"), c.testbed.max_new_tokens)
         ext.to_csv(out / "answers.csv", index=False)

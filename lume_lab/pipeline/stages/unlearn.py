@@ -286,11 +286,11 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
     (`analysis.localization`)."""
     from lume_lab.analysis.localization import localization_table, precision_summary
     from lume_lab.inject.testbed import field_split_names, warn_small_splits
-    from lume_lab.pipeline.stages.base import load_pii
+    from lume_lab.data.pii import load_pii
     c, name = store.config, field_split_names(field)["forget"]
     forget = stage_testbed(store)[name]
     warn_small_splits({name: forget}, "localization")
-    sizes = localization_sizes(forget, load_pii(store)["profiles"]["group"], c.pii.n_groups)
+    sizes = localization_sizes(forget, load_pii(store.path("pii"))["profiles"]["group"], c.pii.n_groups)
     W = lambda stage: _weights(store.path(stage) / "model",
                                lambda: load_base(store) if stage == "base" else load_stage_model(store, stage))
     pre, inj, inj_ctrl = W("base"), W("instruct_masked"), W("instruct_unmasked")
