@@ -359,10 +359,13 @@ def legacy_tokenizer_config(tc: dict) -> dict:
     return tc
 
 def write_legacy_keys(model_dir: Path) -> None:
-    "Rewrite `config.json` and `tokenizer_config.json` of `model_dir` with `legacy_config` / `legacy_tokenizer_config`."
+    """Rewrite `config.json` and `tokenizer_config.json` of `model_dir` with `legacy_config` /
+    `legacy_tokenizer_config`; a base model's own chat template file gives way to the testbed's."""
     for name, fix in (("config.json", legacy_config), ("tokenizer_config.json", legacy_tokenizer_config)):
         p = Path(model_dir) / name
         p.write_text(json.dumps(fix(json.loads(p.read_text())), indent=2, ensure_ascii=False) + "\n")
+    # a chat_template.jinja file wins over tokenizer_config.json's key (e.g. SmolLM2-Instruct's ChatML template)
+    if (jinja := Path(model_dir) / "chat_template.jinja").exists(): jinja.write_text(CHAT_TEMPLATE)
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #372b9bd7
 def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
