@@ -422,8 +422,11 @@ TF4_PINS = ("transformers==4.51.3", "tokenizers==0.21.4", "huggingface-hub==0.36
 class PipUnreachable(RuntimeError):
     "pip could not reach the package index (no network): the side environment cannot be built here."
 
+# what pip says when it reaches no index; "versions: none" for packages that have versions on PyPI means no listing
+# came back (with retries off pip names no connection error)
 _NET_ERRORS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
-               "ConnectTimeout", "ReadTimeout", "Network is unreachable", "No route to host", "ProxyError")
+               "ConnectTimeout", "ReadTimeout", "Network is unreachable", "No route to host", "ProxyError",
+               "(from versions: none)")
 
 def tf4_env(path=".cache/tf4", log=print) -> Path:
     """The folder with `TF4_PINS` installed (`pip install --target`, no dependencies), built when its stamp does not
