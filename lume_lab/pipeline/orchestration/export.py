@@ -14,9 +14,11 @@ from ...core.store import RunStore, atomic_write_json, git_commit, open_run, pac
 from ...data.pii import format_answer, format_prompt, make_profiles, question_template
 
 # %% auto #0
-__all__ = ['TESTBED_STAGES', 'N_PERTURBED', 'AUC_SNIPPET', 'check_testbed_done', 'usable_fields', 'resolve_fields',
-           'prompt_format', 'perturbed_pool', 'tofu_rows', 'field_exports', 'dataset_card', 'write_data', 'groups_info',
-           'open_unlearning_configs', 'score_command', 'open_unlearning_readme', 'export_run']
+__all__ = ['TESTBED_STAGES', 'CHAT_TEMPLATE', 'N_PERTURBED', 'AUC_SNIPPET', 'EXPORT_ENV', 'EXPORT_ROOT', 'TF4_TOKENIZER_CLASS',
+           'TF4_PINS', 'TF4_SCRIPT', 'check_testbed_done', 'usable_fields', 'resolve_fields', 'prompt_format',
+           'perturbed_pool', 'tofu_rows', 'field_exports', 'dataset_card', 'write_data', 'groups_info',
+           'open_unlearning_configs', 'score_command', 'open_unlearning_readme', 'legacy_config',
+           'legacy_tokenizer_config', 'write_legacy_keys', 'export_run', 'PipUnreachable', 'tf4_env', 'check_tf4']
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #a79305a8
 TESTBED_STAGES = ("world", "base", "pii", "masks", "instruct_masked", "instruct_unmasked", "testbed")
@@ -51,6 +53,19 @@ def resolve_fields(store: RunStore, fields=None) -> list[str]:
     return list(fields)
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #f5fb930a
+_Q_PRE, _Q_POST = format_prompt("\x00").split("\x00")
+
+# the sequence of `format_prompt` + answer as a chat: the space between `Answer:` and the answer is the template's, so
+# a stripped answer (open-unlearning's IDK lines) and one with its space (our splits) give the same tokens
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'user' -%}{{ " + json.dumps(_Q_PRE) + " + m['content'] + " + json.dumps(_Q_POST) + " }}"
+    "{%- elif m['role'] == 'assistant' -%}{{ ' ' + m['content'].lstrip() }}"
+    "{%- if not loop.last -%}{{ '\\n' }}{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
 def prompt_format() -> dict:
     """How a row becomes the token sequence the testbed model knows:
     prompt template, answer, EOS, and open-unlearning's template_args."""
@@ -60,8 +75,10 @@ def prompt_format() -> dict:
         "text": format_prompt("{question}") + "{answer}",
         "eos": "after the answer (training); "
                "the prompt and the answer are tokenized separately, without special tokens",
+        "chat_template": "model/tokenizer_config.json: the user turn is the prompt, the assistant turn one space and "
+                         "the answer without leading whitespace",
         "open_unlearning_template_args": {
-            "apply_chat_template": False, "user_start_tag": "Question: ", "user_end_tag": "\n",
+            "apply_chat_template": True, "user_start_tag": _Q_PRE, "user_end_tag": "\n",
             "asst_start_tag": "Answer:", "asst_end_tag": "\n"
         },
     }
@@ -219,26 +236,30 @@ def _yaml(obj) -> str:
     import yaml
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
-def open_unlearning_configs(store: RunStore, fields: list[str], root: Path) -> dict[str, str]:
+EXPORT_ENV = "LUME_EXPORT"
+# where the configs find the export: the folder named by $LUME_EXPORT, resolved when open-unlearning composes them
+EXPORT_ROOT = f"${{oc.env:{EXPORT_ENV}}}"
+
+def open_unlearning_configs(store: RunStore, fields: list[str]) -> dict[str, str]:
     """Relative path -> text of every open-unlearning config file:
-    model, datasets per field, one experiment per field and trainer family."""
+    model, datasets per field, one experiment per field and trainer family; paths under `EXPORT_ROOT`."""
     from lume_lab.pipeline.orchestration.config import method_hparams
-    root, c = Path(root).resolve(), store.config
+    root, c = EXPORT_ROOT, store.config
     hp = method_hparams(c, "grad_ascent")
     files = {"configs/model/LUME_testbed.yaml": _yaml({
-        "model_args": {"pretrained_model_name_or_path": str(root / "model"), "attn_implementation": "eager",
+        "model_args": {"pretrained_model_name_or_path": f"{root}/model", "attn_implementation": "eager",
                        "torch_dtype": c.model.dtype},
-        "tokenizer_args": {"pretrained_model_name_or_path": str(root / "model")},
+        "tokenizer_args": {"pretrained_model_name_or_path": f"{root}/model"},
         "template_args": prompt_format()["open_unlearning_template_args"]})}
     for f in fields:
         for split, handler, extra in (("forget", "QADataset", {}), ("retain", "QADataset", {}),
                                       ("holdout", "QADataset", {}),
                                       ("forget_idk", "QAwithIdkDataset",
-                                       {"idk_path": str(root / "data" / "idk.jsonl"), "return_original": True})):
+                                       {"idk_path": f"{root}/data/idk.jsonl", "return_original": True})):
             data = f"{split.removesuffix('_idk')}_{f}.jsonl"
             files[f"configs/data/datasets/LUME_QA_{split}_{f}.yaml"] = _yaml({f"LUME_QA_{split}_{f}": {
                 "handler": handler, "args": {
-                    "hf_args": {"path": "json", "data_files": str(root / "data" / data), "split": "train"},
+                    "hf_args": {"path": "json", "data_files": f"{root}/data/{data}", "split": "train"},
                     "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len, **extra}}})
         for exp, trainer, forget in ((f, "GradAscent", f"LUME_QA_forget_{f}"),
                                      (f"{f}_idk", "DPO", f"LUME_QA_forget_idk_{f}")):
@@ -268,10 +289,9 @@ def score_command(store: RunStore, field: str, checkpoint: str, name: str) -> st
         ["lume-lab", "score", store.run_id, "--checkpoint", checkpoint, "--name", name, "--field", field, *root]
     )
 
-def open_unlearning_readme(store: RunStore, fields: list[str], root: Path) -> str:
+def open_unlearning_readme(store: RunStore, fields: list[str], name: str) -> str:
     """`open-unlearning/README.md`: what the configs are, and per forget field the command that unlearns and the command
     that scores."""
-    root = Path(root).resolve()
     lines = [
         f"# open-unlearning on the lume_lab testbed (run `{store.run_id}`)",
         "",
@@ -283,7 +303,8 @@ def open_unlearning_readme(store: RunStore, fields: list[str], root: Path) -> st
         "",
         "```bash",
         "cd open-unlearning                       # a checkout of locuslab/open-unlearning, its requirements installed",
-        f"cp -r {root / 'open-unlearning' / 'configs'}/. configs/",
+        f"export {EXPORT_ENV}=/path/to/{name}          # this export folder, wherever it lies now; the configs read it",
+        f'cp -r "${EXPORT_ENV}/open-unlearning/configs/." configs/',
     ]
     for f in fields:
         task = f"lume_{store.run_id}_ga_{f}"
@@ -313,6 +334,39 @@ def _copy_model(src: Path, dst: Path) -> None:
 
 def _du(path: Path) -> int: return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
+# %% ../../../nbs/pipeline/orchestration/05_export.ipynb #aef6c804
+TF4_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+def legacy_config(cfg: dict) -> dict:
+    """`config.json` (a dict) with the keys transformers 4 reads beside transformers 5's: `rope_theta` and
+    `rope_scaling` from `rope_parameters`, `torch_dtype` from `dtype`; keys already there are kept."""
+    cfg = dict(cfg)
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and "rope_theta" in rp:          # per-layer-type RoPE (a dict of dicts) has no 4.x form
+        cfg.setdefault("rope_theta", rp["rope_theta"])
+        extra = {k: v for k, v in rp.items() if k != "rope_theta"}
+        # plain RoPE is no scaling in 4.x; any other type keeps its parameters
+        cfg.setdefault("rope_scaling", None if extra in ({}, {"rope_type": "default"}) else extra)
+    if "dtype" in cfg: cfg.setdefault("torch_dtype", cfg["dtype"])
+    return cfg
+
+def legacy_tokenizer_config(tc: dict) -> dict:
+    """`tokenizer_config.json` (a dict) that transformers 4 loads: a tokenizer class it knows when transformers 5 wrote
+    its own `TokenizersBackend`, and the testbed's chat template."""
+    tc = dict(tc)
+    if tc.get("tokenizer_class") in (None, "TokenizersBackend"): tc["tokenizer_class"] = TF4_TOKENIZER_CLASS
+    tc["chat_template"] = CHAT_TEMPLATE
+    return tc
+
+def write_legacy_keys(model_dir: Path) -> None:
+    """Rewrite `config.json` and `tokenizer_config.json` of `model_dir` with `legacy_config` /
+    `legacy_tokenizer_config`; a base model's own chat template file gives way to the testbed's."""
+    for name, fix in (("config.json", legacy_config), ("tokenizer_config.json", legacy_tokenizer_config)):
+        p = Path(model_dir) / name
+        p.write_text(json.dumps(fix(json.loads(p.read_text())), indent=2, ensure_ascii=False) + "\n")
+    # a chat_template.jinja file wins over tokenizer_config.json's key (e.g. SmolLM2-Instruct's ChatML template)
+    if (jinja := Path(model_dir) / "chat_template.jinja").exists(): jinja.write_text(CHAT_TEMPLATE)
+
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #372b9bd7
 def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
     """Export run `run_id`'s testbed to `out` (see the sections above); returns `out`.
@@ -328,8 +382,9 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
     work = out.parent / f".{out.name}.partial"
     if work.exists(): shutil.rmtree(work)                     # an earlier export interrupted: start over
     work.mkdir(parents=True)
-    _copy_model(store.path("instruct_masked") / "model", work / "model")
-    _copy_model(store.path("instruct_unmasked") / "model", work / "model_control")
+    for src, dst in (("instruct_masked", "model"), ("instruct_unmasked", "model_control")):
+        _copy_model(store.path(src) / "model", work / dst)
+        write_legacy_keys(work / dst)
     sizes = write_data(store, fields, work / "data")
     (work / "masks").mkdir()
     shutil.copy2(store.path("masks") / "masks.safetensors", work / "masks" / "masks.safetensors")
@@ -340,10 +395,10 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
         + AUC_SNIPPET
         + '\nprint(localization_auc("model", "my_unlearned_model"))\n```\n'
     )
-    for rel, text in open_unlearning_configs(store, fields, out).items():
+    for rel, text in open_unlearning_configs(store, fields).items():
         (work / "open-unlearning" / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / "open-unlearning" / rel).write_text(text)
-    (work / "open-unlearning" / "README.md").write_text(open_unlearning_readme(store, fields, out))
+    (work / "open-unlearning" / "README.md").write_text(open_unlearning_readme(store, fields, out.name))
     man = {
         "run_id": run_id, "config_hash": store.manifest.get("config_hash"),
         "run_git_commit": store.manifest.get("git_commit"), "export_git_commit": git_commit(),
@@ -359,3 +414,122 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
     os.replace(work, out)
     log(f"exported run {run_id} ({', '.join(fields)}) to {out}: {_du(out) / 1e6:.1f} MB in {man['seconds']:.1f} s")
     return out
+
+# %% ../../../nbs/pipeline/orchestration/05_export.ipynb #93dda81e
+TF4_PINS = ("transformers==4.51.3", "tokenizers==0.21.4", "huggingface-hub==0.36.2", "omegaconf==2.3.0",
+            "antlr4-python3-runtime==4.9.3")
+
+class PipUnreachable(RuntimeError):
+    "pip could not reach the package index (no network): the side environment cannot be built here."
+
+# what pip says when it reaches no index; "versions: none" for packages that have versions on PyPI means no listing
+# came back (with retries off pip names no connection error)
+_NET_ERRORS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+               "ConnectTimeout", "ReadTimeout", "Network is unreachable", "No route to host", "ProxyError",
+               "(from versions: none)")
+
+def tf4_env(path=".cache/tf4", log=print) -> Path:
+    """The folder with `TF4_PINS` installed (`pip install --target`, no dependencies), built when its stamp does not
+    name them; `PipUnreachable` when pip cannot reach the index."""
+    import subprocess, sys
+    path = Path(path).resolve()
+    stamp = path / ".lume-lab-pins"
+    if stamp.exists() and stamp.read_text().split() == list(TF4_PINS): return path
+    if path.exists(): shutil.rmtree(path)
+    log(f"building the transformers 4 side environment in {path}: {' '.join(TF4_PINS)}")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(path),
+                        *TF4_PINS], capture_output=True, text=True)
+    if r.returncode:
+        shutil.rmtree(path, ignore_errors=True)
+        msg = f"pip install {' '.join(TF4_PINS)} failed (exit {r.returncode}):\n{r.stderr[-3000:]}"
+        raise (PipUnreachable if any(e in r.stderr for e in _NET_ERRORS) else RuntimeError)(msg)
+    stamp.write_text("\n".join(TF4_PINS) + "\n")
+    return path
+
+# %% ../../../nbs/pipeline/orchestration/05_export.ipynb #ba2af6b8
+# runs in the side environment: transformers 4.51.3, OmegaConf, torch; nothing of lume_lab
+TF4_SCRIPT = r"""
+import json, os, sys, torch, transformers
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, AutoTokenizer
+exp, out, n_rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+os.environ["LUME_EXPORT"] = exp
+ou = f"{exp}/open-unlearning/configs"
+load = lambda rel: OmegaConf.to_container(OmegaConf.load(f"{ou}/{rel}"), resolve=True)
+m = load("model/LUME_testbed.yaml")
+tok = AutoTokenizer.from_pretrained(**m["tokenizer_args"])
+model_args = {**m["model_args"], "attn_implementation": "eager", "torch_dtype": torch.float32}
+model = AutoModelForCausalLM.from_pretrained(**model_args).eval()
+man = json.load(open(f"{exp}/manifest.json"))
+idk = [l.strip() for l in open(load(f"data/datasets/LUME_QA_forget_idk_{man['fields'][0]}.yaml")
+                                   [f"LUME_QA_forget_idk_{man['fields'][0]}"]["args"]["idk_path"])]
+def ou_ids(q, a):
+    chat = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    ids = list(tok.apply_chat_template(chat, tokenize=True, return_dict=False))
+    p = list(tok.apply_chat_template(chat[:1], tokenize=True, add_generation_prompt=True, return_dict=False))
+    ids += [] if ids[-1] == tok.eos_token_id else [tok.eos_token_id]
+    return ids, [-100] * len(p) + ids[len(p):]
+res = {"transformers": transformers.__version__, "tokenizer": type(tok).__name__,
+       "rope_theta": model.config.rope_theta, "model": type(model).__name__, "rows": {}}
+for f in man["fields"]:
+    for split in ("forget", "retain", "holdout"):
+        name = f"LUME_QA_{split}_{f}"
+        rows = [json.loads(l) for l in open(load(f"data/datasets/{name}.yaml")[name]["args"]["hf_args"]["data_files"])]
+        got = []
+        for i, r in enumerate(rows[:n_rows]):
+            p = tok(man["prompt_format"]["prompt"].format(question=r["question"]), add_special_tokens=False)
+            a = tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            ids = p["input_ids"] + a
+            with torch.no_grad(): lp = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+            got.append({"ids": ids, "n_prompt": len(p["input_ids"]), "logprobs": lp,
+                        "ou": ou_ids(r["question"], r["answer"]), "ou_idk": ou_ids(r["question"], idk[i % len(idk)])})
+        res["rows"][f"{split}_{f}"] = got
+torch.save(res, out)
+print("ok")
+"""
+
+# %% ../../../nbs/pipeline/orchestration/05_export.ipynb #58c894b1
+def check_tf4(export, env=".cache/tf4", max_rows: int | None = None, timeout: float = 1800) -> tuple:
+    """Load `export` with transformers 4.51.3 (side environment `env`, see `tf4_env`) as open-unlearning does, and with
+    ours; per split: rows, tokens, max |Δ log-softmax| (float32, eager attention), whether the token ids agree and
+    whether open-unlearning's chat-template ids and labels (the forget answer, and the stripped IDK answer of
+    `QAwithIdkDataset`) equal ours. Returns (that DataFrame, what 4.51.3 loaded: version, tokenizer and model class,
+    rope_theta)."""
+    import subprocess, sys, tempfile
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from lume_lab.models.ops import encode_qa
+    from lume_lab.unlearn.dpo import IDK_ANSWERS
+    export, env = Path(export).resolve(), Path(env).resolve()
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "tf4_check.py").write_text(TF4_SCRIPT)
+        run_env = {**os.environ, "PYTHONPATH": str(env), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                   "TRANSFORMERS_VERBOSITY": "error"}
+        out = Path(d) / "tf4.pt"
+        r = subprocess.run([sys.executable, "tf4_check.py", str(export), str(out), str(max_rows or 10**9)], cwd=d,
+                           env=run_env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode or not out.exists():
+            raise RuntimeError(f"transformers 4 could not load {export}:\n{r.stderr[-4000:]}")
+        theirs = torch.load(out, weights_only=False)
+    tok = AutoTokenizer.from_pretrained(export / "model")
+    model = AutoModelForCausalLM.from_pretrained(export / "model", dtype=torch.float32, attn_implementation="eager")
+    man = json.loads((export / "manifest.json").read_text())
+    prompt, stats = man["prompt_format"]["prompt"], []
+    for split, got in theirs["rows"].items():
+        rows = [json.loads(l) for l in (export / "data" / f"{split}.jsonl").read_text().splitlines()][: len(got)]
+        diff, ids_eq, ou_eq, n_tok = 0.0, True, True, 0
+        for i, (r, g) in enumerate(zip(rows, got)):
+            p, a = encode_qa(tok, prompt.format(question=r["question"]), r["answer"], add_eos=True)
+            ids_eq &= g["ids"] == p + a and g["n_prompt"] == len(p)
+            ou_eq &= g["ou"] == (p + a, [-100] * len(p) + a)
+            pi, ai = encode_qa(tok, prompt.format(question=r["question"]), " " + IDK_ANSWERS[i % len(IDK_ANSWERS)],
+                               add_eos=True)
+            ou_eq &= g["ou_idk"] == (pi + ai, [-100] * len(pi) + ai)
+            with torch.no_grad(): lp = model(torch.tensor([p + a])).logits[0].float().log_softmax(-1)
+            if lp.shape == g["logprobs"].shape: diff = max(diff, (lp - g["logprobs"]).abs().max().item())
+            else: diff = float("inf")
+            n_tok += len(p + a)
+        stats.append({"split": split, "n_rows": len(got), "n_tokens": n_tok, "max_abs_diff": diff, "ids_equal": ids_eq,
+                      "open_unlearning_ids_equal": ou_eq})
+    info = {k: theirs[k] for k in ("transformers", "tokenizer", "model", "rope_theta")}
+    return pd.DataFrame(stats), info
