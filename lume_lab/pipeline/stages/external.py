@@ -48,7 +48,8 @@ def _read_json(file: Path, path) -> dict:
     "The JSON object in `file` of checkpoint `path`; a `ConfigError` naming the file if it is not one."
     try: obj = json.loads(Path(file).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"checkpoint {str(path)!r}: {Path(file).name} cannot be read ({e}); is it complete?") from None
+        raise ConfigError(f"checkpoint {str(path)!r}: {Path(file).name} cannot be read ({e}); is it complete?") \
+            from None
     if not isinstance(obj, dict): raise ConfigError(f"checkpoint {str(path)!r}: {Path(file).name} is not a JSON object")
     return obj
 
