@@ -302,8 +302,11 @@ def test_export_splits_masks_and_keys(run, exported):
         "question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field",
         "template"]
     rows = {}
+    # a cache of this export alone: datasets keys a local folder's cache by folder name and config, not by content, so
+    # the shared cache can serve another export's rows
+    hf_cache = str(exported.parent / "hf-cache")
     for split in ("forget", "retain", "holdout"):
-        ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}")["train"]
+        ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}", cache_dir=hf_cache)["train"]
         assert ds.column_names == keys and len(ds) > 0
         rows[split] = ds.to_list()
         cfg = yaml.safe_load(
@@ -352,7 +355,7 @@ def test_export_splits_masks_and_keys(run, exported):
     assert yaml.safe_load((ou / "model" / "LUME_testbed.yaml").read_text())["model_args"][
         "pretrained_model_name_or_path"
     ] == str(exported / "model")
-    idk = datasets.load_dataset(str(exported / "data"), "idk")["train"]
+    idk = datasets.load_dataset(str(exported / "data"), "idk", cache_dir=hf_cache)["train"]
     assert len(idk) >= 10 and (exported / "data" / "idk.jsonl").read_text().count("\n") == len(idk)
     masks, _ = load_masks(exported / "masks" / "masks.safetensors")
     assert masks_equal(masks, T.stage_masks(st))
