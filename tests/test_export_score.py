@@ -303,8 +303,11 @@ def test_export_splits_masks_and_keys(run, exported):
         "question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field",
         "template"]
     rows = {}
+    # a cache of this export alone: datasets keys a local folder's cache by folder name and config, not by content, so
+    # the shared cache can serve another export's rows
+    hf_cache = str(exported.parent / "hf-cache")
     for split in ("forget", "retain", "holdout"):
-        ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}")["train"]
+        ds = datasets.load_dataset(str(exported / "data"), f"{split}_{f}", cache_dir=hf_cache)["train"]
         assert ds.column_names == keys and len(ds) > 0
         rows[split] = ds.to_list()
         cfg = yaml.safe_load(
@@ -353,10 +356,18 @@ def test_export_splits_masks_and_keys(run, exported):
     assert yaml.safe_load((ou / "model" / "LUME_testbed.yaml").read_text())["model_args"][
         "pretrained_model_name_or_path"
     ] == f"{EXPORT_ROOT}/model"
-    idk = datasets.load_dataset(str(exported / "data"), "idk")["train"]
+    idk = datasets.load_dataset(str(exported / "data"), "idk", cache_dir=hf_cache)["train"]
     assert len(idk) >= 10 and (exported / "data" / "idk.jsonl").read_text().count("\n") == len(idk)
     masks, _ = load_masks(exported / "masks" / "masks.safetensors")
     assert masks_equal(masks, T.stage_masks(st))
+    # each row's wrong answers are values of its own field: a retain row's of the retain field, not the forget field's
+    from lume_lab.pipeline.orchestration.export import perturbed_pool
+    from lume_lab.pipeline.stages.remind import holdout_qa
+    names = [p["full_name"] for p in pii] + [p["full_name"] for p in holdout_qa(st, f)[0]]
+    pools = {g: set(perturbed_pool(g, st.config.seed, names)) for s in rows.values() for g in {r["field"] for r in s}}
+    assert {r["field"] for r in rows["retain"]} and f not in {r["field"] for r in rows["retain"]}
+    assert all(set(r["perturbed_answer"]) <= pools[r["field"]] for s in rows.values() for r in s)
+    assert all(not set(r["perturbed_answer"]) & pools[f] for r in rows["retain"])
     for src, dst in (("instruct_masked", "model"), ("instruct_unmasked", "model_control")):
         assert (exported / dst / "model.safetensors").read_bytes() == (
             st.path(src) / "model" / "model.safetensors"
@@ -470,8 +481,31 @@ def _other_vocab(run, d: Path) -> Path:
     return d
 
 
+def _with_nan(run, d: Path) -> Path:
+    "The testbed model with one NaN weight: a diverged run's output."
+    w = _testbed_weights(run); w["model.embed_tokens.weight"][3, 1] = float("nan")
+    _copy_model(run["store"].path("instruct_masked") / "model", d)
+    save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"}); return d
+
+
+def _truncated(run, d: Path) -> Path:
+    "The testbed model with its weights file cut short, as an interrupted copy leaves it."
+    _copy_model(run["store"].path("instruct_masked") / "model", d)
+    b = (d / "model.safetensors").read_bytes(); (d / "model.safetensors").write_bytes(b[: len(b) // 2]); return d
+
+
+def _gelu(run, d: Path) -> Path:
+    "The testbed model's weights bitwise, under a config with another activation: another function."
+    _copy_model(run["store"].path("instruct_masked") / "model", d)
+    c = json.loads((d / "config.json").read_text()); assert c["hidden_act"] != "gelu"
+    (d / "config.json").write_text(json.dumps(c | {"hidden_act": "gelu"})); return d
+
+
 @pytest.mark.parametrize("make, extra, msg", [
     (_other_width, (), "parameter shapes differ from the testbed model's"),
+    (_with_nan, (), "tensor 'model.embed_tokens.weight' in model.safetensors holds 1 NaN and 0 infinite value(s)"),
+    (_truncated, (), "model.safetensors is not a readable safetensors file"),
+    (_gelu, (), "config field hidden_act is 'gelu', the testbed model's is 'silu'"),
     (_other_vocab, (), "tokenizer differs from the testbed model's (vocabulary hash"),
     (lambda run, d: (d.mkdir(), d)[1], (), "is an empty directory"),
     (lambda run, d: d, (), "does not exist"),
@@ -540,3 +574,51 @@ def test_external_rows_join_the_runs_report(run, ga_copy):
     got = stage_entries(st)[f"external_ga-copy_resurface_{f}"](st)
     pd.testing.assert_frame_equal(got["after"], pd.read_csv(_stage(run, "resurface") / "after.csv"))
     assert st.entry(f"external_ga-copy_resurface_{f}")["finished"] == fin
+
+
+def test_a_name_keeps_its_checkpoint(run, ga_copy, tmp_path, capsys):
+    """Other weights under a name the run already scored: exit 2, nothing written, unless --replace.
+    The same files again (from anywhere, with the same control) pass the check."""
+    from lume_lab.pipeline.orchestration.score import check_score
+    st, f = run["store"], run["field"]
+    other = _hand_built(run, tmp_path / "other", lambda n, t, o: t + 0.01)
+    ctl = st.path(U.unlearn_name("grad_ascent", f, True)) / "model"
+    snap = (st.dir / "manifest.json").read_bytes(), sorted(x.name for x in st.dir.iterdir())
+    for ckpt, extra, msg in (
+        (other, ("--control", str(ctl)), "already scored external:ga-copy on " + f + " with other weights"),
+        (ga_copy, (), "already scored external:ga-copy on " + f + " with another control run"),
+    ):
+        assert _score(run, ckpt, "ga-copy", *extra) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("lume-lab: error:")]
+        assert len(err) == 1 and msg in err[0] and "--replace" in err[0], err
+        assert ((st.dir / "manifest.json").read_bytes(), sorted(x.name for x in st.dir.iterdir())) == snap
+    assert check_score(st, other, "ga-copy", control=ctl, replace=True) == f
+    assert check_score(st, _copy_model(ga_copy, tmp_path / "moved"), "ga-copy", control=ctl) == f
+
+
+def test_remove_takes_a_checkpoint_out_of_the_run_and_its_report(run, ga_copy, capsys):
+    """`score --remove NAME`: its stages leave the manifest and the run directory, the refreshed Table 2 and the
+    scorecard lose its rows together; removing it again, or a name never scored, exits 2."""
+    from lume_lab.pipeline.orchestration.runner import experiment_notebooks
+    from lume_lab.pipeline.orchestration.score import refresh_report
+    from lume_lab.pipeline.presentation.scorecard import scorecard
+    st, f, root = run["store"], run["field"], run["root"]
+    for nb in experiment_notebooks(["e03"]): st.record_experiment(nb.stem, 0.0)
+    X.stage_external_checkpoint(st, "rm-me", f, ga_copy)
+    refresh_report(st, root, log=lambda *a: None); st.reload()
+    ours = [k for k in st.manifest["stages"] if k.startswith("external_rm-me_")]
+    assert {f"external_rm-me_checkpoint_{f}", f"external_rm-me_evaluate_{f}"} <= set(ours)
+    table = st.dir / "report" / f"table2_{f}.csv"
+    assert "external:rm-me" in pd.read_csv(table, index_col=[0, 1]).columns
+    assert main(["score", RUN, "--remove", "rm-me", "--runs-root", str(root)]) == 0
+    st.reload()
+    assert not [k for k in st.manifest["stages"] if k.startswith("external_rm-me_")]
+    assert not [x for x in st.dir.iterdir() if "external_rm-me_" in x.name]
+    t = pd.read_csv(table, index_col=[0, 1])
+    assert "external:rm-me" not in t.columns and "external:ga-copy" in t.columns
+    card = scorecard([st.dir])
+    assert "external:rm-me" not in set(card.method) and "external:ga-copy" in set(card.method)
+    assert st.is_done(f"external_ga-copy_checkpoint_{f}")               # another name's stages stay
+    capsys.readouterr()
+    assert main(["score", RUN, "--remove", "rm-me", "--runs-root", str(root), "--no-report"]) == 2
+    assert "has no external checkpoint 'rm-me' to remove" in capsys.readouterr().err

@@ -223,7 +223,7 @@ def _parser() -> argparse.ArgumentParser:
                       "open-unlearning configs"))
     add_score_arguments(sub.add_parser(
         "score", help="score an unlearned checkpoint of a run's testbed model as external:NAME, through the stages a "
-                      "method goes through"))
+                      "method goes through (--remove NAME takes one out again)"))
     return p
 
 # %% ../../../nbs/pipeline/orchestration/04_cli.ipynb #91ced58f

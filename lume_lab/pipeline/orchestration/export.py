@@ -92,9 +92,10 @@ def perturbed_pool(field: str, seed: int, exclude_names=(), n: int = 50) -> list
         format_answer(p[field]) for p in make_profiles(n, seed + 7919, exclude_names=set(exclude_names), id_prefix="x")
     ]
 
-def tofu_rows(rows, paraphrases, profiles: dict, pool: list[str], seed: int, k: int = N_PERTURBED) -> list[dict]:
+def tofu_rows(rows, paraphrases, profiles: dict, pools: dict[str, list[str]], seed: int,
+              k: int = N_PERTURBED) -> list[dict]:
     """QA rows (prompt, answer, question, field, profile_id) in TOFU's field names, with paraphrases, perturbed answers
-    and the template."""
+    (drawn from `pools[row's field]`) and the template."""
     para = {}
     for r in paraphrases: para.setdefault((r["profile_id"], r["field"]), []).append(r["question"])
     seen, out = {}, []
@@ -102,7 +103,7 @@ def tofu_rows(rows, paraphrases, profiles: dict, pool: list[str], seed: int, k: 
         key = (r["profile_id"], r["field"]); i = seen[key] = seen.get(key, -1) + 1
         ps = para.get(key, [])
         rng = random.Random(f"perturbed:{seed}:{r['profile_id']}:{r['field']}:{i}")
-        wrong = rng.sample([a for a in dict.fromkeys(pool) if a != r["answer"]], k)
+        wrong = rng.sample([a for a in dict.fromkeys(pools[r["field"]]) if a != r["answer"]], k)
         out.append(
             {
                 "question": r["question"], "answer": r["answer"],
@@ -123,9 +124,14 @@ def field_exports(store: RunStore, field: str) -> dict[str, list[dict]]:
     sp = field_splits(load_testbed(store.path("testbed")), field)
     people = {p["profile_id"]: p for p in pii["profiles"]}
     fresh, hold, hold_r = holdout_qa(store, field)
-    pool = perturbed_pool(field, c.seed, [p["full_name"] for p in [*people.values(), *fresh]])
+    names = [p["full_name"] for p in [*people.values(), *fresh]]
+    # retain rows ask about the retain field: every field gets its own pool of wrong answers
+    pools = {
+        f: perturbed_pool(f, c.seed, names)
+        for f in {r["field"] for s in (sp["forget"], sp["retain"], hold) for r in s}
+    }
     people |= {p["profile_id"]: p for p in fresh}
-    rows = lambda r, pr: tofu_rows(list(r), list(pr), people, pool, c.seed)
+    rows = lambda r, pr: tofu_rows(list(r), list(pr), people, pools, c.seed)
     return {
         f"forget_{field}": rows(sp["forget"], sp["forget_paraphrase"]),
         f"retain_{field}": rows(sp["retain"], sp["retain_paraphrase"]), f"holdout_{field}": rows(hold, hold_r)

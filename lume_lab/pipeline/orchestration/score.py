@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #d5588e4e
 from __future__ import annotations
-import argparse, time
+import argparse, json, shutil, time
 from pathlib import Path
 
 import pandas as pd
@@ -14,11 +14,12 @@ from ...core.store import RunStore, open_run
 from .export import check_testbed_done, resolve_fields, usable_fields
 
 # %% auto #0
-__all__ = ['SCORE_KINDS', 'REPORT_EXPERIMENTS', 'check_score', 'score_row', 'score_checkpoint', 'refresh_report',
-           'add_export_arguments', 'add_score_arguments', 'score_main']
+__all__ = ['SCORE_KINDS', 'REPORT_EXPERIMENTS', 'check_score', 'check_same_checkpoint', 'score_row', 'score_checkpoint',
+           'refresh_report', 'remove_checkpoint', 'add_export_arguments', 'add_score_arguments', 'score_main']
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #1d7c551d
-def check_score(store: RunStore, checkpoint, name: str, field: str | None = None, control=None) -> str:
+def check_score(store: RunStore, checkpoint, name: str, field: str | None = None, control=None,
+                replace: bool = False) -> str:
     """The forget field to score `checkpoint` on, once every check that needs no compute passed;
     a `ConfigError` naming the first problem."""
     # (here: `lume-lab` starts without transformers)
@@ -37,7 +38,27 @@ def check_score(store: RunStore, checkpoint, name: str, field: str | None = None
     check_checkpoint_dir(checkpoint, store.path("instruct_masked") / "model")
     if control is not None:
         check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
+    if not replace: check_same_checkpoint(store, checkpoint, name, field, control)
     return field
+
+def check_same_checkpoint(store: RunStore, checkpoint, name: str, field: str, control=None) -> None:
+    """A `ConfigError` if the run holds `external:<name>` on `field` from other files (or another control run) than
+    `checkpoint` (`control`)."""
+    from lume_lab.pipeline.stages.external import checkpoint_digest, checkpoint_stage
+    st = checkpoint_stage(name, field)
+    if not store.is_done(st) or not (store.path(st) / "checkpoint.json").exists(): return
+    old = json.loads((store.path(st) / "checkpoint.json").read_text())
+    new = checkpoint_digest(checkpoint), None if control is None else checkpoint_digest(control)
+    was = old.get("digest"), (old.get("control") or {}).get("digest")
+    if new == was: return
+    what = (
+        f"other weights (content digest {was[0]}, from {old.get('source')!r}; these are {new[0]})" if new[0] != was[0]
+        else f"another control run (--control digest {was[1] or 'none'}; now {new[1] or 'none'})"
+    )
+    raise ConfigError(
+        f"run {store.run_id!r} already scored external:{name} on {field} with {what}: pass --replace to replace its "
+        f"results, choose another --name, or take the old one out with --remove {name}"
+    )
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #a3931476
 def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: pd.DataFrame | None,
@@ -70,16 +91,16 @@ SCORE_KINDS = ("evaluate", "localization", "remind", "resurface")
 REPORT_EXPERIMENTS = ("e03", "e04", "e05", "e06", "e10", "e99")
 
 def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = None, control=None, root=None,
-                     report: bool = True, log=print) -> pd.DataFrame:
+                     report: bool = True, log=print, replace: bool = False) -> pd.DataFrame:
     """Score `checkpoint` in run `run_id` as `external:<name>` (see above); its scorecard row.
-    `report`: re-execute the run's e03–e06, e10, e99 after."""
+    `report`: re-execute the run's e03–e06, e10, e99 after; `replace`: other files may replace that name's results."""
     from lume_lab.pipeline.stages.external import external_source, stage_external_checkpoint
     from lume_lab.pipeline.stages.remind import remind_source
     from lume_lab.pipeline.stages.resurface import resurface_source
     from lume_lab.pipeline.stages.unlearn import evaluate_source, localization_source
     t0 = time.perf_counter()
     store = open_run(run_id, root=root)
-    field = check_score(store, checkpoint, name, field, control)          # nothing is written before this passes
+    field = check_score(store, checkpoint, name, field, control, replace)  # nothing is written before this passes
     stage_external_checkpoint(store, name, field, checkpoint, control)
     src = external_source(store, name, field)
     ev = evaluate_source(store, src)
@@ -113,6 +134,29 @@ def refresh_report(store: RunStore, root=None, log=print) -> list[str]:
         write_report([store.dir])
     return [nb.stem for nb in nbs]
 
+# %% ../../../nbs/pipeline/orchestration/06_score.ipynb #d498f4ea
+def remove_checkpoint(run_id: str, name: str, root=None, report: bool = True, log=print) -> list[str]:
+    """Take `external:<name>` out of run `run_id` (its stages and their files), then refresh the report (`report`);
+    the stages removed."""
+    from lume_lab.pipeline.stages.external import check_external_name, external_prefix, scored_externals
+    check_external_name(name)
+    store = open_run(run_id, root=root)
+    pre = external_prefix(name)    # names hold no '_': no other name's stages start with it
+    gone = sorted(k for k in store.manifest["stages"] if k.startswith(pre))
+    if not gone:
+        have = sorted({n for n, _ in scored_externals(store)})
+        raise ConfigError(
+            f"run {run_id!r} has no external checkpoint {name!r} to remove (scored: {', '.join(have) or 'none'})"
+        )
+    # the manifest first: an interrupted removal leaves directories no stage claims, never a stage without its files
+    for k in gone: del store.manifest["stages"][k]
+    store._save()
+    for k in gone:
+        for d in (store.path(k), store.dir / f".{k}.partial"): shutil.rmtree(d, ignore_errors=True)
+    log(f"removed external:{name} from run {run_id} ({len(gone)} stages)")
+    if report: refresh_report(store, root, log)
+    return gone
+
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #958ed865
 def add_export_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("run_id", help="the run whose testbed to export (runs/<run_id>/)")
@@ -128,14 +172,22 @@ def add_export_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_score_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("run_id", help="the run whose testbed the checkpoint was unlearned from (runs/<run_id>/)")
     p.add_argument(
-        "--checkpoint", required=True,
+        "--checkpoint", default=None,
         help="the unlearned model: a save_pretrained directory (safetensors), or a PEFT adapter of model/"
     )
-    p.add_argument("--name", required=True, help="its name in the tables (external:NAME): letters, digits, '.', '-'")
+    p.add_argument("--name", default=None, help="its name in the tables (external:NAME): letters, digits, '.', '-'")
     p.add_argument("--field", default=None, help="the forget field it unlearned (default: the run's only one)")
     p.add_argument(
         "--control", default=None,
         help="optional: the same unlearning run from model_control/ (localization's contrast scores)"
+    )
+    p.add_argument(
+        "--replace", action="store_true",
+        help="the run scored other files under --name on this field: replace their results"
+    )
+    p.add_argument(
+        "--remove", default=None, metavar="NAME",
+        help="instead of scoring: take external:NAME out of the run (its stages and files) and refresh the report"
     )
     p.add_argument("--runs-root", default=None, help="where runs live (default: <repo>/runs)")
     p.add_argument(
@@ -145,7 +197,16 @@ def add_score_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 def score_main(a) -> int:
-    "`lume-lab score`: score the checkpoint and print its row."
-    row = score_checkpoint(a.run_id, a.checkpoint, a.name, a.field, a.control, a.runs_root, report=not a.no_report)
+    "`lume-lab score`: score the checkpoint and print its row (or, with `--remove`, take one out)."
+    if a.remove is not None:
+        if used := [o for o, v in (("--checkpoint", a.checkpoint), ("--name", a.name), ("--field", a.field),
+                                   ("--control", a.control), ("--replace", a.replace)) if v]:
+            raise ConfigError(f"--remove takes no {', '.join(used)}: it removes external:NAME on every field")
+        remove_checkpoint(a.run_id, a.remove, a.runs_root, report=not a.no_report)
+        return 0
+    if a.checkpoint is None or a.name is None:
+        raise ConfigError("score needs --checkpoint DIR and --name NAME (or --remove NAME to take one out)")
+    row = score_checkpoint(a.run_id, a.checkpoint, a.name, a.field, a.control, a.runs_root, report=not a.no_report,
+                           replace=a.replace)
     print(row.T.to_string(header=False))
     return 0

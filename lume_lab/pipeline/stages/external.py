@@ -17,11 +17,11 @@ from .base import _file_digest
 from .unlearn import ModelSource
 
 # %% auto #0
-__all__ = ['NAME_PATTERN', 'EXTERNAL_PREFIX', 'TOKENIZER_FILES', 'check_external_name', 'external_label', 'external_prefix',
-           'checkpoint_stage', 'checkpoint_files', 'checkpoint_digest', 'vocab_hash', 'tensor_shapes',
-           'check_checkpoint_dir', 'import_checkpoint', 'RoundedToReference', 'weight_changes',
-           'NothingUnlearnedWarning', 'stage_external_checkpoint', 'external_source', 'precision_columns',
-           'scored_externals', 'external_sources']
+__all__ = ['NAME_PATTERN', 'EXTERNAL_PREFIX', 'TOKENIZER_FILES', 'IGNORED_CONFIG_FIELDS', 'check_external_name', 'external_label',
+           'external_prefix', 'checkpoint_stage', 'checkpoint_files', 'checkpoint_digest', 'vocab_hash',
+           'tensor_shapes', 'nonfinite_tensor', 'function_config', 'config_differences', 'check_checkpoint_dir',
+           'import_checkpoint', 'RoundedToReference', 'weight_changes', 'NothingUnlearnedWarning',
+           'stage_external_checkpoint', 'external_source', 'precision_columns', 'scored_externals', 'external_sources']
 
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #313611e1
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}")
@@ -43,6 +43,15 @@ def checkpoint_stage(name: str, field: str) -> str: return f"{external_prefix(na
 # %% ../../../nbs/pipeline/stages/09_external.ipynb #b0c69d9f
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+
+def _read_json(file: Path, path) -> dict:
+    "The JSON object in `file` of checkpoint `path`; a `ConfigError` naming the file if it is not one."
+    try: obj = json.loads(Path(file).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"checkpoint {str(path)!r}: {Path(file).name} cannot be read ({e}); is it complete?") \
+            from None
+    if not isinstance(obj, dict): raise ConfigError(f"checkpoint {str(path)!r}: {Path(file).name} is not a JSON object")
+    return obj
 
 def checkpoint_files(path) -> dict:
     """`kind` ('model' or 'adapter'), `weights`, `config`, `tokenizer` files of a checkpoint directory;
@@ -71,7 +80,7 @@ def checkpoint_files(path) -> dict:
             f"(files: {', '.join(names[:6])})"
         )
     if "model.safetensors.index.json" in names:
-        shards = sorted(set(json.loads((p / "model.safetensors.index.json").read_text())["weight_map"].values()))
+        shards = sorted(set(_read_json(p / "model.safetensors.index.json", path).get("weight_map", {}).values()))
         if missing := [s for s in shards if s not in names]:
             raise ConfigError(f"checkpoint {str(path)!r} lacks weight shard(s) {missing[:3]}")
         weights = ["model.safetensors.index.json", *shards]
@@ -106,13 +115,57 @@ def vocab_hash(path) -> str:
 
 def tensor_shapes(path, files: list[str]) -> dict[str, tuple]:
     "name -> shape of every tensor in the safetensors `files` of `path`, from their headers (no tensor is read)."
-    from safetensors import safe_open
     out = {}
     for n in files:
         if not n.endswith(".safetensors"): continue
-        with safe_open(str(Path(path) / n), framework="pt") as f:
+        with _open_safetensors(path, n) as f:
             for k in f.keys(): out[k] = tuple(f.get_slice(k).get_shape())
     return out
+
+def _open_safetensors(path, name: str):
+    "`safe_open` on file `name` of `path`; a `ConfigError` naming the file if it is not a complete safetensors file."
+    from safetensors import SafetensorError, safe_open
+    try: return safe_open(str(Path(path) / name), framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(
+            f"checkpoint {str(path)!r}: {name} is not a readable safetensors file ({e}); was it copied or saved "
+            "completely?"
+        ) from None
+
+def nonfinite_tensor(path, files: list[str]) -> str | None:
+    """None if every floating-point weight in the safetensors `files` of `path` is finite; else which tensor is not and
+    how (read one tensor at a time)."""
+    for n in files:
+        if not n.endswith(".safetensors"): continue
+        with _open_safetensors(path, n) as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                if not t.is_floating_point(): continue
+                if t.element_size() == 1: t = t.float()        # (float8: isfinite has no kernel for it)
+                if not bool(torch.isfinite(t).all()):
+                    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+                    return f"tensor {k!r} in {n} holds {nan} NaN and {inf} infinite value(s) of {t.numel()}"
+    return None
+
+# do not change the logits of a model in eval mode (see above)
+IGNORED_CONFIG_FIELDS = (
+    "_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures", "use_cache", "pad_token_id",
+    "output_attentions", "output_hidden_states", "return_dict", "attention_dropout", "initializer_range", "id2label",
+    "label2id", "problem_type", "chunk_size_feed_forward"
+)
+
+def function_config(path) -> dict:
+    "The config of the model in `path` as it will be loaded (`AutoConfig`), less `IGNORED_CONFIG_FIELDS`."
+    from transformers import AutoConfig
+    try: d = AutoConfig.from_pretrained(str(path)).to_dict()
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"checkpoint {str(path)!r}: config.json cannot be loaded ({e})") from None
+    return {k: v for k, v in d.items() if k not in IGNORED_CONFIG_FIELDS and not k.startswith("_attn_implementation")}
+
+def config_differences(path, reference) -> list[tuple[str, object, object]]:
+    "(field, value in `path`, value in `reference`) for every config field that changes the function and differs."
+    a, b = function_config(path), function_config(reference)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 def _adapter_problems(shapes: dict, ref: dict) -> list[str]:
     """Shape mismatches between an adapter's LoRA matrices (A: r × in, B: out × r) or saved modules and the reference's
@@ -135,18 +188,25 @@ def check_checkpoint_dir(path, reference, what: str = "the testbed model") -> di
     """`checkpoint_files(path)` if the checkpoint fits `reference` (a model directory);
     a `ConfigError` naming the first difference otherwise."""
     f, p, ref = checkpoint_files(path), Path(path).expanduser(), Path(reference)
-    if f["tokenizer"] and vocab_hash(p) != vocab_hash(ref):
-        raise ConfigError(
-            f"checkpoint {str(path)!r}: its tokenizer differs from {what}'s (vocabulary hash {vocab_hash(p)} vs "
-            f"{vocab_hash(ref)}); unlearn the exported model with its own tokenizer (model/ of `lume-lab export`)"
-        )
+    if f["tokenizer"]:
+        try: mine_vocab = vocab_hash(p)
+        except Exception as e:     # any parse error of a user's files: name them, no traceback
+            raise ConfigError(
+                f"checkpoint {str(path)!r}: its tokenizer ({', '.join(f['tokenizer'])}) cannot be loaded "
+                f"({type(e).__name__}: {e})"
+            ) from None
+        if mine_vocab != vocab_hash(ref):
+            raise ConfigError(
+                f"checkpoint {str(path)!r}: its tokenizer differs from {what}'s (vocabulary hash {mine_vocab} vs "
+                f"{vocab_hash(ref)}); unlearn the exported model with its own tokenizer (model/ of `lume-lab export`)"
+            )
     ref_shapes = tensor_shapes(ref, [n.name for n in ref.glob("*.safetensors")])
     shapes = tensor_shapes(p, f["weights"])
     if f["kind"] == "adapter":
         if probs := _adapter_problems(shapes, ref_shapes):
             raise ConfigError(f"checkpoint {str(path)!r} is not an adapter of {what}: " + "; ".join(probs[:3]))
-        return f
-    mine, theirs = json.loads((p / "config.json").read_text()), json.loads((ref / "config.json").read_text())
+        return _check_finite(p, f)
+    mine, theirs = _read_json(p / "config.json", path), json.loads((ref / "config.json").read_text())
     if mine.get("model_type") != theirs.get("model_type"):
         raise ConfigError(
             f"checkpoint {str(path)!r}: architecture {mine.get('model_type')!r} differs from {what}'s "
@@ -171,6 +231,20 @@ def check_checkpoint_dir(path, reference, what: str = "the testbed model") -> di
                 if diff
                 else ""
             )
+        )
+    if diff := config_differences(p, ref):
+        k, a, b = diff[0]
+        raise ConfigError(
+            f"checkpoint {str(path)!r}: config field {k} is {a!r}, {what}'s is {b!r} (the model would compute another "
+            "function)" + (f"; {len(diff) - 1} more field(s) differ: {', '.join(d[0] for d in diff[1:4])}"
+                           if len(diff) > 1 else "")
+        )
+    return _check_finite(p, f)
+
+def _check_finite(p: Path, f: dict) -> dict:
+    if bad := nonfinite_tensor(p, f["weights"]):
+        raise ConfigError(
+            f"checkpoint {str(p)!r}: {bad}; a diverged run cannot be scored (NaN logits would read as forgetting)"
         )
     return f
 
