@@ -576,6 +576,20 @@ def test_external_rows_join_the_runs_report(run, ga_copy):
     assert st.entry(f"external_ga-copy_resurface_{f}")["finished"] == fin
 
 
+def test_score_says_when_there_is_nothing_to_judge(run, ga_copy, capsys):
+    """`score` prints the report's "nothing to judge" sentence exactly when the run's model before unlearning answers
+    under the floor of its forget questions (the shared smoke run memorizes little; the rule, not the run, is tested)."""
+    from lume_lab.metrics.evaluate import table2
+    from lume_lab.pipeline.presentation.report import TESTBED_FLOOR
+    st, f = run["store"], run["field"]
+    em = table2(U.stage_evaluate_before(st, f), by="model").at[("forget", "em"), "none"]
+    ctl = st.path(U.unlearn_name("grad_ascent", f, True)) / "model"
+    capsys.readouterr()
+    assert _score(run, ga_copy, "ga-copy", "--control", str(ctl)) == 0          # the same files: cached, nothing new
+    out = capsys.readouterr().out
+    assert (f"No testbed for {f}" in out and "nothing to judge" in out) == (em < TESTBED_FLOOR), (em, out[-400:])
+
+
 def test_a_name_keeps_its_checkpoint(run, ga_copy, tmp_path, capsys):
     """Other weights under a name the run already scored: exit 2, nothing written, unless --replace.
     The same files again (from anywhere, with the same control) pass the check."""

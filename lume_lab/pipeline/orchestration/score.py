@@ -111,6 +111,7 @@ def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = Non
         f"scored {src.label} on {field} in run {run_id} in {time.perf_counter() - t0:.1f} s (stages "
         f"{src.prefix}*_{field})"
     )
+    if why := empty_testbed_note(store, field): log(why)
     if report: refresh_report(store, root, log)
     return row
 
