@@ -578,7 +578,8 @@ def test_external_rows_join_the_runs_report(run, ga_copy):
 
 def test_score_says_when_there_is_nothing_to_judge(run, ga_copy, capsys):
     """`score` prints the report's "nothing to judge" sentence exactly when the run's model before unlearning
-    answers under the floor of its forget questions (the smoke run memorizes little; the rule, not the run, is tested)."""
+    answers under the floor of its forget questions (the smoke run memorizes little: the rule is tested,
+    not the run)."""
     from lume_lab.metrics.evaluate import table2
     from lume_lab.pipeline.presentation.report import TESTBED_FLOOR
     st, f = run["store"], run["field"]
