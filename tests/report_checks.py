@@ -95,8 +95,10 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
     if (rep / "localization_summary.csv").exists():
         for _, r in pd.read_csv(rep / "localization_summary.csv").iterrows():
             assert _same(card.at[(r.field, r.method), f"auc_{r.labels}"], r.auc)
-            label = {"forget": "AUC m^F", "unified": "AUC m^F∪m^R"}[r.labels]
+            label = {"forget": "AUC |Δθ| m^F", "unified": "AUC |Δθ| m^F∪m^R"}[r.labels]
             assert html[r.field].at[r.method, label] == _fmt(r.auc, 3)
+            if "lacuna_max_auc" in r:  # Lacuna's max over families: a labelled column of its own
+                assert _same(card.at[(r.field, r.method), f"lacuna_max_{r.labels}"], r.lacuna_max_auc)
             checked += 1
     for p in sorted(rep.glob("remind_*.csv")):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
