@@ -465,7 +465,8 @@ def localization_aucs(
                 rows.append(
                     dict(
                         labels=ls, score=s, family=SCORE_FAMILIES.get(s, "composite"), auc=float("nan"),
-                        auc_lo=float("nan"), auc_hi=float("nan"), n_pos=sum(counts[ls]), n_neg=total - sum(counts[ls]), applicable=False,
+                        auc_lo=float("nan"), auc_hi=float("nan"), n_pos=sum(counts[ls]),
+                        n_neg=total - sum(counts[ls]), applicable=False,
                         note="not applicable: no scored weight changed",
                     )
                 )

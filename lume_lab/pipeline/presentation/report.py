@@ -165,7 +165,7 @@ LOCALIZATION_NOTE = (
 )
 
 def localization_headline(run_dir) -> pd.DataFrame | None:
-    "e04's `localization_summary.csv` as display strings: the headline, its interval and reading, then the labelled max."
+    "e04's `localization_summary.csv` as display strings: the headline, its interval and reading, then Lacuna's max."
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
