@@ -91,7 +91,10 @@ def source_card(run_dir) -> pd.DataFrame:
                 put(f, m, c, t.at[(split, "em"), n])
             put(f, m, "utility_n", t.at[TABLE2_CELLS["utility_delta"], "n_rows"])
     if (p := rep / "localization_summary.csv").exists():
-        for _, r in pd.read_csv(p).iterrows():
+        loc = pd.read_csv(p)
+        if "best_score" in loc and "lacuna_max_auc" not in loc:   # an older summary: its `auc` is Lacuna's max
+            loc = loc.assign(lacuna_max_auc=loc.auc, auc=np.nan)
+        for _, r in loc.iterrows():
             put(r.field, r.method, f"auc_{r.labels}", r.auc)
             if "lacuna_max_auc" in r: put(r.field, r.method, f"lacuna_max_{r.labels}", r.lacuna_max_auc)
     for p in rep.glob("remind_*.csv"):

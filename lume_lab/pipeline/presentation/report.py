@@ -526,7 +526,8 @@ register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
 register_section("Unlearning (Fig. 4a)", ("e03",), ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png"),
                  _unlearning_section)
-register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_summary.csv", "localization_*.png"),
+register_section("Localization precision (Fig. 4b)", ("e04",),
+                 ("localization_summary.csv", "localization_pieces.csv", "localization_*.png"),
                  _localization_section)
 register_section("REMIND: residual memorization", ("e05",), ("remind_*.csv", "remind_*.png"), _remind_section)
 register_section(

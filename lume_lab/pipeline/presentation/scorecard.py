@@ -217,6 +217,8 @@ def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | No
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
+    if "best_score" in t and "lacuna_max_auc" not in t:   # a summary from before the |Δθ| headline: `auc` was the max
+        t = t.assign(lacuna_max_auc=t.auc, auc=np.nan)
     s = t.set_index(["field", "method", "labels"]).auc.unstack("labels")
     out = s[[k for k in columns.values() if k in s.columns]].rename(columns={k: c for c, k in columns.items()})
     for c, k in columns.items():
