@@ -21,11 +21,12 @@ from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
-           'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
-           'stage_forget_fields', 'stage_unlearn', 'load_unlearned', 'load_method_stage', 'ModelSource',
-           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
-           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
+__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps',
+           'ensure_inputs', 'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning',
+           'usable_forget_fields', 'stage_forget_fields', 'stage_unlearn', 'load_unlearned', 'load_method_stage',
+           'ModelSource', 'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate',
+           'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
+           'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -270,6 +271,8 @@ def stage_evaluate_before(store: RunStore, field: str) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #8ca1558f
 LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
+# pieces.csv: the headline's per-tensor rank pieces (`analysis.localization.tensor_rank_pieces`) of each source
+PIECES_COLUMNS = ["tensor", "n_pos", "n_neg", "u_pos", "u_neg", "field", "method", "labels"]
 
 def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFrame:
     """Per label set (forget: m^F, unified: m^F ∪ m^R):
@@ -309,7 +312,9 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
     summary = precision_summary(table).merge(sizes, on="labels", how="left")
     at = list(summary.columns).index("reading") + 1              # the sizes beside the AUC they stand behind
     cols = [k for k in summary.columns if k not in LOCALIZATION_SIZES]
-    return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]], pd.concat(pieces, ignore_index=True)
+    # no pieces when no source changed a scored weight (nothing to localize)
+    pieces = pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=PIECES_COLUMNS)
+    return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]], pieces
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #697293b8
 # the config fields a localization stage reads (the rest come through its deps)
