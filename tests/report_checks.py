@@ -99,10 +99,17 @@ def assert_report_matches_csvs(run_dir: Path, out_dir: Path | None = None):
                     card.at[(field, m), "forget_em_paper"] == v and html[field].at[m, "forget EM (paper)"] == f"{v:.1f}"
                 )
     if (rep / "localization_summary.csv").exists():
-        for _, r in pd.read_csv(rep / "localization_summary.csv").iterrows():
+        loc = pd.read_csv(rep / "localization_summary.csv")
+        if "best_score" in loc and "lacuna_max_auc" not in loc:   # an older summary: its `auc` is Lacuna's max
+            loc = loc.assign(lacuna_max_auc=loc.auc, auc=np.nan)
+        for _, r in loc.iterrows():
             assert _same(card.at[(r.field, r.method), f"auc_{r.labels}"], r.auc)
-            label = {"forget": "AUC m^F", "unified": "AUC m^F∪m^R"}[r.labels]
+            label = {"forget": "AUC |Δθ| m^F", "unified": "AUC |Δθ| m^F∪m^R"}[r.labels]
             assert html[r.field].at[r.method, label] == _fmt(r.auc, 3)
+            if "lacuna_max_auc" in r:  # Lacuna's max over families: a labelled column of its own
+                assert _same(card.at[(r.field, r.method), f"lacuna_max_{r.labels}"], r.lacuna_max_auc)
+                label = {"forget": "Lacuna max over families m^F", "unified": "Lacuna max over families m^F∪m^R"}
+                assert html[r.field].at[r.method, label[r.labels]] == _fmt(r.lacuna_max_auc, 3)
             checked += 1
     for p in sorted(rep.glob("remind_*.csv")):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue

@@ -41,7 +41,7 @@ DOSE_CELLS = {  # the dose table's label -> dose_summary_<field>.csv column (e11
     "forget EM": "forget_em",
     "retain EM": "retain_em",
     "utility Δ": "utility_delta",
-    "AUC m^F": "auc_forget",
+    "AUC |Δθ| m^F": "auc_forget",
     "share of |Δθ| in m^F": "share_in_forget",
     "4-bit recovery": "quant4_recovery",
     "8-bit recovery": "quant8_recovery",
@@ -91,7 +91,12 @@ def source_card(run_dir) -> pd.DataFrame:
                 put(f, m, c, t.at[(split, "em"), n])
             put(f, m, "utility_n", t.at[TABLE2_CELLS["utility_delta"], "n_rows"])
     if (p := rep / "localization_summary.csv").exists():
-        for _, r in pd.read_csv(p).iterrows(): put(r.field, r.method, f"auc_{r.labels}", r.auc)
+        loc = pd.read_csv(p)
+        if "best_score" in loc and "lacuna_max_auc" not in loc:   # an older summary: its `auc` is Lacuna's max
+            loc = loc.assign(lacuna_max_auc=loc.auc, auc=np.nan)
+        for _, r in loc.iterrows():
+            put(r.field, r.method, f"auc_{r.labels}", r.auc)
+            if "lacuna_max_auc" in r: put(r.field, r.method, f"lacuna_max_{r.labels}", r.lacuna_max_auc)
     for p in rep.glob("remind_*.csv"):
         if p.stem.startswith(("remind_ablation_", "remind_importances_", "remind_ci_", "remind_separation_")): continue
         t = pd.read_csv(p)
@@ -147,6 +152,19 @@ def _scorecard_columns(run_dirs) -> list[str]:
     return base + [f"{c}_paper" for c in mean.columns]
 
 
+def check_interval_cell(label: str, cell: str, row) -> None:
+    """A localization interval "[lo, hi]" with lo <= hi in [0, 1], or blank; its reading the one that interval gives
+    (lower bound above 0.5: localized; upper below: anti-localized; else cannot tell)."""
+    head = label.removesuffix(" 95% CI").removesuffix(" reading")
+    ci, reading = row.get(f"{head} 95% CI", ""), row.get(f"{head} reading", "")
+    if not ci: assert reading in ("", "not applicable"), (label, ci, reading); return
+    m = re.fullmatch(r"\[(\d\.\d{3}), (\d\.\d{3})\]", ci)
+    assert m, (label, ci)
+    lo, hi = map(float, m.groups())
+    assert 0 <= lo <= hi <= 1, (label, ci)
+    assert reading == ("localized" if lo > 0.5 else "anti-localized" if hi < 0.5 else "cannot tell"), (ci, reading)
+
+
 def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
     """Every number of the page's scorecard tables is its CSV value or the paper's, rounded as shown.
     A CSV value is the mean ± std over runs."""
@@ -164,6 +182,8 @@ def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
             key = (f, row["method"])
             for label, cell in row.items():
                 if label == "method": continue
+                if label.endswith((" 95% CI", " reading")):   # the localization headline's interval, as text
+                    check_interval_cell(label, cell, row); checked += 1; continue
                 cols = labels.get(label)
                 assert cols is not None, f"column {label!r} of {f} is not a column format_scorecard writes"
                 if not cols: assert not re.search(r"\d", cell), (key, label, cell); continue

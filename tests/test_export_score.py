@@ -226,6 +226,12 @@ def test_known_answers(run, ga_copy, tmp_path):
         b[("forget", "raw")] == pytest.approx(0.5 * n_other / (n_other + n_out), abs=1e-12)
         and b[("forget", "raw")] < 0.45
     )
+    # the headline is that plain |Δθ| AUC, read as anti-localized; Lacuna's max over families is a column beside it
+    s_out = pd.read_csv(_stage(run, "localization", "outside") / "summary.csv").set_index("labels")
+    assert s_out.auc["forget"] == b[("forget", "raw")] and s_out.auc_hi["forget"] < 0.5
+    assert s_out.reading["forget"] == "anti-localized" and s_out.lacuna_max_auc["forget"] >= s_out.auc["forget"]
+    s_in = pd.read_csv(_stage(run, "localization", "in-f") / "summary.csv").set_index("labels")
+    assert s_in.reading["forget"] == "localized"
     # bfloat16: the testbed model itself, rounded
     d = _copy_model(st.path("instruct_masked") / "model", tmp_path / "bf16")
     save_file(

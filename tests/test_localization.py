@@ -9,8 +9,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from lume_lab.analysis.localization import (
-    PAPER_PRECISION_OLMO2_1B, composite_scores, default_groups, exact_auc, group_mask, localization_aucs,
-    localization_table, precision_summary, scored_parameter_names)
+    PAPER_PRECISION_OLMO2_1B, _seed_draws, cluster_auc_interval, composite_scores, default_groups, exact_auc,
+    fake_state_dicts, group_mask, localization_aucs, localization_table, precision_summary, scored_parameter_names,
+    tensor_rank_pieces)
 
 
 # ---------------------------------------------------------------- exact AUC
@@ -221,3 +222,50 @@ def test_bad_inputs(testbed):
     with pytest.raises(ValueError, match="inj_ctrl .* is missing"):
         localization_table([dict(field="x", method="y", unl=inj, unl_ctrl=inj)], pre, inj, owner, n_groups=6)
     with pytest.raises(ValueError, match="n_groups must be an even"): default_groups(5)
+
+
+# ---------------------------------------------------------------- the headline: plain |Δθ| AUC and its reading
+@pytest.mark.parametrize("where", ["outside", "inside_forget"])
+def test_known_answer_headline(where):
+    """Noise only outside every mask: the headline AUC is below 0.5 and reads anti-localized, against both label sets,
+    whatever Lacuna's max over families says. Noise only inside m^F: AUC near 1, localized."""
+    pre, inj, owner = fake_state_dicts(n_layers=2, hidden=16, seed=3)
+    F, _ = default_groups(6)
+    g = torch.Generator().manual_seed(11)
+    keep = {n: (o == 0) if where == "outside" else group_mask(o, F) for n, o in owner.items()}
+    unl = {n: w + (0.05 * torch.randn(w.shape, generator=g) * keep[n] if n in owner else 0) for n, w in inj.items()}
+    t = localization_table([dict(field="email_address", method="m", unl=unl)], pre, inj, owner, n_groups=6,
+                           composite_max_weights=3000)
+    s = precision_summary(t).set_index("labels")
+    raw = t[t.score == "raw"].set_index("labels").auc
+    assert (s.auc == raw).all()                                  # the headline is the plain |Δθ| score's AUC
+    assert (s.auc_lo <= s.auc).all() and (s.auc <= s.auc_hi).all()
+    if where == "outside":
+        assert (s.auc < 0.5).all() and (s.auc_hi < 0.5).all()
+        assert s.reading.tolist() == ["anti-localized", "anti-localized"]
+        assert (s.lacuna_max_auc > 0.7).all()                    # the max over families would call it precise
+    else:
+        assert s.at["forget", "auc"] > 0.99 and s.at["forget", "reading"] == "localized"
+    assert s.lacuna_max_score.notna().all() and s.composite_oof_auc.notna().all()
+
+
+def test_tensor_bootstrap_recombination_matches_resorting():
+    """Each draw's AUC recombined from per-tensor rank pieces (no re-sorting) is close to the exact AUC of the drawn
+    tensors, computed by re-sorting; the interval widens when the effect varies between tensors."""
+    g = torch.Generator().manual_seed(0)
+    labels = [torch.rand(300, generator=g) < 0.2 for _ in range(10)]
+    shift = torch.randn(10, generator=g)                       # a per-tensor effect: clusters matter
+    scores = [torch.randn(300, generator=g) + shift[t] * labels[t] for t in range(10)]
+    pc = tensor_rank_pieces(scores, labels)
+    auc, fast = _seed_draws(pc, 200, np.random.default_rng(1))
+    W = np.random.default_rng(1).multinomial(10, np.full(10, 0.1), size=200)
+    slow = [exact_auc([scores[t] for t in range(10) for _ in range(w[t])],
+                      [labels[t] for t in range(10) for _ in range(w[t])]) for w in W]
+    assert np.abs(fast - np.array(slow)).max() < 0.03
+    lo, hi = np.quantile(fast, [0.025, 0.975]); lo_s, hi_s = np.quantile(slow, [0.025, 0.975])
+    assert abs(lo - lo_s) < 0.02 and abs(hi - hi_s) < 0.02
+    # the same weights without a per-tensor effect: a narrower interval
+    flat = tensor_rank_pieces([torch.randn(300, generator=g) + shift.mean() * l for l in labels], labels)
+    w_clustered = np.subtract(*cluster_auc_interval(pc)[:0:-1])
+    w_flat = np.subtract(*cluster_auc_interval(flat)[:0:-1])
+    assert w_clustered > 2 * w_flat

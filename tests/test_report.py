@@ -280,7 +280,7 @@ def test_sections_still_to_come_say_not_yet_run(tmp_path):
     for title in ("Data and base model", "Injection and memorization (Fig. 3)", "Unlearning (Fig. 4a)"):
         assert "not yet run" not in secs[title] and ("<img" in secs[title] or "<table" in secs[title]), title
     assert (
-        "AUC m^F (e04_localization), REMIND RF (e05_remind), leak after (e06_resurfacing): not yet run"
+        "AUC |Δθ| m^F (e04_localization), REMIND RF (e05_remind), leak after (e06_resurfacing): not yet run"
         in secs["Verdict"]
     )
     assert "PISTOL" not in page                                       # e07 is neither done nor to come: no section

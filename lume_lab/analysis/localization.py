@@ -15,9 +15,10 @@ from ..inject.masks import group_mask
 from ..models.arch import ATTENTION_LEAVES, PROJECTION_LEAVES, SCORED_PATTERN
 
 # %% auto #0
-__all__ = ['SCORE_FAMILIES', 'PAPER_PRECISION_OLMO2_1B', 'exact_auc', 'streaming_auc', 'SafetensorsStateDict',
+__all__ = ['SCORE_FAMILIES', 'PAPER_PRECISION_OLMO2_1B', 'SUMMARY_COLUMNS', 'exact_auc', 'streaming_auc', 'SafetensorsStateDict',
            'scored_parameter_names', 'layer_component', 'default_groups', 'weight_score', 'composite_scores',
-           'localization_aucs', 'fake_state_dicts', 'localization_table', 'precision_summary', 'plot_localization']
+           'tensor_rank_pieces', 'cluster_auc_interval', 'auc_reading', 'localization_aucs', 'fake_state_dicts',
+           'localization_table', 'precision_summary', 'plot_localization']
 
 # %% ../../nbs/analysis/00_localization.ipynb #6a298799
 def _sort_(t: torch.Tensor) -> torch.Tensor:
@@ -315,6 +316,68 @@ def _ranked_aucs(s: torch.Tensor, labels: Mapping[str, torch.Tensor]) -> dict[st
         out[k] = _auc_from_counts(twice_ranks - P * (P + 1), P, N, small_is_pos=False)
     return out
 
+# %% ../../nbs/analysis/00_localization.ipynb #78f4516d
+def tensor_rank_pieces(scores: Sequence, labels: Sequence, names: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per tensor: `n_pos`, `n_neg` and its two shares of twice the Mann–Whitney U, both against the *global* ranking:
+    `u_pos` = Σ over its in-mask weights of 2·#(out-of-mask weights below) + #(tied ones), `u_neg` = Σ over its
+    out-of-mask weights of 2·#(in-mask weights above) + #(tied ones). Σ u_pos = Σ u_neg = 2U = 2·P·N·AUC."""
+    s = [_as_flat(x, f"scores[{i}]").numpy() for i, x in enumerate(scores)]
+    l = [_as_flat(x, f"labels[{i}]").numpy().astype(bool) for i, x in enumerate(labels)]
+    if len(s) != len(l) or any(a.shape != b.shape for a, b in zip(s, l)):
+        raise ValueError("scores and labels must be equal-length lists of arrays of equal sizes")
+    dt = np.result_type(*[a.dtype for a in s], np.float32)
+    sp = np.sort(np.concatenate([a[b] for a, b in zip(s, l)]).astype(dt))
+    sn = np.sort(np.concatenate([a[~b] for a, b in zip(s, l)]).astype(dt))
+    P = len(sp)
+    rows = []
+    for i, (a, b) in enumerate(zip(s, l)):
+        p, q = a[b].astype(dt), a[~b].astype(dt)
+        u_pos = int(np.searchsorted(sn, p, "left").sum(dtype=np.int64)
+                    + np.searchsorted(sn, p, "right").sum(dtype=np.int64))
+        u_neg = int(2 * P * len(q) - np.searchsorted(sp, q, "left").sum(dtype=np.int64)
+                    - np.searchsorted(sp, q, "right").sum(dtype=np.int64))
+        rows.append(dict(tensor=names[i] if names is not None else i, n_pos=len(p), n_neg=len(q), u_pos=u_pos,
+                         u_neg=u_neg))
+    return pd.DataFrame(rows, columns=["tensor", "n_pos", "n_neg", "u_pos", "u_neg"])
+
+def _seed_draws(pc: pd.DataFrame, n_boot: int, rng) -> tuple[float, np.ndarray]:
+    """(AUC, `n_boot` bootstrap AUCs over its tensors) of one seed's pieces: each draw the Hájek projection of the
+    AUC on the drawn tensors, mean placement of the drawn in-mask weights + mean placement of the drawn out-of-mask
+    weights − AUC (placements against the full sample's ranking; exact to first order)."""
+    P, N = float(pc.n_pos.sum()), float(pc.n_neg.sum())
+    if P == 0 or N == 0: raise ValueError(f"pieces need both classes: got {P:.0f} in-mask and {N:.0f} out-of-mask")
+    up, un = pc.u_pos.to_numpy(float), pc.u_neg.to_numpy(float)
+    auc = up.sum() / (2 * P * N)
+    T = len(pc); W = rng.multinomial(T, np.full(T, 1 / T), size=n_boot).astype(float)
+    Pd, Nd = W @ pc.n_pos.to_numpy(float), W @ pc.n_neg.to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):   # a draw without one class has no AUC: NaN, left out
+        draws = (W @ up) / (2 * N * Pd) + (W @ un) / (2 * P * Nd) - auc
+    return auc, np.where((Pd > 0) & (Nd > 0), draws, np.nan)
+
+def cluster_auc_interval(pieces, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(AUC, lo, hi): the AUC of `tensor_rank_pieces` and its percentile interval from a bootstrap over tensors; given
+    a list of such frames (one per seed), the mean AUC over seeds and a two-stage bootstrap: seeds, then tensors."""
+    frames = [pieces] if isinstance(pieces, pd.DataFrame) else list(pieces)
+    if not frames: raise ValueError("pieces is empty")
+    if not isinstance(n_boot, int) or n_boot < 1: raise ValueError(f"n_boot must be a positive int, got {n_boot!r}")
+    if not 0 < level < 1: raise ValueError(f"level must be in (0, 1), got {level!r}")
+    rng = np.random.default_rng(seed)
+    aucs, draws = zip(*[_seed_draws(f, n_boot, rng) for f in frames])
+    D = np.stack(draws)                                                   # seeds × draws
+    if len(frames) > 1:                                                   # resample the seeds too
+        pick = rng.integers(0, len(frames), size=(n_boot, len(frames)))
+        D = D[pick, np.arange(n_boot)[:, None]].mean(axis=1)
+    else: D = D[0]
+    q = (1 - level) / 2
+    lo, hi = np.nanquantile(D, [q, 1 - q]) if np.isfinite(D).any() else (np.nan, np.nan)
+    return float(np.mean(aucs)), float(np.clip(lo, 0, 1)), float(np.clip(hi, 0, 1))
+
+def auc_reading(lo: float, hi: float) -> str:
+    """What an AUC interval says: 'localized' (lower bound above ½), 'anti-localized' (upper bound below ½: the method
+    changed out-of-mask weights more), else 'cannot tell'; 'not applicable' without an interval."""
+    if lo is None or hi is None or np.isnan(lo) or np.isnan(hi): return "not applicable"
+    return "localized" if lo > 0.5 else "anti-localized" if hi < 0.5 else "cannot tell"
+
 # %% ../../nbs/analysis/00_localization.ipynb #b1638367
 def localization_aucs(
     pre: Mapping,
@@ -336,10 +399,15 @@ def localization_aucs(
     chunk_size: int = 1 << 22,
     in_memory_max_weights: int = 1 << 26,
     max_weights: int | None = None,
+    n_boot: int = 2000,
+    interval_max_weights: int = 1 << 24,
+    pieces_out: dict | None = None,
 ) -> pd.DataFrame:
     """AUC of every applicable App. E score (and the composite) of one unlearned model, vs m^F ('forget') and m^F ∪ m^R
     ('unified'). `max_weights`: score a fixed uniform subsample of that many weights (the same for every score and
-    method of a seed) instead of all of them; None: every weight, exact."""
+    method of a seed) instead of all of them; None: every weight, exact. The `raw` (|Δθ|) rows carry the headline's
+    interval (`auc_lo`, `auc_hi`: bootstrap over tensors, `n_boot` draws); `pieces_out`, a dict, receives its
+    `tensor_rank_pieces` per label set (for an interval over seeds)."""
     if (inj_ctrl is None) != (unl_ctrl is None):
         raise ValueError("pass both inj_ctrl and unl_ctrl (the UnMask control before and after unlearning) or neither")
     # only the maskable tensors (those in `owner`): layers outside every mask (e.g. the last two, reserved for LoRA)
@@ -362,6 +430,8 @@ def localization_aucs(
         isinstance(max_weights, bool) or not isinstance(max_weights, int) or max_weights < 1
     ):
         raise ValueError(f"max_weights must be None (every weight) or a positive int, got {max_weights!r}")
+    if isinstance(interval_max_weights, bool) or not isinstance(interval_max_weights, int) or interval_max_weights < 1:
+        raise ValueError(f"interval_max_weights must be a positive int, got {interval_max_weights!r}")
     if (
         isinstance(in_memory_max_weights, bool)
         or not isinstance(in_memory_max_weights, int)
@@ -395,7 +465,8 @@ def localization_aucs(
                 rows.append(
                     dict(
                         labels=ls, score=s, family=SCORE_FAMILIES.get(s, "composite"), auc=float("nan"),
-                        n_pos=sum(counts[ls]), n_neg=total - sum(counts[ls]), applicable=False,
+                        auc_lo=float("nan"), auc_hi=float("nan"), n_pos=sum(counts[ls]),
+                        n_neg=total - sum(counts[ls]), applicable=False,
                         note="not applicable: no scored weight changed",
                     )
                 )
@@ -411,9 +482,9 @@ def localization_aucs(
         if P == 0 or N == 0:
             raise ValueError(f"the {ls} labels have {P} in-mask and {N} out-of-mask weights; both classes are needed")
     in_memory = total <= in_memory_max_weights
+    offs = np.concatenate([[0], np.cumsum(sizes)])
     if in_memory:  # every label set once, and the composite's sample as global indices
         labels = {ls: torch.cat([labels_at(t, gs) for t in range(len(names))]) for ls, gs in label_sets.items()}
-        offs = np.concatenate([[0], np.cumsum(sizes)])
         gsub = torch.from_numpy(np.concatenate([i + o for i, o in zip(sub, offs)])) if composite else None
     for j, score in enumerate(scores):
 
@@ -442,12 +513,27 @@ def localization_aucs(
                 for ls in label_sets
             }
         )
+        ci = {ls: (float("nan"), float("nan"), sampled) for ls in label_sets}
+        if score == "raw":  # the headline: its interval over tensors, from per-tensor rank pieces
+            ik = _subsample(sizes, interval_max_weights, seed + 2) if total > interval_max_weights else None
+            at = (lambda t, x: x) if ik is None else (lambda t, x: x[torch.from_numpy(ik[t])])
+            sc = [at(t, full[offs[t]:offs[t + 1]] if full is not None else score_at(score, t))
+                  for t in range(len(names))]
+            for ls, gs in label_sets.items():
+                pc = tensor_rank_pieces(sc, [at(t, labels_at(t, gs)) for t in range(len(names))], names)
+                a_sub, lo, hi = cluster_auc_interval(pc, n_boot=n_boot, seed=seed)
+                shift = aucs[ls] - a_sub                        # 0 unless the pieces come from a subsample
+                how = f"interval: bootstrap over {len(names)} tensors" + (
+                    "" if ik is None else f" (ranks of a uniform subsample of {interval_max_weights:,} weights)")
+                ci[ls] = (min(max(lo + shift, 0.0), 1.0), min(max(hi + shift, 0.0), 1.0),
+                          "; ".join(x for x in (sampled, how) if x))
+                if pieces_out is not None: pieces_out[ls] = pc
         for ls in label_sets:
             P = sum(counts[ls])
             rows.append(
                 dict(
-                    labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], n_pos=P, n_neg=total - P,
-                    applicable=True, note=sampled,
+                    labels=ls, score=score, family=SCORE_FAMILIES[score], auc=aucs[ls], auc_lo=ci[ls][0],
+                    auc_hi=ci[ls][1], n_pos=P, n_neg=total - P, applicable=True, note=ci[ls][2],
                 )
             )
     if composite:
@@ -464,7 +550,8 @@ def localization_aucs(
                 auc, note = float("nan"), f"composite skipped: {e}"
             rows.append(
                 dict(
-                    labels=ls, score="composite", family="composite", auc=auc, n_pos=int(y.sum()),
+                    labels=ls, score="composite", family="composite", auc=auc, auc_lo=float("nan"),
+                    auc_hi=float("nan"), n_pos=int(y.sum()),
                     n_neg=int((~y).sum()), applicable=True, note=note,
                 )
             )
@@ -503,9 +590,11 @@ def fake_state_dicts(
 def localization_table(runs: Iterable[Mapping], pre: Mapping, inj: Mapping, owner: Mapping, *,
                        n_groups: int | None = None, forget_groups: Sequence[int] | None = None,
                        retain_groups: Sequence[int] | None = None, inj_ctrl: Mapping | None = None,
-                       no_contrast_methods: Sequence[str] = (), **kwargs) -> pd.DataFrame:
-    """Tidy AUC table (field, method, labels, score, family, auc, ..., best) of unlearned runs;
-    kwargs go to `localization_aucs`."""
+                       no_contrast_methods: Sequence[str] = (), pieces_out: list | None = None,
+                       **kwargs) -> pd.DataFrame:
+    """Tidy AUC table (field, method, labels, score, family, auc, auc_lo, auc_hi, ..., best) of unlearned runs;
+    kwargs go to `localization_aucs`. `pieces_out`, a list, receives the headline's per-tensor rank pieces
+    (`tensor_rank_pieces` with field, method, labels)."""
     if forget_groups is None or retain_groups is None:
         if n_groups is None:
             raise ValueError("pass n_groups (forget = first half) or both forget_groups and retain_groups")
@@ -522,13 +611,17 @@ def localization_table(runs: Iterable[Mapping], pre: Mapping, inj: Mapping, owne
         ctrl = run.get("unl_ctrl")
         if ctrl is not None and inj_ctrl is None:
             raise ValueError(f"runs[{i}] has unl_ctrl but inj_ctrl (the UnMask control before unlearning) is missing")
+        got = {}
         df = localization_aucs(
             pre, inj, run["unl"], owner, forget_groups, retain_groups, inj_ctrl=inj_ctrl if ctrl is not None else None,
-            unl_ctrl=ctrl, **kwargs,
+            unl_ctrl=ctrl, pieces_out=got, **kwargs,
         )
+        if pieces_out is not None:
+            pieces_out += [pc.assign(field=run["field"], method=run["method"], labels=ls) for ls, pc in got.items()]
         frames.append(df.assign(field=run["field"], method=run["method"]))
     df = pd.concat(frames, ignore_index=True)
-    df = df[["field", "method", "labels", "score", "family", "auc", "n_pos", "n_neg", "applicable", "note"]]
+    df = df[["field", "method", "labels", "score", "family", "auc", "auc_lo", "auc_hi", "n_pos", "n_neg", "applicable",
+             "note"]]
     eligible = df.auc.notna() & ~(df.method.isin(list(no_contrast_methods)) & (df.family == "contrast"))
     df["best"] = False
     best = df[eligible].groupby(["field", "method", "labels"]).auc.idxmax()
@@ -547,25 +640,38 @@ PAPER_PRECISION_OLMO2_1B = {  # Lacuna (localization precision), Table 2, rows "
                         "simnpo": (0.516, 0.522)},
 }  # (AUC vs m^F, AUC vs m^F ∪ m^R)
 
+SUMMARY_COLUMNS = {  # precision_summary's columns and how pages print them
+    "auc": "AUC |Δθ|", "auc_lo": "lo", "auc_hi": "hi", "reading": "reading",
+    "lacuna_max_auc": "Lacuna max over families", "lacuna_max_score": "winning score",
+    "lacuna_max_family": "winning family", "composite_oof_auc": "composite (out-of-fold, 5-fold LR)",
+    "applicable": "applicable", "paper_auc": "paper (Lacuna max over families)",
+}
+
 def precision_summary(table: pd.DataFrame, paper: Mapping | None = PAPER_PRECISION_OLMO2_1B) -> pd.DataFrame:
-    """One row per (field, method, labels): the best AUC and its score (NaN when not applicable),
-    beside the paper's value."""
+    """One row per (field, method, labels). The headline `auc`: the plain |Δθ| (`raw`) AUC, its interval over tensors
+    (`auc_lo`, `auc_hi`) and `reading`. Beside it, labelled: Lacuna's protocol, the max over score families
+    (`lacuna_max_auc`, won by `lacuna_max_score` of `lacuna_max_family`), the composite's out-of-fold AUC, and the
+    paper's value of that max (`paper_auc`). NaN where not applicable."""
     keys = ["field", "method", "labels"]
-    best = table[table.best].set_index(keys)[["auc", "score"]].rename(columns={"score": "best_score"})
-    out = table.groupby(keys, sort=False).applicable.any().to_frame().join(best).reset_index()
-    out = out[keys + ["auc", "best_score", "applicable"]]
+    table = table.assign(**{c: table[c] if c in table else np.nan for c in ("auc_lo", "auc_hi")})
+    raw = table[table.score == "raw"].set_index(keys)[["auc", "auc_lo", "auc_hi"]]
+    best = table[table.best].set_index(keys)[["auc", "score", "family"]].rename(
+        columns={"auc": "lacuna_max_auc", "score": "lacuna_max_score", "family": "lacuna_max_family"})
+    comp = table[table.score == "composite"].set_index(keys)[["auc"]].rename(columns={"auc": "composite_oof_auc"})
+    out = table.groupby(keys, sort=False).applicable.any().to_frame().join(raw).join(best).join(comp).reset_index()
+    out["reading"] = [auc_reading(lo, hi) for lo, hi in zip(out.auc_lo, out.auc_hi)]
     col = {"forget": 0, "unified": 1}
     out["paper_auc"] = [
         ((paper or {}).get(f, {}).get(m) or (None, None))[col[ls]]
         for f, m, ls in zip(out.field, out.method, out.labels)
     ]
     out["paper_auc"] = out.paper_auc.astype(float)
-    return out
+    return out[keys + list(SUMMARY_COLUMNS)]
 
 # %% ../../nbs/analysis/00_localization.ipynb #22effeb1
 def plot_localization(summary: pd.DataFrame, field: str | None = None, ax=None):
-    """Fig. 4b-style bars: best localization AUC per method (hue: forget / unified label), paper values as black ticks;
-    returns the Figure."""
+    """Fig. 4b-style bars of the headline, the plain |Δθ| AUC with its interval over tensors (hue: forget / unified
+    label); Lacuna's max over families as open diamonds, the paper's value of that max as black ticks; the Figure."""
     import matplotlib.pyplot as plt, seaborn as sns
     df = summary if field is None else summary[summary.field == field]
     if df.empty: raise ValueError(f"no rows to plot for field={field!r}")
@@ -573,14 +679,19 @@ def plot_localization(summary: pd.DataFrame, field: str | None = None, ax=None):
     order = list(dict.fromkeys(df.method)); hue_order = [h for h in ("forget", "unified") if h in set(df.labels)]
     sns.barplot(data=df, x="method", y="auc", hue="labels", order=order, hue_order=hue_order, ax=ax, errorbar=None)
     width = 0.8 / len(hue_order)
-    for _, r in df.dropna(subset=["paper_auc"]).iterrows():
+    for _, r in df.iterrows():
         x = order.index(r.method) - 0.4 + width * (hue_order.index(r.labels) + 0.5)
-        ax.plot([x - width / 2.5, x + width / 2.5], [r.paper_auc] * 2, color="black", lw=2)
+        if pd.notna(r.auc_lo):
+            ax.errorbar(x, r.auc, yerr=[[r.auc - r.auc_lo], [r.auc_hi - r.auc]], color="dimgrey", lw=1, capsize=2)
+        if pd.notna(r.lacuna_max_auc):
+            ax.plot(x, r.lacuna_max_auc, marker="D", mfc="none", color="black", ms=4, ls="none")
+        if pd.notna(r.paper_auc): ax.plot([x - width / 2.5, x + width / 2.5], [r.paper_auc] * 2, color="black", lw=2)
     for m in df[~df.applicable].method.unique(): ax.text(order.index(m), 0.02, "n/a", ha="center")
     ax.set_xticks(range(len(order)), order); ax.set_xlim(-0.5, len(order) - 0.5)
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1), title="labels", fontsize=8)
-    ax.axhline(0.5, ls="--", color="grey", lw=1); ax.set_ylim(0, 1.02); ax.set_ylabel("localization AUC")
+    ax.axhline(0.5, ls="--", color="grey", lw=1); ax.set_ylim(0, 1.02); ax.set_ylabel("AUC of |Δθ|")
     ax.set_title(
-        f"Localization precision{'' if field is None else ' — ' + field} (black: Lacuna OLMo-2 1B)", fontsize=9
+        f"Localization{'' if field is None else ' — ' + field}: bars |Δθ| AUC (95 % over tensors); ◇ Lacuna max over "
+        "families; black: paper's max (OLMo-2 1B)", fontsize=8
     )
     return ax.figure

@@ -75,7 +75,12 @@ def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: 
         **{c: float(t.at[k, label]) if k in t.index else float("nan") for c, k in metric_sources("table2").items()}
     }
     s = loc.set_index("labels")
-    row |= {f"auc_{k}": float(s.at[k, "auc"]) for k in ("forget", "unified")}
+    from lume_lab.analysis.localization import auc_reading
+    for k in ("forget", "unified"):   # the headline (plain |Δθ| AUC, interval over tensors), then Lacuna's max
+        lo, hi = (float(s.at[k, c]) if c in s else float("nan") for c in ("auc_lo", "auc_hi"))
+        row |= {f"auc_{k}": float(s.at[k, "auc"]), f"auc_{k}_ci": f"[{lo:.3f}, {hi:.3f}]" if lo == lo else "",
+                f"auc_{k}_reading": auc_reading(lo, hi),
+                f"lacuna_max_{k}": float(s.at[k, "lacuna_max_auc"]) if "lacuna_max_auc" in s else float("nan")}
     row |= {k: float(s[k].iloc[0]) for k in ("cast_share", "changed_share") if k in s}
     if rem is not None:
         r = remind_report(rem).reset_index()

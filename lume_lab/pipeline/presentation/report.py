@@ -21,12 +21,13 @@ from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, rep
                                                       verdict_columns)
 
 # %% auto #0
-__all__ = ['LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'TESTBED_FLOOR', 'EMPTY_NOTE',
-           'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure',
-           'preformatted', 'details', 'fields_in', 'remind_separation', 'dose_summary', 'Section', 'register_section',
-           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'verdict_table',
-           'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'threads_text', 'report_blocks',
-           'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
+__all__ = ['LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'TESTBED_FLOOR',
+           'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner',
+           'table', 'figure', 'preformatted', 'details', 'fields_in', 'localization_headline', 'remind_separation',
+           'dose_summary', 'Section', 'register_section', 'report_patterns', 'write_report_file', 'verdict_marks',
+           'small_splits', 'empty_testbeds', 'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family',
+           'stage_times', 'threads_text', 'report_blocks', 'render_html', 'md_table', 'render_markdown',
+           'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -54,6 +55,8 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
             if c not in r: continue
             out[m.label] = _value(r, c, m.digits)
             if f"{c}_paper" in r: out[f"{m.label} (paper)"] = fmt_num(r[f"{c}_paper"], m.digits)
+            for k, what in (("ci", "95% CI"), ("reading", "reading")):   # the localization headline's interval
+                if f"{c}_{k}" in r: out[f"{m.label} {what}"] = "" if pd.isna(r[f"{c}_{k}"]) else r[f"{c}_{k}"]
             if (n := n_after(c)) and n in r: out[SAMPLE_SIZES[n][0]] = _n(r, n, SAMPLE_SIZES[n][1])
         out["direction mismatch"] = "✗ " + r["direction_mismatch"] if r.get("direction_mismatch") else ""
         rows.append(out)
@@ -154,12 +157,43 @@ def _unlearning_section(rep: Path) -> list:
     blocks += _fig(rep, "unlearning_logs.png", "Forget and retain NLL during unlearning")
     return blocks
 
+LOCALIZATION_NOTE = (
+    "Headline: the AUC of the plain |Δθ| = |θ_unlearned − θ_injected| against m^F and m^F ∪ m^R, with its 95 % "
+    "interval from a bootstrap over parameter tensors; reading: localized (lower bound > 0.5), anti-localized (upper "
+    "bound < 0.5: the method changed out-of-mask weights more), else cannot tell. Beside it, labelled: Lacuna's "
+    "protocol, the maximum over every score family and the composite (winning score named), which is what the "
+    "paper's AUC rows report, and the composite alone (logistic regression, out-of-fold scores)."
+)
+
+def localization_headline(run_dir) -> pd.DataFrame | None:
+    "e04's `localization_summary.csv` as display strings: the headline, its interval and reading, then Lacuna's max."
+    p = report_dir(run_dir) / "localization_summary.csv"
+    if not p.exists(): return None
+    t = pd.read_csv(p)
+    if "auc_lo" not in t: return None                            # a summary from before the headline was |Δθ|
+    t = t.assign(**{c: t[c] if c in t else np.nan
+                    for c in ("reading", "lacuna_max_auc", "lacuna_max_score", "composite_oof_auc", "paper_auc")})
+    f3 = lambda v: fmt_num(v, 3)
+    return pd.DataFrame({
+        "field": t.field, "method": t.method, "labels": t["labels"].map({"forget": "m^F", "unified": "m^F∪m^R"}),
+        "AUC |Δθ| [95% CI over tensors]": [f"{f3(a)} [{f3(lo)}, {f3(hi)}]" if pd.notna(a) else "n/a"
+                                            for a, lo, hi in zip(t.auc, t.auc_lo, t.auc_hi)],
+        "reading": t.reading,
+        "Lacuna max over families (winning score)": [f"{f3(a)} ({s})" if pd.notna(a) else "n/a"
+                                                     for a, s in zip(t.lacuna_max_auc, t.lacuna_max_score)],
+        "composite (LR, out-of-fold)": t.composite_oof_auc.map(f3),
+        "paper (Lacuna max, OLMo-2 1B)": t.paper_auc.map(f3),
+    })
+
 def _localization_section(rep: Path) -> list:
-    "e04: best localization AUC per method against m^F and m^F ∪ m^R (Fig. 4b), paper values as black ticks."
-    blocks = [
+    """e04: the headline plain |Δθ| AUC per method against m^F and m^F ∪ m^R with its interval and reading, Lacuna's
+    max over families beside it (Fig. 4b: bars the headline, diamonds our max, black ticks the paper's)."""
+    t = localization_headline(rep.parent)
+    blocks = [paragraph(LOCALIZATION_NOTE), table(t)] if t is not None else []
+    blocks += [
         b
         for f in fields_in(rep.parent, "localization_")
-        for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: localization AUC")
+        for b in _fig(rep, f"localization_{f}.png", f"Fig. 4b analogue, {f}: |Δθ| AUC and Lacuna's max")
     ]
     return blocks
 
@@ -495,7 +529,8 @@ register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
 register_section("Unlearning (Fig. 4a)", ("e03",), ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png"),
                  _unlearning_section)
-register_section("Localization precision (Fig. 4b)", ("e04",), ("localization_summary.csv", "localization_*.png"),
+register_section("Localization precision (Fig. 4b)", ("e04",),
+                 ("localization_summary.csv", "localization_pieces.csv", "localization_*.png"),
                  _localization_section)
 register_section("REMIND: residual memorization", ("e05",), ("remind_*.csv", "remind_*.png"), _remind_section)
 register_section(
@@ -629,9 +664,10 @@ def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
             )
         for c in cols:
             m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
+            reading = r.get(f"{c}_reading")
             out[_verdict_header(c)] = _value(r, c, m.digits) + (
                 f" ({fmt_num(p, m.digits)})" if p is not None and pd.notna(p) else ""
-            )
+            ) + (f" {reading}" if isinstance(reading, str) and reading not in ("", "not applicable") else "")
             mark = marks.at[i, c]
             cls[_verdict_header(c)] = ({1.0: "better", 0.0: "same", -1.0: "worse"}[mark] if pd.notna(mark)
                                        else "ref" if r["method"] == "none" and m.reference == "none" else "")
@@ -892,13 +928,14 @@ EMPTY_NOTE = (
 
 SCORECARD_NOTE = (
     "One row per method (`none`: before unlearning) and forget field. Output metrics in % (utility Δ: points of "
-    "world multiple-choice accuracy); localization AUC against the forget mask m^F and m^F ∪ m^R (best score family); "
+    "world multiple-choice accuracy); localization: AUC of the plain |Δθ| against the forget mask m^F and m^F ∪ m^R "
+    "with its 95 % interval (tensors; seeds too when several) and reading, then Lacuna's max over score families; "
     "REMIND multi-class AUC % (original inputs, fair protocol); leakage: % of forget profiles revealed before / after "
     "the resurfacing attack; held-out PII NLL: answer NLL of memorized people in neither forget nor retain "
     "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. "
     "'(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
     "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
-    "(dead band ±5), of utility Δ (±2), of AUC − 0.5 (±0.005). The table scrolls sideways inside its box."
+    "(dead band ±5), of utility Δ (±2), of Lacuna's max AUC − 0.5 (±0.005). The table scrolls sideways inside its box."
 )
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #63f3de5f

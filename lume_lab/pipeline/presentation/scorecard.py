@@ -19,7 +19,7 @@ __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPL
            'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
            'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
            'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
-           'n_after', 'scorecard', 'toy_run']
+           'n_after', 'localization_readings', 'scorecard', 'toy_run']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -210,16 +210,22 @@ def read_output_metrics(run_dir, columns: dict | None = None) -> pd.DataFrame | 
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #1f657ebc
 def read_localization(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
-    """e04's best localization AUC per (field, method), or another column of the file.
-    Keys: `labels`, m^F `forget` or m^F ∪ m^R `unified`, or a column such as an external checkpoint's `cast_share`."""
+    """e04's headline localization AUC (plain |Δθ|) per (field, method), or another column of the file.
+    Keys: `labels` (m^F `forget` or m^F ∪ m^R `unified`) for the headline; `<column>@<labels>` for another column of
+    that label set (`lacuna_max_auc@forget`); or a column such as an external checkpoint's `cast_share`."""
     columns = metric_sources("localization") if columns is None else columns
     p = report_dir(run_dir) / "localization_summary.csv"
     if not p.exists(): return None
     t = pd.read_csv(p)
+    if "best_score" in t and "lacuna_max_auc" not in t:   # a summary from before the |Δθ| headline: `auc` was the max
+        t = t.assign(lacuna_max_auc=t.auc, auc=np.nan)
     s = t.set_index(["field", "method", "labels"]).auc.unstack("labels")
     out = s[[k for k in columns.values() if k in s.columns]].rename(columns={k: c for c, k in columns.items()})
     for c, k in columns.items():
-        if k not in s.columns and k in t: out = out.join(t.groupby(["field", "method"])[k].first().rename(c))
+        col, _, labels = str(k).partition("@")
+        if labels and col in t:
+            out = out.join(t[t["labels"] == labels].set_index(["field", "method"])[col].rename(c))
+        elif k not in s.columns and k in t: out = out.join(t.groupby(["field", "method"])[k].first().rename(c))
     return out
 
 def read_remind(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
@@ -321,10 +327,15 @@ register_metric("retain_para_em", "retain EM para", 1, "higher", "e03", ("table2
                 n="retain_profiles", band=5.0, paper=("retain_paraphrase", "em"))
 register_metric("utility_delta", "utility Δ", 1, "higher", "e03", ("table2", ("utility_delta", "mc_acc")),
                 n="utility_n", band=2.0, paper=("utility_delta", "mean"), verdict=True)
-register_metric("auc_forget", "AUC m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5, band=0.005,
-                paper=("precision", "forget"), verdict=True)
-register_metric("auc_unified", "AUC m^F∪m^R", 3, "higher", "e04", ("localization", "unified"), reference=0.5,
-                band=0.005, paper=("precision", "unified"))
+# the headline: plain |Δθ| AUC (no paper value: the paper reports only its max over families, the two below)
+register_metric("auc_forget", "AUC |Δθ| m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5,
+                band=0.005, verdict=True)
+register_metric("auc_unified", "AUC |Δθ| m^F∪m^R", 3, "higher", "e04", ("localization", "unified"), reference=0.5,
+                band=0.005)
+register_metric("lacuna_max_forget", "Lacuna max over families m^F", 3, "higher", "e04",
+                ("localization", "lacuna_max_auc@forget"), reference=0.5, band=0.005, paper=("precision", "forget"))
+register_metric("lacuna_max_unified", "Lacuna max over families m^F∪m^R", 3, "higher", "e04",
+                ("localization", "lacuna_max_auc@unified"), reference=0.5, band=0.005, paper=("precision", "unified"))
 register_metric(
     "remind_auc_lr", "REMIND LR", 1, "lower", "e05", ("remind", "remind_lr"), n="remind_n_per_class", band=5.0
 )
@@ -396,8 +407,8 @@ DIRECTION_CHECKS = {"EM": ("retain_em", "forget_em", SCORECARD_METRICS["retain_e
                     "Prob": ("retain_prob", "forget_prob", SCORECARD_METRICS["retain_prob"].band),
                     "para EM": ("retain_para_em", "forget_para_em", SCORECARD_METRICS["retain_para_em"].band),
                     "utility Δ": ("utility_delta", 0.0, SCORECARD_METRICS["utility_delta"].band),
-                    "AUC m^F": ("auc_forget", 0.5, SCORECARD_METRICS["auc_forget"].band),
-                    "AUC m^F∪m^R": ("auc_unified", 0.5, SCORECARD_METRICS["auc_unified"].band)}
+                    "Lacuna max m^F": ("lacuna_max_forget", 0.5, SCORECARD_METRICS["lacuna_max_forget"].band),
+                    "Lacuna max m^F∪m^R": ("lacuna_max_unified", 0.5, SCORECARD_METRICS["lacuna_max_unified"].band)}
 
 def direction(a, b, tol: float) -> np.ndarray:
     "+1 / 0 / −1: the sign of a − b outside a dead band of ± `tol`; NaN where either side is missing."
@@ -441,9 +452,38 @@ def _column_order(cols) -> list[str]:
     for n, (_, rows, first) in SAMPLE_SIZES.items():
         if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
     for c in SCORECARD_METRICS:
-        want += [c, f"{c}_std", f"{c}_paper"]
+        want += [c, f"{c}_std", f"{c}_paper", f"{c}_ci", f"{c}_reading"]
         if n_after(c): want += [n_after(c), f"{n_after(c)}_std"]
     return [c for c in want + ["direction_mismatch"] if c in cols]
+
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #f37b4a9b
+def localization_readings(run_dirs: list[Path]) -> pd.DataFrame | None:
+    """Per (field, method), for each headline localization metric: `<column>_ci` ("[lo, hi]") and `<column>_reading`
+    (`analysis.localization.auc_reading`). One run: the interval e04 wrote (bootstrap over tensors). Several seeds:
+    a two-stage bootstrap, seeds then tensors, over every run's `localization_pieces.csv`; blank when one lacks it."""
+    from lume_lab.analysis.localization import auc_reading, cluster_auc_interval
+    heads = {m.source[1]: c for c, m in SCORECARD_METRICS.items()
+             if m.source[0] == "localization" and m.source[1] in ("forget", "unified")}
+    sums = [report_dir(d) / "localization_summary.csv" for d in run_dirs]
+    if not heads or not all(p.exists() for p in sums): return None
+    if len(run_dirs) == 1:
+        t = pd.read_csv(sums[0])
+        if "auc_lo" not in t: return None
+        iv = t.set_index(["field", "method", "labels"])[["auc_lo", "auc_hi"]]
+    else:
+        ps = [report_dir(d) / "localization_pieces.csv" for d in run_dirs]
+        if not all(p.exists() for p in ps): return None
+        by = [dict(list(pd.read_csv(p).groupby(["field", "method", "labels"], sort=False))) for p in ps]
+        keys = [k for k in by[0] if all(k in b for b in by)]
+        iv = pd.DataFrame([cluster_auc_interval([b[k] for b in by])[1:] for k in keys], columns=["auc_lo", "auc_hi"],
+                          index=pd.MultiIndex.from_tuples(keys, names=["field", "method", "labels"]))
+    parts = []
+    for ls, c in heads.items():
+        x = iv[iv.index.get_level_values("labels") == ls].droplevel("labels")
+        parts.append(pd.DataFrame({
+            f"{c}_ci": [f"[{lo:.3f}, {hi:.3f}]" if pd.notna(lo) else "" for lo, hi in zip(x.auc_lo, x.auc_hi)],
+            f"{c}_reading": [auc_reading(lo, hi) for lo, hi in zip(x.auc_lo, x.auc_hi)]}, index=x.index))
+    return pd.concat(parts, axis=1)
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #e7f70ca5
 def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
@@ -462,6 +502,7 @@ def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     paper = paper_scorecard()
     card = card.join(paper[[f"{c}_paper" for c in ours if f"{c}_paper" in paper]], how="left")
     card["direction_mismatch"] = direction_mismatch(card)
+    if (r := localization_readings(run_dirs)) is not None: card = card.join(r, how="left")
     card = card.reset_index()
     return card[_column_order(card.columns)]
 
@@ -487,6 +528,8 @@ def toy_run(root: Path, name: str, seed: int = 0, shift: float = 0.0) -> Path:
     t.to_csv(d / "report" / "table2_email_address.csv")
     pd.DataFrame(
         {"field": "email_address", "method": ["simnpo", "simnpo", "oracle_grad", "oracle_grad"],
-         "labels": ["forget", "unified"] * 2, "auc": [0.509, 0.521, 1.0, 0.75]}
+         "labels": ["forget", "unified"] * 2, "auc": [0.509, 0.521, 1.0, 0.75], "auc_lo": [0.49, 0.51, 1.0, 0.7],
+         "auc_hi": [0.53, 0.53, 1.0, 0.8], "reading": ["cannot tell", "localized", "localized", "localized"],
+         "lacuna_max_auc": [0.515, 0.53, 1.0, 0.8], "lacuna_max_score": ["reversal", "reversal", "raw", "raw"]}
     ).to_csv(d / "report" / "localization_summary.csv", index=False)
     return d

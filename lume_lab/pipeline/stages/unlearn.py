@@ -21,11 +21,12 @@ from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'LOCALIZATION_READS', 'input_deps', 'ensure_inputs', 'method_inputs',
-           'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
-           'stage_forget_fields', 'stage_unlearn', 'load_unlearned', 'load_method_stage', 'ModelSource',
-           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
-           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
+__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps',
+           'ensure_inputs', 'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning',
+           'usable_forget_fields', 'stage_forget_fields', 'stage_unlearn', 'load_unlearned', 'load_method_stage',
+           'ModelSource', 'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate',
+           'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
+           'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -270,6 +271,8 @@ def stage_evaluate_before(store: RunStore, field: str) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #8ca1558f
 LOCALIZATION_SIZES = ["n_profiles", "n_rows", "mask_groups", "mask_profiles"]
+# pieces.csv: the headline's per-tensor rank pieces (`analysis.localization.tensor_rank_pieces`) of each source
+PIECES_COLUMNS = ["tensor", "n_pos", "n_neg", "u_pos", "u_neg", "field", "method", "labels"]
 
 def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFrame:
     """Per label set (forget: m^F, unified: m^F ∪ m^R):
@@ -281,9 +284,9 @@ def localization_sizes(forget_split, profile_groups, n_groups: int) -> pd.DataFr
                          for lab, gs in (("forget", F), ("unified", F + R))], columns=["labels"] + LOCALIZATION_SIZES)
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #6a600d6b
-def localization_frames(store: RunStore, field: str, sources: list[ModelSource]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(every score's AUC, best AUC per source and label set with the sizes behind it) of `sources` on `field`
-    (`analysis.localization`)."""
+def localization_frames(store: RunStore, field: str, sources: list[ModelSource]) -> tuple[pd.DataFrame, ...]:
+    """(every score's AUC, the summary per source and label set with the sizes behind it, the headline's per-tensor
+    rank pieces) of `sources` on `field` (`analysis.localization`: `localization_table`, `precision_summary`)."""
     from lume_lab.analysis.localization import localization_table, precision_summary
     from lume_lab.inject.testbed import field_split_names, warn_small_splits
     from lume_lab.data.pii import load_pii
@@ -299,48 +302,55 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
         run = {"field": field, "method": s.label, "unl": s.weights()}
         if s.control_weights is not None: run["unl_ctrl"] = s.control_weights()
         runs.append(run)
+    pieces = []
     table = localization_table(
-        runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl,
+        runs, pre, inj, stage_masks(store), n_groups=c.pii.n_groups, inj_ctrl=inj_ctrl, pieces_out=pieces,
         no_contrast_methods=[s.label for s in sources if s.control_weights is None],
         composite_max_weights=c.localization.composite_max_weights, n_folds=c.localization.n_folds, seed=c.seed,
         max_weights=c.localization.max_weights
     )
     summary = precision_summary(table).merge(sizes, on="labels", how="left")
-    at = list(summary.columns).index("auc") + 1                  # the sizes beside the AUC they stand behind
+    at = list(summary.columns).index("reading") + 1              # the sizes beside the AUC they stand behind
     cols = [k for k in summary.columns if k not in LOCALIZATION_SIZES]
-    return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]]
+    # no pieces when no source changed a scored weight (nothing to localize)
+    pieces = pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=PIECES_COLUMNS)
+    return table, summary[cols[:at] + LOCALIZATION_SIZES + cols[at:]], pieces
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #697293b8
 # the config fields a localization stage reads (the rest come through its deps)
 LOCALIZATION_READS = ["localization", "seed"]
+# 2: the summary's `auc` is the plain |Δθ| AUC with its interval over tensors (1: the max over score families)
+LOCALIZATION_VERSION = 2
+
+def _write_localization(out: Path, frames: tuple, extra: dict | None = None) -> None:
+    table, summary, pieces = frames
+    table.to_csv(out / "aucs.csv", index=False); pieces.to_csv(out / "pieces.csv", index=False)
+    summary.assign(**(extra or {})).to_csv(out / "summary.csv", index=False)
 
 def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.DataFrame:
     "Localization precision (App. E scores, composite, exact AUC) of every method on `field`, vs m^F and m^F ∪ m^R."
     sources = [method_source(store, m, field) for m in methods]
-    def fn(out):
-        table, summary = localization_frames(store, field, sources)
-        table.to_csv(out / "aucs.csv", index=False); summary.to_csv(out / "summary.csv", index=False)
+    def fn(out): _write_localization(out, localization_frames(store, field, sources))
     deps = (
         ["base", "instruct_masked", "instruct_unmasked", "masks"]
         + [s.stage for s in sources]
         + [s.control_stage for s in sources if s.control_stage]
     )
     return pd.read_csv(store.stage(f"localization_{field}", fn, reads=LOCALIZATION_READS,
-                                   inputs={"methods": methods, "sizes": LOCALIZATION_SIZES}, deps=deps) / "summary.csv")
+                                   inputs={"methods": methods, "sizes": LOCALIZATION_SIZES}, deps=deps,
+                                   version=LOCALIZATION_VERSION) / "summary.csv")
 
 def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
     "The same for one model source, alone, as stage `src.result_stage('localization')` (with its `summary_columns`)."
     def fn(out):
-        table, summary = localization_frames(store, src.field, [src])
-        table.to_csv(out / "aucs.csv", index=False)
-        summary.assign(**(src.summary_columns() if src.summary_columns else {})).to_csv(
-            out / "summary.csv", index=False)
+        _write_localization(out, localization_frames(store, src.field, [src]),
+                            src.summary_columns() if src.summary_columns else None)
     deps = (["base", "instruct_masked", "instruct_unmasked", "masks", src.stage]
             + ([src.control_stage] if src.control_stage else []))
     return pd.read_csv(
         store.stage(
             src.result_stage("localization"), fn, reads=LOCALIZATION_READS, inputs={"sizes": LOCALIZATION_SIZES},
-            deps=deps
+            deps=deps, version=LOCALIZATION_VERSION
         )
         / "summary.csv"
     )
