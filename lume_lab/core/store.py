@@ -17,12 +17,12 @@ from dataclasses import asdict, fields, is_dataclass
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash, get_field
 
 # %% auto #0
-__all__ = ['CODE_PATHS', 'KEYS', 'HEARTBEAT_ENV', 'seed_everything', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'package_versions', 'machine_info', 'package_dir', 'dirty_files', 'git_commit',
-           'thread_info', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore', 'StageWarning',
-           'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute', 'section_fields',
-           'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat', 'write_heartbeat', 'read_heartbeat',
-           'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
+__all__ = ['CODE_PATHS', 'KEYS', 'MIGRATED_VERSION', 'HEARTBEAT_ENV', 'seed_everything', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info', 'package_dir', 'dirty_files',
+           'git_commit', 'thread_info', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore',
+           'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute',
+           'section_fields', 'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat', 'write_heartbeat',
+           'read_heartbeat', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -398,13 +398,17 @@ def _wait_for_rank0(store: RunStore, name: str, h: str, poll: float = 0.1) -> No
             if e["status"] == "failed": raise StageError(f"stage {name!r} failed on rank 0: {e.get('error')}")
         time.sleep(poll)
 
-def _adopt_migrated(self: RunStore, name: str, h: str) -> bool:
+MIGRATED_VERSION = 1   # the stage version the key migration's legacy recipes stand for: every stage's first
+
+def _adopt_migrated(self: RunStore, name: str, h: str, version: int = MIGRATED_VERSION) -> bool:
     """Give stage `name`'s migrated entry its hash `h` under the declared keys (True), if the key migration verified
     that an older run computed it from exactly this config and these inputs; nothing is recomputed and `computed_as`
-    keeps the hash its files were made under, so the stages downstream keep theirs. False for any other entry."""
+    keeps the hash its files were made under, so the stages downstream keep theirs. False for any other entry, and for
+    a stage asked for at a later `version` than the one the legacy recipes describe: what it computes has changed."""
     e = self.entry(name)
     if not (e and e.get("status") == "done" and e.get("migration") == "pending" and self.path(name).is_dir()):
         return False
+    if version != MIGRATED_VERSION: return False
     e.update(hash=h, migration="adopted", adopted=_now()); self._save()
     return True
 
@@ -452,7 +456,7 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iter
     h, final = self.stage_hash(name, reads, inputs, deps, version), self.path(name)
     rank, world = process_rank()
     e = self.entry(name)
-    if rank == 0 and self.adopt_migrated(name, h): e = self.entry(name)   # an older run's stage, verified: keep it
+    if rank == 0 and self.adopt_migrated(name, h, version): e = self.entry(name)   # an older run's, verified: keep it
     if self.is_done(name, h):
         if rank == 0: e["cache_hits"] = e.get("cache_hits", 0) + 1; e["last_used"] = _now(); self._save()
         reissue_warnings(e.get("warnings", []), name, once_key=(str(self.dir), name, h))

@@ -95,7 +95,7 @@ def launched_stage(store: RunStore, name: str, fn: Callable[[Path], Any], reads:
     n, launcher = launch_settings()
     declared = dict(reads=reads, inputs=inputs, deps=deps, version=version)
     h = store.stage_hash(name, **declared)
-    if n == 1 or process_rank()[1] > 1 or store.adopt_migrated(name, h) or store.reuse_stage(name, h):
+    if n == 1 or process_rank()[1] > 1 or store.adopt_migrated(name, h, version) or store.reuse_stage(name, h):
         return store.stage(name, fn, **declared)
     cmd = launch_command(name, store.run_id, store.dir.parent, n, launcher, fsdp2=fsdp2_requested())
     print(f"launching stage {name!r} in {n} processes ({launcher}): {' '.join(cmd[2:])}", flush=True)
