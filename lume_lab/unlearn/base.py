@@ -95,7 +95,7 @@ _MONITORS: list = []
 def monitored(monitor):
     """Within the block, `unlearn_loop` calls `monitor(model, step, last)` before the first step and after every
     optimizer step (model in eval mode, no gradients); a True return stops training there. When the loop ends it
-    calls `monitor.finish(model)`, which may put back the weights of an earlier point (`unlearn.trajectory`)."""
+    calls `monitor.finish(model)`, which may put back the weights of an earlier point (`analysis.trajectory`)."""
     if not (callable(monitor) and callable(getattr(monitor, "finish", None))):
         raise ValueError(f"monitor must be callable as monitor(model, step, last) and have finish(model), "
                          f"got {type(monitor).__name__}")

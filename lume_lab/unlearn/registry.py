@@ -12,9 +12,9 @@ from typing import Callable
 from ..core.config import SCHEDULES, finite_number
 
 # %% auto #0
-__all__ = ['SCHEDULERS', 'BASE_HPARAMS', 'LR_GRID', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'generic_problems',
-           'save_weights', 'load_weights', 'Ref', 'MethodSpec', 'register_method', 'get_spec', 'method_names',
-           'methods_table']
+__all__ = ['SCHEDULERS', 'BASE_HPARAMS', 'LR_GRID', 'INPUTS', 'BUILTIN_METHODS', 'RESERVED_NAMES', 'BUILTIN_SPECS',
+           'generic_problems', 'save_weights', 'load_weights', 'Ref', 'MethodSpec', 'register_method', 'get_spec',
+           'method_names', 'methods_table']
 
 # %% ../../nbs/unlearn/00_registry.ipynb #61bdf420
 SCHEDULERS = SCHEDULES   # the schedules `models.lm.lr_multiplier` knows (core.config's vocabulary)
@@ -180,10 +180,12 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     _REGISTRY[spec.name] = spec
     return spec
 
+BUILTIN_SPECS = "lume_lab.unlearn.specs"   # the built-in methods' declarations, loaded like a plugin
+
 def get_spec(name: str) -> MethodSpec:
     "The registered spec `name`; the declarations of the built-in methods (`lume_lab.unlearn.specs`) on first use."
     # torch-free: a declaration names its training function by "module:attribute"
-    if name not in _REGISTRY: from lume_lab.unlearn import specs   # noqa: F401 (importing it registers them)
+    if name not in _REGISTRY: importlib.import_module(BUILTIN_SPECS)   # importing it registers them (a plugin, by name)
     if name not in _REGISTRY:
         raise ValueError(f"unknown unlearning method {name!r}; allowed: {', '.join(method_names())}")
     return _REGISTRY[name]
