@@ -67,9 +67,13 @@ def test_config_resolves_every_method_from_the_declarations_alone():
     module (its training code) is imported, and the resolved methods are all there."""
     from lume_lab.pipeline.orchestration.config import config_methods
     from lume_lab.core.config import make_config
-    r = lume_lab("config", "--preset", "mini", "--all", importtime=True)
+    # the registry loads the declarations by name (importlib), which -X importtime does not list: read sys.modules
+    spy = ("import atexit, sys; atexit.register(lambda: print('MODULES', *sorted(m for m in sys.modules "
+           "if m.startswith('lume_lab.unlearn')), file=sys.stderr)); " + ENTRY)
+    r = subprocess.run([sys.executable, "-c", spy, "config", "--preset", "mini", "--all"], cwd=ROOT, text=True,
+                       capture_output=True, timeout=HANG_TIMEOUT)
     assert r.returncode == 0, r.stderr[-2000:]
-    mods = imported_modules(r.stderr)
+    mods = set(next(l for l in r.stderr.splitlines() if l.startswith("MODULES ")).split()[1:])
     assert "lume_lab.unlearn.specs" in mods
     methods = config_methods(make_config("mini"))
     assert not [m for m in methods if f"lume_lab.unlearn.{m}" in mods]
