@@ -1241,6 +1241,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                         'lume_lab/pipeline/orchestration/score.py'),
                                                        'lume_lab.pipeline.orchestration.score.check_score': ( 'pipeline/orchestration/score.html#check_score',
                                                                                                               'lume_lab/pipeline/orchestration/score.py'),
+                                                       'lume_lab.pipeline.orchestration.score.empty_testbed_note': ( 'pipeline/orchestration/score.html#empty_testbed_note',
+                                                                                                                     'lume_lab/pipeline/orchestration/score.py'),
                                                        'lume_lab.pipeline.orchestration.score.refresh_report': ( 'pipeline/orchestration/score.html#refresh_report',
                                                                                                                  'lume_lab/pipeline/orchestration/score.py'),
                                                        'lume_lab.pipeline.orchestration.score.remove_checkpoint': ( 'pipeline/orchestration/score.html#remove_checkpoint',

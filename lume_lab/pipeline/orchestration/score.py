@@ -14,8 +14,9 @@ from ...core.store import RunStore, open_run
 from .export import check_testbed_done, resolve_fields, usable_fields
 
 # %% auto #0
-__all__ = ['SCORE_KINDS', 'REPORT_EXPERIMENTS', 'check_score', 'check_same_checkpoint', 'score_row', 'score_checkpoint',
-           'refresh_report', 'remove_checkpoint', 'add_export_arguments', 'add_score_arguments', 'score_main']
+__all__ = ['SCORE_KINDS', 'REPORT_EXPERIMENTS', 'check_score', 'check_same_checkpoint', 'score_row', 'empty_testbed_note',
+           'score_checkpoint', 'refresh_report', 'remove_checkpoint', 'add_export_arguments', 'add_score_arguments',
+           'score_main']
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #1d7c551d
 def check_score(store: RunStore, checkpoint, name: str, field: str | None = None, control=None,
@@ -94,6 +95,17 @@ def score_row(label: str, field: str, ev: pd.DataFrame, loc: pd.DataFrame, rem: 
 SCORE_KINDS = ("evaluate", "localization", "remind", "resurface")
 # the experiments whose tables and page gain the external rows (e10: its attacks run then)
 REPORT_EXPERIMENTS = ("e03", "e04", "e05", "e06", "e10", "e99")
+
+def empty_testbed_note(store: RunStore, field: str) -> str | None:
+    """The report's "nothing to judge" sentence (`report.empty_testbeds`) when the run's model before unlearning does
+    not know its `field` forget set; None when it does."""
+    from lume_lab.metrics.evaluate import table2
+    from lume_lab.pipeline.presentation.report import empty_testbeds
+    from lume_lab.pipeline.stages.unlearn import stage_evaluate_before
+    t = table2(stage_evaluate_before(store, field), by="model")    # cached: e03 computed it
+    card = pd.DataFrame([{"field": field, "method": "none", "forget_em": float(t.at[("forget", "em"), "none"]),
+                          "forget_profiles": float(t.at[("forget", "em"), "n_profiles"])}])
+    return empty_testbeds(card).get(field)
 
 def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = None, control=None, root=None,
                      report: bool = True, log=print, replace: bool = False) -> pd.DataFrame:
