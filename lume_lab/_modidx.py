@@ -1555,8 +1555,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                  'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._split_profiles': ( 'pipeline/presentation/results.html#_split_profiles',
                                                                                                                     'lume_lab/pipeline/presentation/results.py'),
-                                                        'lume_lab.pipeline.presentation.results._threads': ( 'pipeline/presentation/results.html#_threads',
-                                                                                                             'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.add_results_arguments': ( 'pipeline/presentation/results.html#add_results_arguments',
                                                                                                                           'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.compare_lines': ( 'pipeline/presentation/results.html#compare_lines',

@@ -126,18 +126,12 @@ def seeds_command(run_dir, sweep: str, seeds: list[int]) -> str:
     return shlex.join(args)
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #263e9632
-def _threads(t: dict | None) -> str:
-    "A run's recorded thread counts (`core.store.thread_info`) in words."
-    if not t: return "not recorded"
-    return (f"torch {t.get('torch') if t.get('torch') is not None else 'not loaded'}, "
-            f"OMP_NUM_THREADS {t.get('OMP_NUM_THREADS') or 'unset'}")
-
 def threads_line(run_dirs: list[Path]) -> str:
     """The threads bullet: the runs grouped by the thread counts they computed with, and a warning when they differ
     (their times are then not comparable, and float reductions may differ in the last bits)."""
     by: dict[str, list[str]] = {}
     for label, d in zip(run_labels(run_dirs), run_dirs):
-        by.setdefault(_threads(run_manifest(d).get("threads")), []).append(label)
+        by.setdefault(threads_text(run_manifest(d).get("threads")), []).append(label)
     if len(by) == 1: return f"- **Threads**: {next(iter(by))}"
     return ("- **Threads**, differing between the runs (their times are not comparable; float reductions may differ): "
             + "; ".join(f"{t}: {', '.join(labels)}" for t, labels in by.items()))
