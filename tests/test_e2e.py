@@ -102,7 +102,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
         assert (run / "notebooks" / nb.name).exists()
     report = run / "report"
     assert "mc_acc" in (report / "utility_base.csv").read_text()
-    import numpy as np, pandas as pd
+    import numpy as np
 
     rates = pd.read_csv(report / "extraction_rates.csv")
     assert set(rates.model) == {"masked", "unmasked"} and set(rates.field) == set(
