@@ -1011,6 +1011,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                             'lume_lab/pipeline/orchestration/export.py'),
                                                         'lume_lab.pipeline.orchestration.export.open_unlearning_readme': ( 'pipeline/orchestration/export.html#open_unlearning_readme',
                                                                                                                            'lume_lab/pipeline/orchestration/export.py'),
+                                                        'lume_lab.pipeline.orchestration.export.ou_method_args': ( 'pipeline/orchestration/export.html#ou_method_args',
+                                                                                                                   'lume_lab/pipeline/orchestration/export.py'),
                                                         'lume_lab.pipeline.orchestration.export.perturbed_pool': ( 'pipeline/orchestration/export.html#perturbed_pool',
                                                                                                                    'lume_lab/pipeline/orchestration/export.py'),
                                                         'lume_lab.pipeline.orchestration.export.prompt_format': ( 'pipeline/orchestration/export.html#prompt_format',

@@ -306,8 +306,7 @@ def test_export_splits_masks_and_keys(run, exported):
     st, f = run["store"], run["field"]
     sp = field_splits(T.stage_testbed(st), f)
     keys = [
-        "question", "answer", "paraphrased_question", "paraphrased_answer", "perturbed_answer", "profile_id", "field",
-        "template"]
+        "question", "answer", "paraphrased_question", "perturbed_answer", "profile_id", "field", "template"]
     rows = {}
     # a cache of this export alone: datasets keys a local folder's cache by folder name and config, not by content, so
     # the shared cache can serve another export's rows
@@ -328,7 +327,7 @@ def test_export_splits_masks_and_keys(run, exported):
             (r["question"], r["answer"], r["profile_id"]) for r in sp[split]
         ]
     assert all(
-        len(r["perturbed_answer"]) == 3 and r["answer"] not in r["perturbed_answer"] and r["template"]
+        len(r["perturbed_answer"]) == 5 and r["answer"] not in r["perturbed_answer"] and r["template"]
         for s in rows.values()
         for r in s
     )
@@ -344,10 +343,24 @@ def test_export_splits_masks_and_keys(run, exported):
     assert {r["template"] for r in rows["holdout"]} <= set(_QA[f][1] + _QA[f][2])
     # the experiment composes files that exist, in Hydra's defaults form
     ou = exported / "open-unlearning" / "configs"
-    for exp, handler in ((f, "QADataset"), (f"{f}_idk", "QAwithIdkDataset")):
-        text = (ou / "experiment" / "unlearn" / "lume" / f"{exp}.yaml").read_text()
+    # one experiment per trainer, carrying the run's resolved hyperparameters of the matching method
+    from lume_lab.pipeline.orchestration.config import method_hparams
+    from lume_lab.pipeline.orchestration.export import OU_TRAINERS
+    assert sorted((ou / "experiment" / "unlearn" / "lume").glob("*.yaml")) == sorted(
+        ou / "experiment" / "unlearn" / "lume" / f"{f}_{m}.yaml" for m in OU_TRAINERS)
+    for method, trainer in OU_TRAINERS.items():
+        handler = "QAwithIdkDataset" if method == "dpo" else "QADataset"
+        text = (ou / "experiment" / "unlearn" / "lume" / f"{f}_{method}.yaml").read_text()
         assert text.startswith("# @package _global_\n")
-        d = {k: v for x in yaml.safe_load(text)["defaults"] for k, v in x.items()}
+        exp, hp = yaml.safe_load(text), method_hparams(st.config, method)
+        d = {k: v for x in exp["defaults"] for k, v in x.items()}
+        assert d["override /trainer"] == trainer
+        args, margs = exp["trainer"]["args"], exp["trainer"].get("method_args", {})
+        assert (args["learning_rate"], args["num_train_epochs"], args["per_device_train_batch_size"]) == (
+            hp["lr"], hp["epochs"], hp["batch_size"]), (method, args)
+        assert {k: v for k, v in margs.items() if k != "retain_loss_type"} == {
+            k: hp[k] for k in ("alpha", "beta", "gamma", "delta") if k in margs}, (method, margs)
+        assert method == "grad_ascent" or {"alpha", "gamma"} <= set(margs) and margs["retain_loss_type"] == "NLL"
         assert (
             d["override /model"] == "LUME_testbed"
             and d["override /eval"] is None
@@ -380,7 +393,8 @@ def test_export_splits_masks_and_keys(run, exported):
         ).read_bytes()
     man = json.loads((exported / "manifest.json").read_text())
     assert man["config_hash"] == st.manifest["config_hash"] and man["fields"] == [f]
-    assert {r["split"]: r["n_rows"] for r in man["splits"]} == {f"{k}_{f}": len(v) for k, v in rows.items()}
+    assert {r["split"]: r["n_rows"] for r in man["splits"]} == {f"{k}_{f}": len(v) for k, v in rows.items()} | {
+        f"{k}_para_{f}": len(sp[f"{k}_paraphrase"]) for k in ("forget", "retain")}
     assert man["prompt_format"]["prompt"] == "Question: {question}\nAnswer:"
 
 

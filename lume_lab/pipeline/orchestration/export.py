@@ -14,11 +14,12 @@ from ...core.store import RunStore, atomic_write_json, git_commit, open_run, pac
 from ...data.pii import format_answer, format_prompt, make_profiles, question_template
 
 # %% auto #0
-__all__ = ['TESTBED_STAGES', 'CHAT_TEMPLATE', 'N_PERTURBED', 'AUC_SNIPPET', 'EXPORT_ENV', 'EXPORT_ROOT', 'TF4_TOKENIZER_CLASS',
-           'TF4_PINS', 'TF4_SCRIPT', 'check_testbed_done', 'usable_fields', 'resolve_fields', 'prompt_format',
-           'perturbed_pool', 'tofu_rows', 'field_exports', 'dataset_card', 'write_data', 'groups_info',
-           'open_unlearning_configs', 'score_command', 'open_unlearning_readme', 'legacy_config',
-           'legacy_tokenizer_config', 'write_legacy_keys', 'export_run', 'PipUnreachable', 'tf4_env', 'check_tf4']
+__all__ = ['TESTBED_STAGES', 'CHAT_TEMPLATE', 'N_PERTURBED', 'AUC_SNIPPET', 'OU_TRAINERS', 'OU_METHOD_ARGS', 'HF_SCHEDULERS',
+           'EXPORT_ENV', 'EXPORT_ROOT', 'TF4_TOKENIZER_CLASS', 'TF4_PINS', 'TF4_SCRIPT', 'check_testbed_done',
+           'usable_fields', 'resolve_fields', 'prompt_format', 'perturbed_pool', 'tofu_rows', 'field_exports',
+           'dataset_card', 'write_data', 'groups_info', 'ou_method_args', 'open_unlearning_configs', 'score_command',
+           'open_unlearning_readme', 'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys', 'export_run',
+           'PipUnreachable', 'tf4_env', 'check_tf4']
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #a79305a8
 TESTBED_STAGES = ("world", "base", "pii", "masks", "instruct_masked", "instruct_unmasked", "testbed")
@@ -84,7 +85,7 @@ def prompt_format() -> dict:
     }
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #62666864
-N_PERTURBED = 3
+N_PERTURBED = 5   # TOFU's count of wrong answers per question (its truth ratio)
 
 def perturbed_pool(field: str, seed: int, exclude_names=(), n: int = 50) -> list[str]:
     "Answers (`format_answer`) of `field` of `n` never-injected people: the wrong answers rows draw from."
@@ -94,8 +95,10 @@ def perturbed_pool(field: str, seed: int, exclude_names=(), n: int = 50) -> list
 
 def tofu_rows(rows, paraphrases, profiles: dict, pools: dict[str, list[str]], seed: int,
               k: int = N_PERTURBED) -> list[dict]:
-    """QA rows (prompt, answer, question, field, profile_id) in TOFU's field names, with paraphrases, perturbed answers
-    (drawn from `pools[row's field]`) and the template."""
+    """QA rows (prompt, answer, question, field, profile_id) in TOFU's field names, with paraphrased questions,
+    perturbed answers (drawn from `pools[row's field]`) and the template. No `paraphrased_answer`: a PII value has no
+    paraphrase, and TOFU's key means one (a copy of the answer would make open-unlearning's paraphrase metric the plain
+    probability)."""
     para = {}
     for r in paraphrases: para.setdefault((r["profile_id"], r["field"]), []).append(r["question"])
     seen, out = {}, []
@@ -107,7 +110,7 @@ def tofu_rows(rows, paraphrases, profiles: dict, pools: dict[str, list[str]], se
         out.append(
             {
                 "question": r["question"], "answer": r["answer"],
-                "paraphrased_question": ps[i % len(ps)] if ps else None, "paraphrased_answer": r["answer"],
+                "paraphrased_question": ps[i % len(ps)] if ps else None,
                 "perturbed_answer": wrong, "profile_id": r["profile_id"], "field": r["field"],
                 "template": question_template(profiles[r["profile_id"]], r["field"], r["question"])
             }
@@ -116,7 +119,8 @@ def tofu_rows(rows, paraphrases, profiles: dict, pools: dict[str, list[str]], se
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #e57656f4
 def field_exports(store: RunStore, field: str) -> dict[str, list[dict]]:
-    "`forget_<field>`, `retain_<field>`, `holdout_<field>`: rows in TOFU's field names (`tofu_rows`)."
+    """`forget_<field>`, `retain_<field>`, `holdout_<field>`, and the paraphrased questions as `forget_para_<field>`,
+    `retain_para_<field>`: rows in TOFU's field names (`tofu_rows`)."""
     from lume_lab.inject.testbed import field_splits, load_testbed
     from lume_lab.data.pii import load_pii
     from lume_lab.pipeline.stages.remind import holdout_qa
@@ -134,7 +138,10 @@ def field_exports(store: RunStore, field: str) -> dict[str, list[dict]]:
     rows = lambda r, pr: tofu_rows(list(r), list(pr), people, pools, c.seed)
     return {
         f"forget_{field}": rows(sp["forget"], sp["forget_paraphrase"]),
-        f"retain_{field}": rows(sp["retain"], sp["retain_paraphrase"]), f"holdout_{field}": rows(hold, hold_r)
+        f"retain_{field}": rows(sp["retain"], sp["retain_paraphrase"]), f"holdout_{field}": rows(hold, hold_r),
+        # the paraphrased questions as a split of their own, asked as `question` (what QADataset reads)
+        f"forget_para_{field}": rows(sp["forget_paraphrase"], []),
+        f"retain_para_{field}": rows(sp["retain_paraphrase"], []),
     }
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #ebac70b7
@@ -158,10 +165,13 @@ def dataset_card(files: dict[str, str], sizes: pd.DataFrame, run_id: str) -> str
 Per forget field `f`: `forget_f` (the people the testbed model memorized and is to forget), `retain_f` \
 (people it is to keep,
 asked about the retain field of Lacuna's cross-field scheme) and `holdout_f` (never-injected people, same templates).
-Fields (TOFU / open-unlearning names): `question`, `answer` (starts with a space), `paraphrased_question`, \
-`paraphrased_answer`,
-`perturbed_answer` (three wrong values of never-injected people, for the truth ratio), `profile_id`, `field`, `template`
-(the question's template). `idk`: the "I don't know" answers for DPO (`answer`), also `idk.jsonl` one per line.
+`forget_para_f`, `retain_para_f`: the same people asked in paraphrased templates (the question is the paraphrase).
+Fields, with TOFU's / open-unlearning's names: `question` and `perturbed_answer` (five wrong values of never-injected
+people of the row's own field, for the truth ratio) mean exactly TOFU's thing; `answer` is the PII value (it starts with
+a space); `paraphrased_question` is one paraphrase of the question (TOFU has none); there is **no**
+`paraphrased_answer`: a PII value has no paraphrase, so a truth ratio reads `answer` as the correct one. `profile_id`,
+`field`, `template` (the question's template) are ours.
+`idk`: the "I don't know" answers for DPO (`answer`), also `idk.jsonl` one per line.
 The model saw `Question: {{question}}\\nAnswer:{{answer}}<eos>` (see `../manifest.json`, `prompt_format`).
 
 ```python
@@ -238,6 +248,22 @@ def groups_info(store: RunStore, fields: list[str]) -> dict:
     }
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #44b284c9
+# open-unlearning's trainer for each lume_lab method whose objective it implements in the same form: GradDiff
+# `gamma·(-NLL_f) + alpha·NLL_r`, NPO and DPO `-2/beta·logsigmoid(...)` on summed answer log-probs against the frozen
+# start, SimNPO on the length-normalised NLL less `delta`; the retain term is the answer NLL (`retain_loss_type: NLL`)
+OU_TRAINERS = {"grad_ascent": "GradAscent", "grad_diff": "GradDiff", "npo": "NPO", "simnpo": "SimNPO", "dpo": "DPO"}
+# the method_args each trainer takes (its configs/trainer/<name>.yaml): lume_lab's hyperparameter of the same name
+OU_METHOD_ARGS = {"grad_diff": ("gamma", "alpha"), "npo": ("beta", "gamma", "alpha"),
+                  "simnpo": ("beta", "delta", "gamma", "alpha"), "dpo": ("beta", "gamma", "alpha")}
+
+# lume_lab's schedule names (core.config.SCHEDULES) -> transformers' `lr_scheduler_type`
+HF_SCHEDULERS = {"constant": "constant", "warmup_constant": "constant_with_warmup", "linear": "linear",
+                 "cosine": "cosine"}
+
+def ou_method_args(method: str, hp: dict) -> dict:
+    "open-unlearning's `trainer.method_args` for `method` from its resolved hyperparameters `hp`."
+    return {k: float(hp[k]) for k in OU_METHOD_ARGS[method]} | {"retain_loss_type": "NLL"}
+
 def _yaml(obj) -> str:
     import yaml
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, allow_unicode=True)
@@ -248,10 +274,10 @@ EXPORT_ROOT = f"${{oc.env:{EXPORT_ENV}}}"
 
 def open_unlearning_configs(store: RunStore, fields: list[str]) -> dict[str, str]:
     """Relative path -> text of every open-unlearning config file:
-    model, datasets per field, one experiment per field and trainer family; paths under `EXPORT_ROOT`."""
+    model, datasets per field, one experiment per field and trainer (`OU_TRAINERS`), each with the run's resolved
+    hyperparameters of the matching lume_lab method; paths under `EXPORT_ROOT`."""
     from lume_lab.pipeline.orchestration.config import method_hparams
     root, c = EXPORT_ROOT, store.config
-    hp = method_hparams(c, "grad_ascent")
     files = {"configs/model/LUME_testbed.yaml": _yaml({
         "model_args": {"pretrained_model_name_or_path": f"{root}/model", "attn_implementation": "eager",
                        "torch_dtype": c.model.dtype},
@@ -267,18 +293,26 @@ def open_unlearning_configs(store: RunStore, fields: list[str]) -> dict[str, str
                 "handler": handler, "args": {
                     "hf_args": {"path": "json", "data_files": f"{root}/data/{data}", "split": "train"},
                     "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len, **extra}}})
-        for exp, trainer, forget in ((f, "GradAscent", f"LUME_QA_forget_{f}"),
-                                     (f"{f}_idk", "DPO", f"LUME_QA_forget_idk_{f}")):
+        for method, trainer in OU_TRAINERS.items():
+            hp = method_hparams(c, method)
+            forget = f"LUME_QA_forget_idk_{f}" if method == "dpo" else f"LUME_QA_forget_{f}"
             head = (f"# @package _global_\n# lume_lab run {store.run_id}: unlearn forget_{f} of the exported testbed "
-                    "model (written from open-unlearning's documented schema; not run by lume_lab)\n")
-            files[f"configs/experiment/unlearn/lume/{exp}.yaml"] = head + _yaml({
+                    f"model with {trainer}, lume_lab's {method} settings (written from open-unlearning's documented "
+                    "schema; not run by lume_lab)\n")
+            files[f"configs/experiment/unlearn/lume/{f}_{method}.yaml"] = head + _yaml({
                 # TOFU's evaluation (`override /eval`) would download TOFU
                 "defaults": [{"override /model": "LUME_testbed"}, {"override /trainer": trainer},
                              {"override /data": "unlearn"}, {"override /data/datasets@data.forget": forget},
                              {"override /data/datasets@data.retain": f"LUME_QA_retain_{f}"}, {"override /eval": None}],
                 "data": {"anchor": "forget"},
-                "trainer": {"args": {"per_device_train_batch_size": hp["batch_size"], "gradient_accumulation_steps": 1,
+                "trainer": {**({"method_args": ou_method_args(method, hp)} if method != "grad_ascent" else {}),
+                            "args": {"per_device_train_batch_size": hp["batch_size"], "gradient_accumulation_steps": 1,
                                      "learning_rate": hp["lr"], "num_train_epochs": hp["epochs"],
+                                     "max_steps": hp.get("max_steps") or -1,
+                                     "lr_scheduler_type": HF_SCHEDULERS[hp.get("scheduler", "constant")],
+                                     "warmup_steps": hp.get("warmup_steps", 0),
+                                     "warmup_ratio": hp.get("warmup_ratio", 0.0),
+                                     "max_grad_norm": hp["max_grad_norm"] if hp.get("max_grad_norm") else 0.0,
                                      "weight_decay": hp.get("weight_decay", 0.0), "bf16": False,
                                      "bf16_full_eval": False, "optim": "adamw_torch", "do_eval": False,
                                      "eval_on_start": False, "eval_strategy": "no", "report_to": "none",
@@ -313,13 +347,13 @@ def open_unlearning_readme(store: RunStore, fields: list[str], name: str) -> str
         f'cp -r "${EXPORT_ENV}/open-unlearning/configs/." configs/',
     ]
     for f in fields:
-        task = f"lume_{store.run_id}_ga_{f}"
+        task = f"lume_{store.run_id}_npo_{f}"
         lines += [
             "",
-            f"# {f}: GradAscent (any trainer: add trainer=GradDiff, trainer=NPO, ...; DPO: "
-            f"experiment=unlearn/lume/{f}_idk)",
-            f"python src/train.py --config-name=unlearn.yaml experiment=unlearn/lume/{f} task_name={task}",
-            score_command(store, f, f"saves/unlearn/{task}", f"ou-ga-{f.replace('_', '-')}"),
+            f"# {f}: one experiment per trainer, unlearn/lume/{f}_<method> with <method> one of "
+            f"{', '.join(OU_TRAINERS)}",
+            f"python src/train.py --config-name=unlearn.yaml experiment=unlearn/lume/{f}_npo task_name={task}",
+            score_command(store, f, f"saves/unlearn/{task}", f"ou-npo-{f.replace('_', '-')}"),
         ]
     lines += [
         "```",
@@ -327,6 +361,15 @@ def open_unlearning_readme(store: RunStore, fields: list[str], name: str) -> str
         "A trainer's default precision is bf16 where a GPU has it; the configs keep the testbed's dtype. A bf16 "
         "checkpoint",
         "is scored too: `lume-lab score` tells rounding from unlearning.",
+        "",
+        "Each experiment carries lume_lab's resolved hyperparameters of the matching method (learning rate, epochs, "
+        "batch size,",
+        "schedule, clipping, and `method_args` of the same names: NPO's beta/alpha/gamma, DPO's beta, SimNPO's "
+        "beta/delta/gamma,",
+        "GradDiff's gamma/alpha). The objectives have the same form in both (see `OU_TRAINERS` in lume_lab's export "
+        "notebook).",
+        "What differs: open-unlearning's trainer does its own batching and shuffling, so the steps are not "
+        "bitwise ours.",
     ]
     return "\n".join(lines) + "\n"
 
