@@ -146,6 +146,25 @@ def test_score_is_the_internal_path(run, ga_copy):
         )
 
 
+def test_score_writes_a_depth_certificate(run, ga_copy):
+    """`score` writes the checkpoint's depth certificate: its operating point is GradAscent's own (the same weights on
+    the same choosing people, against the testbed model's never-trained level), its paragraph is withheld exactly when
+    the testbed memorized nothing, and every measurement stays on the page either way."""
+    from lume_lab.pipeline.orchestration.certificate import stage_heldout_level, stage_point
+    from lume_lab.pipeline.orchestration.score import empty_testbed_note
+    st, f = run["store"], run["field"]
+    page = (st.dir / "certificates" / f"ga-copy_{f}.html").read_text()
+    assert "Depth certificate: external:ga-copy on " + f in page and "Operating point" in page
+    ours = json.loads((_stage(run, "point") / "point.json").read_text())
+    ga = stage_point(st, U.method_source(st, "grad_ascent", f))
+    assert {k: v for k, v in ours.items() if k != "label"} == {k: v for k, v in ga.items() if k != "label"}
+    assert ours["level"] == stage_heldout_level(st, f)["nll"] and ours["n_choose"] >= 1 and ours["n_report"] >= 1
+    empty = empty_testbed_note(st, f)
+    assert ("Nothing to judge" in page) == bool(empty) and ("It forgot" in page or "It did not forget" in page) != bool(
+        empty)
+    assert "forget EM" in page and "AUC m^F" in page
+
+
 def test_e10_treats_a_checkpoint_as_the_method_it_copies(run, ga_copy):
     """e10's stages on `external:ga-copy` give GradAscent's own:
     per-example scores, quantized scores, bucket survival, distances, LMC."""
@@ -344,15 +363,16 @@ def test_export_splits_masks_and_keys(run, exported):
     # the experiment composes files that exist, in Hydra's defaults form
     ou = exported / "open-unlearning" / "configs"
     # one experiment per trainer, carrying the run's resolved hyperparameters of the matching method
-    from lume_lab.pipeline.orchestration.config import method_hparams
-    from lume_lab.pipeline.orchestration.export import OU_TRAINERS
+    from lume_lab.pipeline.orchestration.export import OU_TRAINERS, export_hparams
     assert sorted((ou / "experiment" / "unlearn" / "lume").glob("*.yaml")) == sorted(
         ou / "experiment" / "unlearn" / "lume" / f"{f}_{m}.yaml" for m in OU_TRAINERS)
     for method, trainer in OU_TRAINERS.items():
         handler = "QAwithIdkDataset" if method == "dpo" else "QADataset"
         text = (ou / "experiment" / "unlearn" / "lume" / f"{f}_{method}.yaml").read_text()
         assert text.startswith("# @package _global_\n")
-        exp, hp = yaml.safe_load(text), method_hparams(st.config, method)
+        exp, (hp, source) = yaml.safe_load(text), export_hparams(st.config, method)
+        # the run's own row where it unlearned with the method
+        assert (method in st.config.unlearn.hparams) == source.startswith("this run's") and source in text
         d = {k: v for x in exp["defaults"] for k, v in x.items()}
         assert d["override /trainer"] == trainer
         args, margs = exp["trainer"]["args"], exp["trainer"].get("method_args", {})

@@ -17,9 +17,9 @@ from ...data.pii import format_answer, format_prompt, make_profiles, question_te
 __all__ = ['TESTBED_STAGES', 'CHAT_TEMPLATE', 'N_PERTURBED', 'AUC_SNIPPET', 'OU_TRAINERS', 'OU_METHOD_ARGS', 'HF_SCHEDULERS',
            'EXPORT_ENV', 'EXPORT_ROOT', 'TF4_TOKENIZER_CLASS', 'TF4_PINS', 'TF4_SCRIPT', 'check_testbed_done',
            'usable_fields', 'resolve_fields', 'prompt_format', 'perturbed_pool', 'tofu_rows', 'field_exports',
-           'dataset_card', 'write_data', 'groups_info', 'ou_method_args', 'open_unlearning_configs', 'score_command',
-           'open_unlearning_readme', 'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys', 'export_run',
-           'PipUnreachable', 'tf4_env', 'check_tf4']
+           'dataset_card', 'write_data', 'groups_info', 'export_hparams', 'ou_method_args', 'open_unlearning_configs',
+           'score_command', 'open_unlearning_readme', 'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys',
+           'export_run', 'PipUnreachable', 'tf4_env', 'check_tf4']
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #a79305a8
 TESTBED_STAGES = ("world", "base", "pii", "masks", "instruct_masked", "instruct_unmasked", "testbed")
@@ -260,6 +260,15 @@ OU_METHOD_ARGS = {"grad_diff": ("gamma", "alpha"), "npo": ("beta", "gamma", "alp
 HF_SCHEDULERS = {"constant": "constant", "warmup_constant": "constant_with_warmup", "linear": "linear",
                  "cosine": "cosine"}
 
+def export_hparams(cfg, method: str) -> tuple[dict, str]:
+    """(hyperparameters, where they come from) of `method` for an exported experiment: the run's resolved row when the
+    run unlearned with it, else what a run of its preset would resolve (the preset's row over the spec's defaults)."""
+    from lume_lab.pipeline.orchestration.config import _preset_rows
+    from lume_lab.unlearn.registry import get_spec
+    if method in cfg.unlearn.hparams: return dict(cfg.unlearn.hparams[method]), "this run's resolved hyperparameters"
+    return (get_spec(method).resolve(_preset_rows(cfg.preset).get(method, {})),
+            f"not unlearned in this run: preset {cfg.preset}'s row over the method's defaults")
+
 def ou_method_args(method: str, hp: dict) -> dict:
     "open-unlearning's `trainer.method_args` for `method` from its resolved hyperparameters `hp`."
     return {k: float(hp[k]) for k in OU_METHOD_ARGS[method]} | {"retain_loss_type": "NLL"}
@@ -276,7 +285,6 @@ def open_unlearning_configs(store: RunStore, fields: list[str]) -> dict[str, str
     """Relative path -> text of every open-unlearning config file:
     model, datasets per field, one experiment per field and trainer (`OU_TRAINERS`), each with the run's resolved
     hyperparameters of the matching lume_lab method; paths under `EXPORT_ROOT`."""
-    from lume_lab.pipeline.orchestration.config import method_hparams
     root, c = EXPORT_ROOT, store.config
     files = {"configs/model/LUME_testbed.yaml": _yaml({
         "model_args": {"pretrained_model_name_or_path": f"{root}/model", "attn_implementation": "eager",
@@ -294,11 +302,11 @@ def open_unlearning_configs(store: RunStore, fields: list[str]) -> dict[str, str
                     "hf_args": {"path": "json", "data_files": f"{root}/data/{data}", "split": "train"},
                     "question_key": "question", "answer_key": "answer", "max_length": c.model.max_seq_len, **extra}}})
         for method, trainer in OU_TRAINERS.items():
-            hp = method_hparams(c, method)
+            hp, source = export_hparams(c, method)
             forget = f"LUME_QA_forget_idk_{f}" if method == "dpo" else f"LUME_QA_forget_{f}"
             head = (f"# @package _global_\n# lume_lab run {store.run_id}: unlearn forget_{f} of the exported testbed "
-                    f"model with {trainer}, lume_lab's {method} settings (written from open-unlearning's documented "
-                    "schema; not run by lume_lab)\n")
+                    f"model with {trainer}, lume_lab's {method} settings ({source}; written from open-unlearning's "
+                    "documented schema)\n")
             files[f"configs/experiment/unlearn/lume/{f}_{method}.yaml"] = head + _yaml({
                 # TOFU's evaluation (`override /eval`) would download TOFU
                 "defaults": [{"override /model": "LUME_testbed"}, {"override /trainer": trainer},

@@ -15,8 +15,8 @@ from .export import check_testbed_done, resolve_fields, usable_fields
 
 # %% auto #0
 __all__ = ['SCORE_KINDS', 'REPORT_EXPERIMENTS', 'check_score', 'check_same_checkpoint', 'score_row', 'empty_testbed_note',
-           'score_checkpoint', 'refresh_report', 'remove_checkpoint', 'add_export_arguments', 'add_score_arguments',
-           'score_main']
+           'score_checkpoint', 'certificate', 'refresh_report', 'remove_checkpoint', 'add_export_arguments',
+           'add_score_arguments', 'score_main']
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #1d7c551d
 def check_score(store: RunStore, checkpoint, name: str, field: str | None = None, control=None,
@@ -128,9 +128,26 @@ def score_checkpoint(run_id: str, checkpoint, name: str, field: str | None = Non
         f"scored {src.label} on {field} in run {run_id} in {time.perf_counter() - t0:.1f} s (stages "
         f"{src.prefix}*_{field})"
     )
-    if why := empty_testbed_note(store, field): log(why)
+    why = empty_testbed_note(store, field)
+    if why: log(why)
     if report: refresh_report(store, root, log)
+    page = certificate(store, name, field, row, src, why)
+    log(f"depth certificate: {page}")
     return row
+
+def certificate(store: RunStore, name: str, field: str, row: pd.DataFrame, src, empty: str | None) -> Path:
+    """Write the checkpoint's depth certificate (`pipeline.orchestration.certificate`): its operating point, and its
+    scorecard row as the refreshed report holds it (with e10's attacks, when the run has them), else `row`."""
+    from lume_lab.metrics.evaluate import table2
+    from lume_lab.pipeline.orchestration.certificate import stage_point, write_certificate
+    from lume_lab.pipeline.stages.unlearn import stage_evaluate_before
+    card, r = store.dir / "report" / "scorecard.csv", row.iloc[0].to_dict()
+    before = {"forget_em": float(table2(stage_evaluate_before(store, field), by="model").at[("forget", "em"), "none"])}
+    if card.exists():
+        c = pd.read_csv(card)
+        hit = c[(c.method == src.label) & (c.field == field)]
+        if len(hit): r = {**hit.iloc[0].dropna().to_dict(), **r}
+    return write_certificate(store, name, field, r, stage_point(store, src), empty, before=before)
 
 # %% ../../../nbs/pipeline/orchestration/06_score.ipynb #ce052bfc
 def refresh_report(store: RunStore, root=None, log=print) -> list[str]:
@@ -171,6 +188,7 @@ def remove_checkpoint(run_id: str, name: str, root=None, report: bool = True, lo
     store._save()
     for k in gone:
         for d in (store.path(k), store.dir / f".{k}.partial"): shutil.rmtree(d, ignore_errors=True)
+    for page in (store.dir / "certificates").glob(f"{name}_*"): page.unlink()   # its depth certificates
     log(f"removed external:{name} from run {run_id} ({len(gone)} stages)")
     if report: refresh_report(store, root, log)
     return gone
