@@ -22,12 +22,12 @@ from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, rep
 
 # %% auto #0
 __all__ = ['LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'TESTBED_FLOOR',
-           'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard', 'heading', 'paragraph', 'banner',
-           'table', 'figure', 'preformatted', 'details', 'fields_in', 'localization_headline', 'remind_separation',
-           'dose_summary', 'Section', 'register_section', 'report_patterns', 'write_report_file', 'verdict_marks',
-           'small_splits', 'empty_testbeds', 'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family',
-           'stage_times', 'threads_text', 'report_blocks', 'render_html', 'md_table', 'render_markdown',
-           'read_html_tables', 'write_report']
+           'FORGOT_POINTS', 'COSTLY_POINTS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard',
+           'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details', 'fields_in',
+           'localization_headline', 'remind_separation', 'dose_summary', 'Section', 'register_section',
+           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'headline',
+           'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'threads_text',
+           'report_blocks', 'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -648,6 +648,48 @@ def _test_size_banner(preset: str) -> list:
     return [banner(f"Test-size preset: {preset} runs every code path on a toy model in minutes; its numbers mean "
                    "nothing. Use mini or a larger preset for results.")]
 
+# %% ../../../nbs/pipeline/presentation/01_report.ipynb #e57c0199
+FORGOT_POINTS = 10.0     # forget-EM points below the model before unlearning that the headline calls forgetting
+COSTLY_POINTS = 5.0      # utility points lost that the headline calls out by name
+
+def _names(xs) -> str: return ", ".join(xs) if len(xs) else "none"
+
+def headline(card: pd.DataFrame) -> list[str]:
+    """The page's opening sentences, one rule each, per field of `card` (a scorecard; fields whose testbed memorized
+    nothing are left to `empty_testbeds`): which methods forgot, which lost utility by more than `COSTLY_POINTS`, what
+    the signed localization interval says of each (`analysis.localization.auc_reading`, never a point value alone),
+    that no attack here has a positive control yet, and how many seeds stand behind a difference between methods."""
+    out, empty = [], empty_testbeds(card)
+    for f in dict.fromkeys(card.field):
+        if f in empty: continue
+        on = card[card.field == f]
+        before, rest = on[on.method == "none"], on[on.method != "none"]
+        if not len(rest): continue
+        if len(before) and "forget_em" in on:
+            f0 = float(before.forget_em.iloc[0])
+            forgot = rest[f0 - rest.forget_em >= FORGOT_POINTS].method.tolist()
+            out.append(f"{f}: {len(forgot)} of {len(rest)} methods forgot (forget EM {FORGOT_POINTS:g}+ points below "
+                       f"the model before unlearning, {f0:.1f}): {_names(forgot)}.")
+        if "utility_delta" in rest:
+            costly = rest[rest.utility_delta < -COSTLY_POINTS].sort_values("utility_delta")
+            if len(costly):
+                out.append(f"{f}: lost more than {COSTLY_POINTS:g} utility points: " + ", ".join(
+                    f"{m} ({u:+.1f})" for m, u in zip(costly.method, costly.utility_delta)) + ".")
+        if "auc_forget_reading" in rest:
+            r = rest.set_index("method").auc_forget_reading.dropna()
+            parts = [f"{what}: {_names(r[r == what].index.tolist())}"
+                     for what in ("localized", "anti-localized", "cannot tell") if (r == what).any()]
+            if parts: out.append(f"{f}: localization (|Δθ| AUC interval against ½) — " + "; ".join(parts) + ".")
+    judged = card[~card.field.isin(list(empty))]
+    if out and any(c.endswith("_recovery") and judged[c].notna().any() for c in card):
+        out.append("No attack in this run has fired on a positive control yet, so its recoveries prove nothing "
+                   "either way.")
+    seeds = int(card.n_seeds.max()) if "n_seeds" in card and card.n_seeds.notna().any() else 1
+    if out and seeds < 3:
+        out.append(f"{seeds} seed{'s' if seeds > 1 else ''}: a difference between methods has no seed interval here, "
+                   "so it is not testable at this n.")
+    return out
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6c89fa67
 def _verdict_header(c: str) -> str: return f"{SCORECARD_METRICS[c].label} {ARROWS[SCORECARD_METRICS[c].better]}"
 
@@ -851,7 +893,9 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
             else []
         )
     empty = empty_testbeds(card)
-    withheld = [heading(2, "Verdict")] + [banner(s) for s in empty.values()]
+    words = headline(card)     # the page's opening sentences, before any figure
+    withheld = ([heading(2, "Verdict")] + ([paragraph(" ".join(words), "headline")] if words else [])
+                + [banner(s) for s in empty.values()])
     card = card[~card.field.isin(list(empty))]
     if not len(card): return withheld
     png, (t, cls) = verdict_figure(card), verdict_table(card)
