@@ -663,7 +663,8 @@ def compare_lines(groups: list[list[Path]], cards: list[list[str]]) -> list[str]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #bd5b64bf
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-NO_HEADLINE = "(no headline: the page was generated before pages had one; regenerate it from its runs)"
+# a measurement page (bench/), or a results page generated before pages had a headline
+NO_HEADLINE = "(no generated headline on this page)"
 
 def headline_lines(run_dirs: list[Path]) -> list[str]:
     "The page's opening sentences (`report.headline` on the runs' scorecard) under `## Headline`; none without any."
