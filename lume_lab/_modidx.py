@@ -36,6 +36,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                             'lume_lab.analysis.controls.positive_control': ( 'analysis/controls.html#positive_control',
                                                                                              'lume_lab/analysis/controls.py'),
                                             'lume_lab.analysis.controls.relearn_qa': ( 'analysis/controls.html#relearn_qa',
+                                                                                       'lume_lab/analysis/controls.py'),
+                                            'lume_lab.analysis.controls.with_fired': ( 'analysis/controls.html#with_fired',
                                                                                        'lume_lab/analysis/controls.py')},
             'lume_lab.analysis.dose': { 'lume_lab.analysis.dose._flat': ('analysis/dose.html#_flat', 'lume_lab/analysis/dose.py'),
                                         'lume_lab.analysis.dose._nearest': ('analysis/dose.html#_nearest', 'lume_lab/analysis/dose.py'),

@@ -15,7 +15,8 @@ from ..unlearn.base import monitored
 from ..unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['MIN_GAIN_ABOVE_FLOOR', 'NOT_FIRED', 'ForgetEMTarget', 'positive_control', 'control_row', 'fired_cell', 'relearn_qa']
+__all__ = ['MIN_GAIN_ABOVE_FLOOR', 'NOT_FIRED', 'ForgetEMTarget', 'positive_control', 'control_row', 'fired_cell', 'with_fired',
+           'relearn_qa']
 
 # %% ../../nbs/analysis/10_controls.ipynb #b06c7b53
 class ForgetEMTarget:
@@ -76,6 +77,18 @@ NOT_FIRED = "attack did not fire"
 def fired_cell(value, fired: bool):
     "A method's recovery `value` under an attack, or `NOT_FIRED` when the attack's positive control did not fire."
     return value if fired else NOT_FIRED
+
+# %% ../../nbs/analysis/10_controls.ipynb #20dffaf1
+def with_fired(table, controls):
+    """`table` (columns `test`, `value`) with a `fired` column from `controls` (`control_row` dicts, `attack` the test
+    name without `_recovery`); a recovery whose attack did not fire reads `NOT_FIRED`."""
+    fired = {c["attack"]: bool(c["fired"]) for c in controls}
+    out = table.copy()
+    attack = out["test"].where(out["test"].str.endswith("_recovery")).str.removesuffix("_recovery")
+    out["fired"] = attack.map(fired).astype(object).where(attack.isin(list(fired)), None)
+    out["value"] = [NOT_FIRED if f is not None and not f else v
+                    for v, f in zip(out["value"].astype(object), out["fired"])]
+    return out
 
 # %% ../../nbs/analysis/10_controls.ipynb #550ff2ee
 def relearn_qa(model, tokenizer, rows: list[dict], lr: float = 1e-3, steps: int = 10):
