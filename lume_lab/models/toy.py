@@ -4,7 +4,7 @@
 
 # %% ../../nbs/models/03_toy.ipynb #0e6025a2
 from __future__ import annotations
-import random, string
+import copy, random, string
 from typing import Iterable
 
 import torch
@@ -12,7 +12,7 @@ import torch
 from .ops import batch_nll, collate_qa
 
 # %% auto #0
-__all__ = ['toy_qa', 'toy_tokenizer', 'toy_problem']
+__all__ = ['toy_qa', 'toy_tokenizer', 'toy_problem', 'toy_pair']
 
 # %% ../../nbs/models/03_toy.ipynb #4c6cd8b4
 _FIRST = ["Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena", "Milo", "Nia",
@@ -45,18 +45,37 @@ def toy_tokenizer(texts: Iterable[str], vocab_size: int = 200):
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 # %% ../../nbs/models/03_toy.ipynb #ce3c73c9
-def toy_problem(seed: int = 0, n_forget: int = 8, n_retain: int = 8, finetune_steps: int = 100, lr: float = 1e-2):
-    "`(model, tokenizer, forget, retain)`: a tiny OLMo-2 fine-tuned (AdamW, full batch) on forget + retain."
+def _toy_model(tok, seed: int, num_layers: int = 3):
+    "A fresh tiny OLMo-2 for `tok`, initialised from `seed` (the global RNG is left as it was)."
     from transformers import Olmo2ForCausalLM
     from lume_lab.models.lm import olmo2_config
-    forget, retain = toy_qa(n_forget, n_retain, seed)
-    tok = toy_tokenizer([e["prompt"] + e["answer"] for e in forget + retain] + [string.printable])
-    cfg = olmo2_config(tokenizer=tok, num_layers=3, max_positions=64)
+    cfg = olmo2_config(tokenizer=tok, num_layers=num_layers, max_positions=64)
     with torch.random.fork_rng():  # HF initialises from the global RNG: seed it without leaking state
-        torch.manual_seed(seed); model = Olmo2ForCausalLM(cfg)
-    batch = collate_qa(tok, forget + retain, add_eos=True)
+        torch.manual_seed(seed); return Olmo2ForCausalLM(cfg)
+
+def _finetune(model, tok, rows: list[dict], steps: int, lr: float):
+    "`model` fine-tuned in place on the answers of `rows` (EOS included), AdamW, full batch; returned in eval mode."
+    batch = collate_qa(tok, rows, add_eos=True)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
-    for _ in range(finetune_steps):
+    for _ in range(steps):
         batch_nll(model, batch).backward(); opt.step(); opt.zero_grad()
-    return model.eval(), tok, forget, retain
+    return model.eval()
+
+def toy_problem(seed: int = 0, n_forget: int = 8, n_retain: int = 8, finetune_steps: int = 100, lr: float = 1e-2):
+    "`(model, tokenizer, forget, retain)`: a tiny OLMo-2 fine-tuned (AdamW, full batch) on forget + retain."
+    forget, retain = toy_qa(n_forget, n_retain, seed)
+    tok = toy_tokenizer([e["prompt"] + e["answer"] for e in forget + retain] + [string.printable])
+    model = _finetune(_toy_model(tok, seed), tok, forget + retain, finetune_steps, lr)
+    return model, tok, forget, retain
+
+# %% ../../nbs/models/03_toy.ipynb #f9f9c788
+def toy_pair(seed: int = 0, n_forget: int = 8, n_retain: int = 8, finetune_steps: int = 150, lr: float = 1e-2,
+             num_layers: int = 2):
+    """`(injected, never, tokenizer, forget, retain)`: two tiny OLMo-2 from one initialisation, fine-tuned alike;
+    `injected` on forget + retain, `never` on retain alone."""
+    forget, retain = toy_qa(n_forget, n_retain, seed)
+    tok = toy_tokenizer([e["prompt"] + e["answer"] for e in forget + retain] + [string.printable])
+    init = _toy_model(tok, seed, num_layers)
+    never = _finetune(copy.deepcopy(init), tok, retain, finetune_steps, lr)
+    return _finetune(init, tok, forget + retain, finetune_steps, lr), never, tok, forget, retain
