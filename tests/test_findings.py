@@ -1,7 +1,7 @@
 """Findings page (`pipeline.presentation.findings`): one row per declared claim, verdicts only from the allowed set, a
 claim whose experiment is missing says "not testable: no run" and names it, and each reader turns its CSV into the
 verdict its interval implies; `python -m` and `make findings` write the page."""
-import shutil, subprocess, sys
+import json, shutil, subprocess, sys
 from pathlib import Path
 
 import pandas as pd
@@ -68,12 +68,21 @@ def test_readers_give_the_verdict_their_interval_implies(tmp_path):
     assert t.at["lacuna_f4b_oracle_grad", "MDD"] == f"{F.mdd(F.se_from_interval(lo, hi)):.3f}"
 
 
-def test_seeds_combine(tmp_path):
+def test_seeds_combine_and_configs_do_not(tmp_path):
     runs = []
-    for s in (0, 1):
+    for s, gap in ((0, 10.0), (1, 14.0)):
         runs.append(r := tmp_path / f"s{s}"); shutil.copytree(MINI, r)
+        pd.DataFrame({"method": ["npo"], "ds_AB": [20.0 + gap], "ds_AC": [20.0]}).to_csv(
+            r / "report" / "pistol_degree_gap.csv", index=False)
     t = F.findings_table(runs)
     assert set(t.loc[t.verdict != F.NO_RUN, "seeds"]) == {"2"} and set(t.loc[t.verdict == F.NO_RUN, "seeds"]) == {"0"}
+    # no interval in the CSV: two seeds give the between-seed one, std 2 sqrt(2) / sqrt(2) = 2 around 12
+    row = t.iloc[[c.id for c in F.CLAIMS].index("pistol_degree")]
+    assert row["ours ± 95 % CI"] == f"12.0 [{12 - 1.959964 * 2:.1f}, {12 + 1.959964 * 2:.1f}]"
+    assert row.verdict == F.REPRODUCED
+    cfg = json.loads((runs[1] / "config.json").read_text()); cfg["inject"]["mask_fraction"] = 0.05
+    (runs[1] / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="combines seeds of one config"): F.findings_page(runs)
 
 
 def test_module_cli_and_make_target(tmp_path):
