@@ -14,7 +14,7 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup gguf tf4 run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args clean
+.PHONY: setup gguf tf4 run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args findings findings-args clean
 
 setup: $(STAMP)
 
@@ -118,6 +118,15 @@ results-args:   # checked before setup: a usage error never builds the environme
 	$(if $(and $(strip $(RUNS)),$(strip $(NAME))),,$(error usage: make results RUNS="runs/mini [runs/...]" NAME=mini [RESULTS_OUT=docs/results]))
 results: results-args setup
 	$(BIN)/python -m lume_lab.pipeline.presentation.results $(RUNS) --name $(NAME) --out $(RESULTS_OUT)
+
+# `make findings RUNS="runs/mini [runs/...]" OUT=docs/results`: <OUT>/findings.md, one row per paper claim (declared in
+# pipeline.presentation.findings.CLAIMS): the paper's value, ours ± 95 % CI, n, seeds, testbed, MDD and the verdict.
+# OUT defaults to RESULTS_OUT here (gpu-check's default OUT is its own folder, so only an OUT given to make counts).
+FINDINGS_OUT = $(if $(filter command line environment,$(origin OUT)),$(OUT),$(RESULTS_OUT))
+findings-args:
+	$(if $(strip $(RUNS)),,$(error usage: make findings RUNS="runs/mini [runs/...]" [OUT=docs/results]))
+findings: findings-args setup
+	$(BIN)/python -m lume_lab.pipeline.presentation.findings $(RUNS) --out $(FINDINGS_OUT)
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
