@@ -15,7 +15,7 @@ from ..metrics.evaluate import OPERATING_POINT_COLUMNS, OperatingPoint, operatin
 from ..metrics.memorization import memorization_scores
 
 # %% auto #0
-__all__ = ['choosing_split', 'split_metrics', 'Trajectory']
+__all__ = ['choosing_split', 'split_metrics', 'Trajectory', 'tradeoff_figure']
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #ebed24fa
 def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 / 3, seed: int = 0) -> tuple[list, list]:
@@ -104,3 +104,32 @@ class Trajectory:
         return {"rule": p.rule, "status": p.status, "step": p.step, "crossing_step": p.crossing_step,
                 "n_before": p.n_before, "coarse": p.coarse, "level": self.level,
                 col: (p.row or {}).get(col, math.nan), "stopped_at": self.stopped_at, "note": p.note}
+
+# %% ../../nbs/analysis/09_trajectory.ipynb #7c77b192
+def tradeoff_figure(tables: dict[str, pd.DataFrame], points: dict[str, int | None] | None = None,
+                    level: float | None = None, title: str = ""):
+    """Forget vs retain along each method's trajectory (`tables`: method -> `Trajectory.table`, with `report_*` and
+    `retain_em` columns); `points`: method -> the selected step (starred); `level`: the held-out NLL (dashed)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    rows = [t.assign(method=m) for m, t in tables.items() if len(t) and {"report_em", "retain_em"} <= set(t)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    if not rows:
+        for ax in axes: ax.set_axis_off()
+        fig.suptitle(f"{title}: no trajectory recorded" if title else "no trajectory recorded")
+        return fig
+    df = pd.concat(rows, ignore_index=True)
+    for ax, x, xlabel in ((axes[0], "report_em", "forget EM, reporting people (%)"),
+                          (axes[1], "report_nll", "forget answer NLL, reporting people (nats/token)")):
+        sns.lineplot(df, x=x, y="retain_em", hue="method", sort=False, marker="o", markersize=3, ax=ax,
+                     errorbar=None, legend=ax is axes[0])
+        for m, step in (points or {}).items():
+            sel = df[(df.method == m) & (df.step == step)]
+            if len(sel): ax.scatter(sel[x], sel.retain_em, marker="*", s=160, color="black", zorder=5)
+        ax.set(xlabel=xlabel, ylabel="retain EM (%)")
+    if level is not None and np.isfinite(level):
+        axes[1].axvline(level, ls="--", color="grey")
+        axes[1].annotate("never-trained level", (level, axes[1].get_ylim()[0]), rotation=90, va="bottom", ha="right",
+                         color="grey", fontsize=8)
+    fig.suptitle(title or "Forget against retain along each trajectory (★ the selected point)")
+    return fig
