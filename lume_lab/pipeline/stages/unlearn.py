@@ -21,13 +21,13 @@ from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'LOCALIZATION_SIZES', 'PIECES_COLUMNS', 'LOCALIZATION_READS',
-           'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs', 'method_inputs', 'runs_control', 'unlearn_jobs',
-           'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields', 'stage_forget_fields', 'schedule_steps',
-           'trajectory_splits', 'run_at_operating_point', 'stage_unlearn', 'load_unlearned', 'load_method_stage',
-           'ModelSource', 'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate',
-           'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
-           'localization_source']
+__all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
+           'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
+           'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
+           'stage_forget_fields', 'schedule_steps', 'trajectory_splits', 'run_at_operating_point', 'stage_unlearn',
+           'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
+           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
+           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -156,7 +156,7 @@ def run_at_operating_point(spec, model, tok, forget: list[dict], retain: list[di
     if rule["rule"] == "matched_retain_em": rule["target"] = 100 * rule["target"]   # the trajectory's EM is in %
     if not spec.changes_weights:   # ULD: unlearn_loop steps its assistant, not the model the splits are scored on
         result = spec.run(model, tok, forget, retain, hp, seed=seed, **inputs)
-        note = f"{spec.name} changes no weights of the model (it trains a separate assistant): no stepping knob is swept"
+        note = f"{spec.name} changes no weights of the model (it trains an assistant): no stepping knob is swept"
     else:
         traj = Trajectory(tok, splits, every, rule=rule, utility=utility)
         with monitored(traj): result = spec.run(model, tok, forget, retain, hp, seed=seed, **inputs)
@@ -214,12 +214,41 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
                 utility = lambda m: utility_scores(m, tok, world, max_heldout=c.world.utility_texts)["mc_acc"]
             unl, log = run_at_operating_point(
                 spec, model, tok, forget, retain, hp, out, splits=splits, rule=rule, eval_points=c.unlearn.eval_points,
-                seed=c.seed, utility=utility, label={"method": method, "field": field}, **method_inputs(store, method))
+                seed=c.seed, utility=utility, label={"method": method, "field": field}, **method_inputs(store, method)
+            )
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
     # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`; a run without
     # a trajectory computes what version 1 did, and keeps its key
     return launched_stage(store, unlearn_name(method, field, control), fn, reads=reads, deps=deps,
                           version=UNLEARN_VERSION if rule else 1)   # multi-process with --num-processes
+
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #63ef0ab4
+OPERATING_POINT_FIELDS = ["rule", "status", "step", "crossing_step", "n_before", "coarse", "every", "note"]
+
+def operating_point_label(op: dict) -> str:
+    "An operating point in words: 'reached @ step 40', 'not reached (best @ 120)', 'single point', ..."
+    status, step = op.get("status"), op.get("step")
+    at = f" @ step {step}" if step is not None else ""
+    coarse = " (coarse)" if op.get("coarse") else ""
+    if status == "reached": return f"reached{at}{coarse}"
+    if status == "not reached": return f"not reached (best{at})"
+    if status == "crossed before the first point":
+        return "crossed before the first point" + (f" (kept{at})" if at else "")
+    if status == "no rule": return "end of schedule"
+    return str(status)
+
+def operating_points(store: RunStore, field: str, methods: list[str] | None = None) -> pd.DataFrame:
+    """One row per method (default: the run's) whose unlearning stage on `field` wrote `operating_point.json`: field,
+    method, `operating_point` (in words), then `OPERATING_POINT_FIELDS`. A run without the operating point (or a stage
+    from before it) has no row."""
+    rows = []
+    for m in run_methods(store.config) if methods is None else methods:
+        p = store.path(unlearn_name(m, field)) / "operating_point.json"
+        if not p.is_file(): continue
+        op = json.loads(p.read_text())
+        rows.append({"field": field, "method": m, "operating_point": operating_point_label(op),
+                     **{k: op.get(k) for k in OPERATING_POINT_FIELDS}})
+    return pd.DataFrame(rows, columns=["field", "method", "operating_point", *OPERATING_POINT_FIELDS])
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #e427981c
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
