@@ -196,6 +196,7 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     names = field_split_names(field)
     rule = None if control else c.unlearn.operating_point         # a control run keeps its schedule
     reads = [f"unlearn.hparams.{method}", "seed"] + (TRAJECTORY_READS if rule else [])
+    if rule: deps = deps + ["pii"]                                 # the holdout questions are rendered from it
     if rule and rule["rule"] == "matched_utility": reads, deps = reads + ["world.utility_texts"], deps + ["world"]
     def fn(out):
         warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")},
