@@ -249,7 +249,9 @@ def operating_points(store: RunStore, field: str, methods: list[str] | None = No
         op = json.loads(p.read_text())
         rows.append({"field": field, "method": m, "operating_point": operating_point_label(op),
                      **{k: op.get(k) for k in OPERATING_POINT_FIELDS}})
-    return pd.DataFrame(rows, columns=["field", "method", "operating_point", *OPERATING_POINT_FIELDS])
+    out = pd.DataFrame(rows, columns=["field", "method", "operating_point", *OPERATING_POINT_FIELDS])
+    # steps stay ints beside a single point's blanks
+    return out.astype({k: "Int64" for k in ("step", "crossing_step", "n_before", "every")})
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #e427981c
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
