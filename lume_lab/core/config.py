@@ -370,9 +370,9 @@ class UnlearnConfig:
     """Which methods run (None: every built-in) on which forget fields. `hparams`: method -> {hyperparameter: value},
     the preset's rows and the user's `--set`s; `pipeline.orchestration.config.resolve_config` fills in each method's
     spec defaults once, and the stages read the resolved rows from `config.json`. `operating_point`: the rule that picks
-    where on its trajectory each method is judged (`metrics.evaluate.operating_point`); no stage reads it yet: it is
-    used once the unlearning stages record trajectories (no stage reads `unlearn` whole, so it changes no stage's
-    key)."""
+    where on its trajectory each method is judged (`metrics.evaluate.operating_point`), with the trajectory evaluated
+    at `eval_points` points over each run's schedule (`pipeline.stages.unlearn.stage_unlearn`; no stage reads
+    `unlearn` whole, so each field changes only the keys of the stages that read it)."""
     methods: list | None = checked(None, _METHOD_NAMES)
     forget_fields: list = checked(["email_address"], subset_of(TARGET_FIELDS))
     hparams: dict = checked({}, _HPARAMS)
@@ -384,7 +384,10 @@ class UnlearnConfig:
     # t00: each point trains the steps its epochs give on the first forget field's split
     tune_match_steps: bool = checked(True, BOOLEAN)
     # default: the earliest point whose choosing-split answer NLL reaches the held-out level ("as if never trained")
-    operating_point: dict = checked({"rule": "never_trained", "min_points": 10}, _OPERATING_POINT)
+    operating_point: dict | None = checked({"rule": "never_trained", "min_points": 10},
+                                           optional(_OPERATING_POINT, "each method judged where its schedule ends"))
+    # evaluation points of the trajectory over a run's schedule: every max(1, steps // eval_points) optimizer steps
+    eval_points: int = checked(20, POSITIVE)
 
 @dataclass
 class LocalizationConfig:

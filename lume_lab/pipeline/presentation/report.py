@@ -49,6 +49,9 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
     for _, r in card[card.field == field].iterrows():
         out = {"method": r["method"]}
         if "n_seeds" in r and card.n_seeds.max() > 1: out["seeds"] = f"{r['n_seeds']:.0f}"
+        # where on its trajectory the method is judged (e03); none for the model before unlearning
+        if "operating_point" in r:
+            out["operating point"] = r["operating_point"] if pd.notna(r["operating_point"]) else ""
         for n, (label, rows_col, first) in SAMPLE_SIZES.items():
             if first and n in r: out[label] = _n(r, n, rows_col)
         for c, m in SCORECARD_METRICS.items():
@@ -527,7 +530,8 @@ register_section(
 )
 register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
-register_section("Unlearning (Fig. 4a)", ("e03",), ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png"),
+register_section("Unlearning (Fig. 4a)", ("e03",),
+                 ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png", "operating_points_*.csv"),
                  _unlearning_section)
 register_section("Localization precision (Fig. 4b)", ("e04",),
                  ("localization_summary.csv", "localization_pieces.csv", "localization_*.png"),

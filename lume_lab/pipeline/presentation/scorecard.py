@@ -19,7 +19,8 @@ __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPL
            'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
            'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
            'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
-           'n_after', 'localization_readings', 'scorecard', 'toy_run']
+           'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column', 'scorecard',
+           'toy_run']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -446,9 +447,9 @@ def n_after(metric: str) -> str | None:
 
 def _column_order(cols) -> list[str]:
     """The columns in page order.
-    field, method, n_seeds, the forget/retain n, then each metric with its std and the paper's value (and its n
-    after it)."""
-    want = ["field", "method", "n_seeds"]
+    field, method, n_seeds, the operating point, the forget/retain n, then each metric with its std and the paper's
+    value (and its n after it)."""
+    want = ["field", "method", "n_seeds", "operating_point"]
     for n, (_, rows, first) in SAMPLE_SIZES.items():
         if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
     for c in SCORECARD_METRICS:
@@ -485,6 +486,21 @@ def localization_readings(run_dirs: list[Path]) -> pd.DataFrame | None:
             f"{c}_reading": [auc_reading(lo, hi) for lo, hi in zip(x.auc_lo, x.auc_hi)]}, index=x.index))
     return pd.concat(parts, axis=1)
 
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #dbd32cbd
+def read_operating_points(run_dir) -> pd.Series | None:
+    "e03's operating point of each (field, method), in words; None without the files (a run from before them)."
+    parts = [pd.read_csv(p) for p in sorted(report_dir(run_dir).glob("operating_points_*.csv"))]
+    if not parts: return None
+    t = pd.concat(parts, ignore_index=True)
+    return t.set_index(["field", "method"]).operating_point.astype(str)
+
+def operating_point_column(run_dirs: list[Path]) -> pd.Series | None:
+    "The runs' operating points per (field, method): each distinct one once, in seed order, joined by '; '."
+    pts = [p for d in run_dirs if (p := read_operating_points(d)) is not None]
+    if not pts: return None
+    g = pd.concat(pts).groupby(level=["field", "method"], sort=False)
+    return g.agg(lambda s: "; ".join(dict.fromkeys(s))).rename("operating_point")
+
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #e7f70ca5
 def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per method × forget field.
@@ -503,6 +519,7 @@ def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     card = card.join(paper[[f"{c}_paper" for c in ours if f"{c}_paper" in paper]], how="left")
     card["direction_mismatch"] = direction_mismatch(card)
     if (r := localization_readings(run_dirs)) is not None: card = card.join(r, how="left")
+    if (p := operating_point_column(run_dirs)) is not None: card = card.join(p, how="left")
     card = card.reset_index()
     return card[_column_order(card.columns)]
 

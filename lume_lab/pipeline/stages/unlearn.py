@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #638b00b5
 from __future__ import annotations
-import json, warnings
+import json, math, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -21,12 +21,13 @@ from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'LOCALIZATION_SIZES', 'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps',
-           'ensure_inputs', 'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning',
-           'usable_forget_fields', 'stage_forget_fields', 'stage_unlearn', 'load_unlearned', 'load_method_stage',
-           'ModelSource', 'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate',
-           'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
-           'localization_source']
+__all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
+           'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
+           'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
+           'stage_forget_fields', 'schedule_steps', 'trajectory_splits', 'run_at_operating_point', 'stage_unlearn',
+           'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
+           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
+           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -113,6 +114,62 @@ def stage_forget_fields(store: RunStore) -> list[str]:
         ).read_text()
     )["usable"]
 
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #11201b9e
+# 2: the run stops at the operating point and writes trajectory.csv, operating_point.json (1: the whole schedule)
+UNLEARN_VERSION = 2
+# the config fields a trajectory reads besides the method's hyperparameters and the seed
+TRAJECTORY_READS = ["unlearn.operating_point", "unlearn.eval_points", "remind.n_holdout", "pii.qa_per_field"]
+
+def schedule_steps(n_forget: int, hp: dict) -> int | None:
+    """Optimizer steps of a run's schedule as `unlearn_loop` counts them (`max_steps`, else epochs × batches of the
+    forget set); None when `hp` has no schedule."""
+    if hp.get("max_steps"): return int(hp["max_steps"])
+    if not ("epochs" in hp and "batch_size" in hp): return None
+    return int(hp["epochs"]) * math.ceil(n_forget / hp["batch_size"])
+
+def trajectory_splits(forget: list[dict], retain: list[dict], holdout: list[dict], seed: int = 0) -> dict:
+    "The trajectory's splits: `choose` (a fixed third of the forget people), `report` (the rest), retain, holdout."
+    from lume_lab.analysis.trajectory import choosing_split
+    choose, report = choosing_split(forget, "profile_id", seed=seed)
+    return {"choose": choose, "report": report, "retain": retain, "holdout": holdout}
+
+def _json_safe(d: dict) -> dict:
+    "NaN and infinities as None (strict JSON), numpy scalars as Python numbers."
+    def one(v):
+        v = v.item() if hasattr(v, "item") else v
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return {k: one(v) for k, v in d.items()}
+
+def run_at_operating_point(spec, model, tok, forget: list[dict], retain: list[dict], hp: dict, out: Path, *,
+                           splits: dict, rule: dict, eval_points: int, seed: int = 0, utility: Callable | None = None,
+                           label: dict | None = None, **inputs):
+    """`spec.run(...)` under a `Trajectory` monitor on `splits` that stops at `rule`'s point (its weights kept);
+    writes `trajectory.csv` and `operating_point.json` (with `label`, e.g. method and field) to `out`. A method that
+    takes no optimizer step on the model runs as it is, and its point is `single point`. Returns `spec.run`'s
+    `(result, log)`."""
+    from lume_lab.analysis.trajectory import Trajectory
+    from lume_lab.unlearn.base import monitored
+    total = schedule_steps(len(forget), spec.resolve(hp))
+    every = max(1, (total or 0) // eval_points)
+    head = {**(label or {}), "every": every, "eval_points": eval_points, "schedule_steps": total}
+    rule = dict(rule)
+    if rule["rule"] == "matched_retain_em": rule["target"] = 100 * rule["target"]   # the trajectory's EM is in %
+    if not spec.changes_weights:   # ULD: unlearn_loop steps its assistant, not the model the splits are scored on
+        result = spec.run(model, tok, forget, retain, hp, seed=seed, **inputs)
+        note = f"{spec.name} changes no weights of the model (it trains an assistant): no stepping knob is swept"
+    else:
+        traj = Trajectory(tok, splits, every, rule=rule, utility=utility)
+        with monitored(traj): result = spec.run(model, tok, forget, retain, hp, seed=seed, **inputs)
+        if traj.rows:
+            traj.table.to_csv(out / "trajectory.csv", index=False)
+            (out / "operating_point.json").write_text(json.dumps(_json_safe({**head, **traj.summary()}), indent=1))
+            return result
+        note = (f"{spec.name} takes no optimizer step through unlearn_loop (the monitor was never called): no "
+                "stepping knob is swept")
+    summary = {"rule": rule["rule"], "status": "single point", "step": None, "every": None, "note": note}
+    (out / "operating_point.json").write_text(json.dumps(_json_safe({**head, **summary}), indent=1))
+    return result
+
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0e5a2af2
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
     "Unlearn the forget set of `field` with `method` from the masked model (or the unmasked control)."
@@ -137,16 +194,64 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
         )
     deps = ["testbed", src] + ensure_inputs(store, method)
     names = field_split_names(field)
+    rule = None if control else c.unlearn.operating_point         # a control run keeps its schedule
+    reads = [f"unlearn.hparams.{method}", "seed"] + (TRAJECTORY_READS if rule else [])
+    if rule: deps = deps + ["pii"]                                 # the holdout questions are rendered from it
+    if rule and rule["rule"] == "matched_utility": reads, deps = reads + ["world.utility_texts"], deps + ["world"]
     def fn(out):
         warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")},
                           f"unlearning {method}" + (" (control)" if control else ""))
         model, tok = load_stage_model(store, src)
-        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=c.seed,
-                            **method_inputs(store, method))
+        forget, retain = list(sp["forget"]), list(sp["retain"])
+        if rule is None:
+            unl, log = spec.run(model, tok, forget, retain, hp, seed=c.seed, **method_inputs(store, method))
+        else:
+            from lume_lab.pipeline.stages.remind import holdout_qa
+            splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed)
+            utility = None
+            if rule["rule"] == "matched_utility":
+                from lume_lab.metrics.utility import utility_scores
+                world = load_world(store.path("world"))
+                utility = lambda m: utility_scores(m, tok, world, max_heldout=c.world.utility_texts)["mc_acc"]
+            unl, log = run_at_operating_point(
+                spec, model, tok, forget, retain, hp, out, splits=splits, rule=rule, eval_points=c.unlearn.eval_points,
+                seed=c.seed, utility=utility, label={"method": method, "field": field}, **method_inputs(store, method)
+            )
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
-    # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`
-    return launched_stage(store, unlearn_name(method, field, control), fn, reads=[f"unlearn.hparams.{method}", "seed"],
-                          deps=deps)   # multi-process with --num-processes
+    # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`; a run without
+    # a trajectory computes what version 1 did, and keeps its key
+    return launched_stage(store, unlearn_name(method, field, control), fn, reads=reads, deps=deps,
+                          version=UNLEARN_VERSION if rule else 1)   # multi-process with --num-processes
+
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #63ef0ab4
+OPERATING_POINT_FIELDS = ["rule", "status", "step", "crossing_step", "n_before", "coarse", "every", "note"]
+
+def operating_point_label(op: dict) -> str:
+    "An operating point in words: 'reached @ step 40', 'not reached (best @ 120)', 'single point', ..."
+    status, step = op.get("status"), op.get("step")
+    at = f" @ step {step}" if step is not None else ""
+    coarse = " (coarse)" if op.get("coarse") else ""
+    if status == "reached": return f"reached{at}{coarse}"
+    if status == "not reached": return f"not reached (best{at})"
+    if status == "crossed before the first point":
+        return "crossed before the first point" + (f" (kept{at})" if at else "")
+    if status == "no rule": return "end of schedule"
+    return str(status)
+
+def operating_points(store: RunStore, field: str, methods: list[str] | None = None) -> pd.DataFrame:
+    """One row per method (default: the run's) whose unlearning stage on `field` wrote `operating_point.json`: field,
+    method, `operating_point` (in words), then `OPERATING_POINT_FIELDS`. A run without the operating point (or a stage
+    from before it) has no row."""
+    rows = []
+    for m in run_methods(store.config) if methods is None else methods:
+        p = store.path(unlearn_name(m, field)) / "operating_point.json"
+        if not p.is_file(): continue
+        op = json.loads(p.read_text())
+        rows.append({"field": field, "method": m, "operating_point": operating_point_label(op),
+                     **{k: op.get(k) for k in OPERATING_POINT_FIELDS}})
+    out = pd.DataFrame(rows, columns=["field", "method", "operating_point", *OPERATING_POINT_FIELDS])
+    # steps stay ints beside a single point's blanks
+    return out.astype({k: "Int64" for k in ("step", "crossing_step", "n_before", "every")})
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #e427981c
 def load_unlearned(store: RunStore, method: str, field: str, control: bool = False):
