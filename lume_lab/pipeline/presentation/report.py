@@ -158,6 +158,9 @@ def _unlearning_section(rep: Path) -> list:
         for b in _fig(rep, f"unlearning_{f}.png", f"Fig. 4a analogue, {f}: forget / retain EM and utility per method")
     ]
     blocks += _fig(rep, "unlearning_logs.png", "Forget and retain NLL during unlearning")
+    for f in fields_in(rep.parent, "tradeoff_"):
+        blocks += _fig(rep, f"tradeoff_{f}.png", f"{f}: forget against retain along each method's trajectory (★ the "
+                       "point it is judged at; dashed: the never-trained level)")
     return blocks
 
 LOCALIZATION_NOTE = (
@@ -531,7 +534,8 @@ register_section(
 register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
 register_section("Unlearning (Fig. 4a)", ("e03",),
-                 ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png", "operating_points_*.csv"),
+                 ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png", "operating_points_*.csv",
+                  "tradeoff_*.png"),
                  _unlearning_section)
 register_section("Localization precision (Fig. 4b)", ("e04",),
                  ("localization_summary.csv", "localization_pieces.csv", "localization_*.png"),
