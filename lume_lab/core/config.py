@@ -16,11 +16,11 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'SCHEDULES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS',
            'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
-           'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS',
-           'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK',
-           'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least',
-           'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig',
-           'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
+           'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
+           'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS',
+           'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked',
+           'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source',
+           'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
            'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
            'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
            'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate', 'validate_section',
@@ -487,6 +487,9 @@ _OFFSETS = Check(
     lambda v: isinstance(v, (list, tuple)) and len(set(v)) == len(v) and all(_is_int(o) and 0 <= o < 32 for o in v),
 )
 
+# the gradient-ascent family the positive control may use (Zhang et al., Hu et al.)
+CONTROL_METHODS = ("grad_ascent", "npo")
+
 _ATTACKED = Check(
     "None (every run method that changes weights) or a non-empty list of distinct method names (checked against the "
     "method registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
@@ -518,6 +521,13 @@ class RobustnessConfig:
     methods: list | None = checked(None, _ATTACKED)
     # GGUF's Q4_1 re-applied as a further 4-bit attack, blocks from each offset ([]: not run)
     q4_1_offsets: list = checked([], _OFFSETS)
+    # the positive control of every attack (`analysis.controls`): the testbed model unlearned by `control_method` at
+    # the small rate `control_lr` (Zhang et al.'s setting), stopped once its teacher-forced forget EM is at most
+    # `control_target_em` (%), or after `control_max_steps` (then it is reported as not reached)
+    control_method: str = checked("grad_ascent", one_of(CONTROL_METHODS))
+    control_lr: float = checked(1e-5, POSITIVE_FLOAT)
+    control_target_em: float = checked(10.0, in_range(0, 100))
+    control_max_steps: int = checked(300, POSITIVE)
 
 # %% ../../nbs/core/00_config.ipynb #f7e9b999
 _GRID = Check(

@@ -315,6 +315,17 @@ def _robustness_section(rep: Path) -> list:
             ),
             table(t[["method", "test", "value", "interval", "n", "note"]]),
         ]
+        if (p := rep / f"attack_controls_{f}.csv").is_file():
+            c = pd.read_csv(p)
+            blocks += [
+                paragraph(
+                    f"{f}: did each attack fire? Its recovery on the positive control (the testbed model suppressed "
+                    "by GA or NPO at a small learning rate), its forget-EM gain (points) above the never-injected "
+                    "floor, and the floor's own gain. A method's recovery under an attack that did not fire shows "
+                    "nothing either way."
+                ),
+                table(c[["attack", "fired", "recovery", "gain_above_floor", "floor_gain", "n", "note"]].round(3)),
+            ]
     blocks += _fig(
         rep, "robustness_recovery.png", "Recovery of forget EM under each attack (95 % intervals over profiles)"
     )
@@ -549,7 +560,7 @@ register_section(
     _resurfacing_section,
 )
 register_section("Robustness: quantization, relearning, weight space (e10)", ("e10",),
-                 ("robustness_*.csv", "robustness_recovery.png"), _robustness_section)
+                 ("robustness_*.csv", "robustness_recovery.png", "attack_controls_*.csv"), _robustness_section)
 register_section(
     "PISTOL: structural unlearning (Tables 2 and 3)",
     ("e07",),

@@ -19,9 +19,10 @@ from .unlearn import ModelSource, _weights, method_source, stage_unlearn
 from ...unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['SCORED', 'ROBUST_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores', 'stage_robust_scores',
-           'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn', 'stage_relearning', 'stage_weightspace',
-           'reference_rows', 'robustness_rows', 'robustness_table']
+__all__ = ['SCORED', 'ROBUST_COLUMNS', 'CONTROL_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores',
+           'stage_robust_scores', 'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn', 'stage_relearning',
+           'stage_weightspace', 'reference_rows', 'robustness_rows', 'robustness_table', 'stage_positive_control',
+           'positive_source', 'floor_source', 'attack_scores', 'control_table']
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #1eeb66e3
 SCORED = ("em", "prob", "accuracy")
@@ -279,3 +280,76 @@ def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
     ref = stage_robust_scores(store, none)
     rows = [*reference_rows(store, none, ref), *(row for src in sources for row in robustness_rows(store, src, ref))]
     return pd.DataFrame(rows, columns=ROBUST_COLUMNS).assign(field=field)
+
+# %% ../../../nbs/pipeline/stages/10_robustness.ipynb #e16ea602
+CONTROL_COLUMNS = ["attack", "fired", "recovery", "gain_above_floor", "floor_gain", "gain", "em_before",
+                   "em_suppressed", "em_after", "floor_before", "floor_after", "n", "control_reached", "note"]
+
+def _control_reads() -> list[str]:
+    return ["seed", *(f"robustness.control_{k}" for k in ("method", "lr", "target_em", "max_steps"))]
+
+def stage_positive_control(store: RunStore, field: str) -> dict:
+    """The positive control of `field` (stage `robust_positive_<field>`): the testbed model suppressed on the field's
+    forget split as `robustness.control_*` declare; returns `positive_control`'s summary."""
+    from lume_lab.analysis.controls import positive_control
+    from lume_lab.models.lm import save_model
+    c, r, sp = store.config, store.config.robustness, _splits(store, field)
+    def fn(out):
+        model, tok = load_stage_model(store, "instruct_masked")
+        sup, info = positive_control(model, tok, sp["forget"], sp["retain"], r.control_target_em, lr=r.control_lr,
+                                     max_steps=r.control_max_steps, method=r.control_method, seed=c.seed)
+        save_model(sup, tok, out / "model"); (out / "summary.json").write_text(json.dumps(info))
+    d = store.stage(f"robust_positive_{field}", fn, reads=_control_reads(), deps=["testbed", "instruct_masked"])
+    return json.loads((d / "summary.json").read_text())
+
+def _stage_source(store: RunStore, label: str, field: str, stage: str) -> ModelSource:
+    load = lambda: load_stage_model(store, stage)
+    return ModelSource(label, field, stage, load, lambda: _weights(store.path(stage) / "model", load))
+
+def positive_source(store: RunStore, field: str) -> ModelSource:
+    "The positive control of `field` (its stage run first) as a `ModelSource` labelled `positive`."
+    stage_positive_control(store, field)
+    return _stage_source(store, "positive", field, f"robust_positive_{field}")
+
+def floor_source(store: RunStore, field: str) -> ModelSource:
+    "The never-injected model (stage `instruct_floor`, run first) as a `ModelSource` labelled `floor`."
+    from lume_lab.pipeline.stages.resurface import stage_instruct_floor
+    stage_instruct_floor(store)
+    return _stage_source(store, "floor", field, "instruct_floor")
+
+def attack_scores(store: RunStore, src: ModelSource) -> dict[str, pd.DataFrame]:
+    """Per-example forget scores of `src` after each attack of the run, keyed by the attack's test name without
+    `_recovery` (`quant4`, `q4_1_off0`, `relearn_forget_half`, ...); an attack the field is too small for is left
+    out."""
+    from lume_lab.analysis.relearning import MIN_RELEARN_PROFILES
+    r, out = store.config.robustness, {}
+    q = stage_quantization(store, src)["examples"]
+    out.update({f"quant{b}": q[q.bits == b] for b in r.quant_bits})
+    if r.q4_1_offsets:
+        q41 = stage_q4_1(store, src)
+        out.update({f"q4_1_off{o}": q41[q41.offset == o] for o in r.q4_1_offsets})
+    n_forget = len({e["profile_id"] for e in _splits(store, src.field)["forget"]})
+    for a in r.attacks:
+        if a == "forget_half" and n_forget < MIN_RELEARN_PROFILES: continue
+        out[f"relearn_{a}"] = stage_relearning(store, src, a)
+    return out
+
+def control_table(store: RunStore, field: str) -> pd.DataFrame:
+    """One row per attack of `field` (`CONTROL_COLUMNS`): fired, its recovery on the positive control, its gain above
+    the never-injected floor and the floor's own gain, and the forget EM (points) behind them."""
+    from lume_lab.analysis.controls import control_row
+    r, info = store.config.robustness, stage_positive_control(store, field)
+    pos, floor = positive_source(store, field), floor_source(store, field)
+    ref, sup, flo = (stage_robust_scores(store, s) for s in (none_source(store, field), pos, floor))
+    p_after, f_after = attack_scores(store, pos), attack_scores(store, floor)
+    rows = []
+    for attack, after in p_after.items():
+        ids = list(after[after.split == "forget"].profile_id.unique())     # the profiles the attack scores
+        em = lambda s: float(_per_profile(s).reindex(ids).mean())
+        e = {"em_before": em(ref), "em_suppressed": em(sup), "em_after": em(after), "floor_before": em(flo),
+             "floor_after": em(f_after[attack])}
+        row = control_row(attack, *e.values(), min_drop=r.min_drop)
+        note = row["note"] if info["reached"] else "; ".join(
+            x for x in (f"control stopped at {info['em']:.1f} % forget EM, above its target", row["note"]) if x)
+        rows.append({**row, **e, "n": len(ids), "control_reached": info["reached"], "note": note})
+    return pd.DataFrame(rows, columns=CONTROL_COLUMNS).assign(field=field)
