@@ -1572,6 +1572,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                   'lume_lab/pipeline/presentation/report.py'),
                                                        'lume_lab.pipeline.presentation.report._verdict_section': ( 'pipeline/presentation/report.html#_verdict_section',
                                                                                                                    'lume_lab/pipeline/presentation/report.py'),
+                                                       'lume_lab.pipeline.presentation.report.attack_controls': ( 'pipeline/presentation/report.html#attack_controls',
+                                                                                                                  'lume_lab/pipeline/presentation/report.py'),
                                                        'lume_lab.pipeline.presentation.report.banner': ( 'pipeline/presentation/report.html#banner',
                                                                                                          'lume_lab/pipeline/presentation/report.py'),
                                                        'lume_lab.pipeline.presentation.report.details': ( 'pipeline/presentation/report.html#details',

@@ -25,9 +25,10 @@ __all__ = ['LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', '
            'FORGOT_POINTS', 'COSTLY_POINTS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard',
            'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details', 'fields_in',
            'localization_headline', 'remind_separation', 'dose_summary', 'Section', 'register_section',
-           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'headline',
-           'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times', 'threads_text',
-           'report_blocks', 'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
+           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls',
+           'headline', 'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times',
+           'threads_text', 'report_blocks', 'render_html', 'md_table', 'render_markdown', 'read_html_tables',
+           'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -671,13 +672,19 @@ def _test_size_banner(preset: str) -> list:
 FORGOT_POINTS = 10.0     # forget-EM points below the model before unlearning that the headline calls forgetting
 COSTLY_POINTS = 5.0      # utility points lost that the headline calls out by name
 
+def attack_controls(rep: Path) -> pd.DataFrame | None:
+    "e10's `attack_controls_<field>.csv` of a report folder, together (with their `field` column); None without any."
+    frames = [pd.read_csv(p) for p in sorted(Path(rep).glob("attack_controls_*.csv"))]
+    return pd.concat(frames, ignore_index=True) if frames else None
+
 def _names(xs) -> str: return ", ".join(xs) if len(xs) else "none"
 
-def headline(card: pd.DataFrame) -> list[str]:
+def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[str]:
     """The page's opening sentences, one rule each, per field of `card` (a scorecard; fields whose testbed memorized
     nothing are left to `empty_testbeds`): which methods forgot, which lost utility by more than `COSTLY_POINTS`, what
     the signed localization interval says of each (`analysis.localization.auc_reading`, never a point value alone),
-    that no attack here has a positive control yet, and how many seeds stand behind a difference between methods."""
+    which attacks fired on their positive control (`controls`: e10's `attack_controls_<field>.csv` rows, with `field`,
+    `attack`, `fired`; none: no attack has one), and how many seeds stand behind a difference between methods."""
     out, empty = [], empty_testbeds(card)
     for f in dict.fromkeys(card.field):
         if f in empty: continue
@@ -700,7 +707,13 @@ def headline(card: pd.DataFrame) -> list[str]:
                      for what in ("localized", "anti-localized", "cannot tell") if (r == what).any()]
             if parts: out.append(f"{f}: localization (|Δθ| AUC interval against ½) — " + "; ".join(parts) + ".")
     judged = card[~card.field.isin(list(empty))]
-    if out and any(c.endswith("_recovery") and judged[c].notna().any() for c in card):
+    ctl = None if controls is None or not len(controls) else controls[controls.field.isin(set(judged.field))]
+    if out and ctl is not None and len(ctl):
+        fired = ctl[ctl.fired.astype(str).str.lower() == "true"]
+        out.append("Attacks that fired on their positive control: "
+                   + (", ".join(f"{a} ({f})" for f, a in zip(fired.field, fired.attack)) if len(fired) else "none")
+                   + "; the others did not fire, so their recoveries prove nothing either way.")
+    elif out and any(c.endswith("_recovery") and judged[c].notna().any() for c in card):
         out.append("No attack in this run has fired on a positive control yet, so its recoveries prove nothing "
                    "either way.")
     seeds = int(card.n_seeds.max()) if "n_seeds" in card and card.n_seeds.notna().any() else 1
@@ -900,7 +913,7 @@ def _not_yet(stems: list[str]) -> tuple:
         "pending",
     )
 
-def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
+def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls: pd.DataFrame | None = None) -> list:
     "Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come."
     M = SCORECARD_METRICS
     late = [c for c in verdict_columns() if c not in card and M[c].experiment in waiting]
@@ -912,7 +925,7 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict) -> list:
             else []
         )
     empty = empty_testbeds(card)
-    words = headline(card)     # the page's opening sentences, before any figure
+    words = headline(card, controls)     # the page's opening sentences, before any figure
     withheld = ([heading(2, "Verdict")] + ([paragraph(" ".join(words), "headline")] if words else [])
                 + [banner(s) for s in empty.values()])
     card = card[~card.field.isin(list(empty))]
@@ -968,7 +981,7 @@ def report_blocks(
     ]
     blocks += (
         _uncommitted_banner(run_dirs) + _test_size_banner(cfg["preset"]) + _split_banner(card)
-        + _verdict_section(card, Path(out_dir or rep), waiting)
+        + _verdict_section(card, Path(out_dir or rep), waiting, attack_controls(rep))
         + _scorecard_section(card, waiting)
     )
     sections, shown = [], False
