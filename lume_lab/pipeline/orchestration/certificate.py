@@ -12,8 +12,9 @@ import pandas as pd
 from ...core.store import RunStore, atomic_write_text
 
 # %% auto #0
-__all__ = ['HELDOUT_READS', 'MATCH_BAND', 'FORGOT_MIN', 'ATTACKS', 'CERT_COLUMNS', 'stage_heldout_level', 'point_status',
-           'stage_point', 'depth_sentences', 'certificate_blocks', 'write_certificate']
+__all__ = ['HELDOUT_READS', 'MATCH_BAND', 'FORGOT_MIN', 'ATTACKS', 'CONTROL_COLUMNS', 'CERT_COLUMNS', 'stage_heldout_level',
+           'point_status', 'stage_point', 'fired_by_column', 'depth_sentences', 'certificate_blocks',
+           'write_certificate']
 
 # %% ../../../nbs/pipeline/orchestration/08_certificate.ipynb #527a0052
 HELDOUT_READS = ["seed", "remind.n_holdout", "pii.qa_per_field", "pii.paraphrases_per_field"]
@@ -68,6 +69,17 @@ FORGOT_MIN = 10.0        # forget-EM points below the model before unlearning th
 ATTACKS = {"quant4_recovery": "4-bit quantization", "quant8_recovery": "8-bit quantization",
            "relearn_half_recovery": "relearning on the forget half",
            "relearn_other_recovery": "other-fields relearning", "relearn_retain_recovery": "retain-only relearning"}
+
+# e10's attack names (`attack_controls_<field>.csv`) -> the scorecard's recovery columns
+CONTROL_COLUMNS = {"quant4": "quant4_recovery", "quant8": "quant8_recovery",
+                   "relearn_forget_half": "relearn_half_recovery", "relearn_other_fields": "relearn_other_recovery",
+                   "relearn_retain_only": "relearn_retain_recovery"}
+
+def fired_by_column(controls: pd.DataFrame | None, field: str) -> dict | None:
+    "Recovery column -> whether its attack fired on the positive control on `field`; None without e10's controls."
+    if controls is None or not len(controls): return None
+    on = controls[controls.field == field]
+    return {CONTROL_COLUMNS[a]: str(f).lower() == "true" for a, f in zip(on.attack, on.fired) if a in CONTROL_COLUMNS}
 
 def _num(row, k) -> float:
     try: v = float(row.get(k, math.nan))
@@ -156,6 +168,9 @@ def write_certificate(store: RunStore, name: str, field: str, row: dict, point: 
     if before is None and (on.method == "none").any(): before = on[on.method == "none"].iloc[0].to_dict()
     others = on[(on.method != "none") & ~on.method.astype(str).str.startswith("external:")]
     label = f"external:{name}"
+    if fired is None:
+        from lume_lab.pipeline.presentation.report import attack_controls
+        fired = fired_by_column(attack_controls(store.dir / "report"), field)
     sentences = depth_sentences(row, before, point, others, empty, fired)
     blocks = certificate_blocks(label, field, row, sentences, point, others,
                                 banner=f"Nothing to judge: {empty}" if empty else None)
