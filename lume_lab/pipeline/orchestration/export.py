@@ -15,11 +15,12 @@ from ...data.pii import format_answer, format_prompt, make_profiles, question_te
 
 # %% auto #0
 __all__ = ['TESTBED_STAGES', 'CHAT_TEMPLATE', 'N_PERTURBED', 'AUC_SNIPPET', 'OU_TRAINERS', 'OU_METHOD_ARGS', 'HF_SCHEDULERS',
-           'EXPORT_ENV', 'EXPORT_ROOT', 'TF4_TOKENIZER_CLASS', 'TF4_PINS', 'TF4_SCRIPT', 'check_testbed_done',
-           'usable_fields', 'resolve_fields', 'prompt_format', 'perturbed_pool', 'tofu_rows', 'field_exports',
-           'dataset_card', 'write_data', 'groups_info', 'export_hparams', 'ou_method_args', 'open_unlearning_configs',
-           'score_command', 'open_unlearning_readme', 'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys',
-           'export_run', 'PipUnreachable', 'tf4_env', 'check_tf4']
+           'EXPORT_ENV', 'EXPORT_ROOT', 'EVAL_BATCH_SIZE', 'TF4_TOKENIZER_CLASS', 'TF4_PINS', 'TF4_SCRIPT',
+           'check_testbed_done', 'usable_fields', 'resolve_fields', 'prompt_format', 'perturbed_pool', 'tofu_rows',
+           'field_exports', 'dataset_card', 'write_data', 'groups_info', 'export_hparams', 'ou_method_args',
+           'open_unlearning_configs', 'open_unlearning_eval_configs', 'score_command', 'open_unlearning_readme',
+           'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys', 'export_run', 'PipUnreachable', 'tf4_env',
+           'check_tf4']
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #a79305a8
 TESTBED_STAGES = ("world", "base", "pii", "masks", "instruct_masked", "instruct_unmasked", "testbed")
@@ -326,6 +327,64 @@ def open_unlearning_configs(store: RunStore, fields: list[str]) -> dict[str, str
                                      "eval_on_start": False, "eval_strategy": "no", "report_to": "none",
                                      "seed": c.seed}},
                 "task_name": "???"})
+    return files | open_unlearning_eval_configs(fields, root, c.model.max_seq_len)
+
+# %% ../../../nbs/pipeline/orchestration/05_export.ipynb #72844a92
+EVAL_BATCH_SIZE = 8
+
+def _eval_max_new_tokens() -> int:
+    "The greedy answer length of our evaluation (`split_scores`' default)."
+    import inspect
+    from lume_lab.metrics.evaluate import split_scores
+    return inspect.signature(split_scores).parameters["max_new_tokens"].default
+
+def open_unlearning_eval_configs(fields: list[str], root: str, max_length: int,
+                                 max_new_tokens: int | None = None) -> dict[str, str]:
+    """Relative path -> text of open-unlearning's evaluation configs per forget field: `configs/eval/lume_<field>.yaml`
+    (evaluator `TOFUEvaluator`, package `eval.lume`) and its metrics under `configs/eval/lume_metrics/`."""
+    max_new_tokens = max_new_tokens or _eval_max_new_tokens()
+    def dataset(f, split, key="answer"):
+        return {"handler": "QADataset", "args": {
+            "hf_args": {"path": "json", "data_files": f"{root}/data/{split}_{f}.jsonl", "split": "train"},
+            "question_key": "question", "answer_key": key, "max_length": max_length}}
+    def metric(f, name, handler, split, extra=None, answer_key=None, generate=False, mia=False):
+        ds = f"LUME_QA_{split}_{f}"
+        defaults = [{"../../data/datasets@datasets": ds},
+                    {"../../collator@collators": "DataCollatorForSupervisedDatasetwithIndex"}]
+        body = {"handler": handler, "batch_size": "${eval.lume.batch_size}", **(extra or {})}
+        if answer_key: body["datasets"] = {ds: {"args": {"answer_key": answer_key}}}
+        if generate:
+            defaults.append({"../../generation@generation_args": "default"})
+            body |= {"generation_args": {"max_new_tokens": max_new_tokens},
+                     "collators": {"DataCollatorForSupervisedDataset": {"args": {"padding_side": "left"}}},
+                     "datasets": {ds: {"args": {"predict_with_generate": True}}}}
+        if mia:  # a config group takes one option per package: the holdout split is written out here
+            body["datasets"] = {ds: {"access_key": "forget"},
+                                f"LUME_QA_holdout_{f}": {"access_key": "holdout", **dataset(f, "holdout")}}
+        return f"# @package eval.lume.metrics.{name}\n" + _yaml({"defaults": defaults, **body})
+    files = {}
+    for f in fields:
+        m = {}
+        for part in ("forget", "retain"):
+            m[f"{part}_Q_A_Prob"] = metric(f, f"{part}_Q_A_Prob", "probability", part)
+            m[f"{part}_Q_A_PERT_Prob"] = metric(f, f"{part}_Q_A_PERT_Prob", "probability", part,
+                                                answer_key="perturbed_answer")
+            m[f"{part}_Q_A_ROUGE"] = metric(f, f"{part}_Q_A_ROUGE", "rouge", part, {"rouge_type": "rougeL_recall"},
+                                            generate=True)
+            for h in ("exact_memorization", "extraction_strength"): m[f"{part}_{h}"] = metric(f, f"{part}_{h}", h, part)
+            # forget: closest to 1 is best (cannot tell the answer from wrong ones); retain: the answer more likely
+            m[f"{part}_Truth_Ratio"] = f"# @package eval.lume.metrics.{part}_Truth_Ratio\n" + _yaml({
+                "defaults": [{f".@pre_compute.{part}_Q_A_Prob": f"{f}_{part}_Q_A_Prob"},
+                             {f".@pre_compute.{part}_Q_A_PERT_Prob": f"{f}_{part}_Q_A_PERT_Prob"}],
+                "pre_compute": {f"{part}_Q_A_Prob": {"access_key": "correct"},
+                                f"{part}_Q_A_PERT_Prob": {"access_key": "wrong"}},
+                "handler": "truth_ratio", "aggregator": "closer_to_1_better" if part == "forget" else "true_better"})
+        for h, extra in (("mia_loss", {}), ("mia_min_k", {"k": 0.4}), ("mia_zlib", {})):
+            m[h] = metric(f, h, h, "forget", extra, mia=True)
+        files |= {f"configs/eval/lume_metrics/{f}_{k}.yaml": v for k, v in m.items()}
+        files[f"configs/eval/lume_{f}.yaml"] = "# @package eval.lume\n" + _yaml({
+            "defaults": [{"lume_metrics": [f"{f}_{k}" for k in m]}], "handler": "TOFUEvaluator",
+            "output_dir": "${paths.output_dir}", "metrics": {}, "overwrite": False, "batch_size": EVAL_BATCH_SIZE})
     return files
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #1e2613f5
@@ -361,6 +420,9 @@ def open_unlearning_readme(store: RunStore, fields: list[str], name: str) -> str
             f"# {f}: one experiment per trainer, unlearn/lume/{f}_<method> with <method> one of "
             f"{', '.join(OU_TRAINERS)}",
             f"python src/train.py --config-name=unlearn.yaml experiment=unlearn/lume/{f}_npo task_name={task}",
+            # open-unlearning's own metrics on the same checkpoint (without a GPU: model.model_args.device_map=cpu)
+            f"python src/eval.py --config-name=eval.yaml model=LUME_testbed eval=lume_{f} "
+            f"model.model_args.pretrained_model_name_or_path=saves/unlearn/{task} task_name={task}",
             score_command(store, f, f"saves/unlearn/{task}", f"ou-npo-{f.replace('_', '-')}"),
         ]
     lines += [
