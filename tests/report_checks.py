@@ -65,7 +65,9 @@ def assert_verdict_matches(card: pd.DataFrame, page: str):
         for c in verdict_columns():
             if c not in card: continue
             head = next(h for h in t.columns if h.startswith(METRICS[c].label + " "))
-            want = _fmt(r[c], METRICS[c].digits)
+            fired = r.get(f"{c}_fired")         # e10's controls: a recovery whose attack fired on no positive control
+            quiet = fired is not None and fired == 0 and not pd.isna(r[c])
+            want = "did not fire" if quiet else _fmt(r[c], METRICS[c].digits)
             if f"{c}_paper" in card and not pd.isna(r[f"{c}_paper"]):
                 want += f" ({_fmt(r[f'{c}_paper'], METRICS[c].digits)})"
             assert t.at[(f, m), head] == want, (f, m, c, t.at[(f, m), head], want)

@@ -168,6 +168,15 @@ def check_interval_cell(label: str, cell: str, row) -> None:
     assert reading in allowed, (ci, reading, allowed)
 
 
+def not_fired(run_dirs: list[Path], field: str, cols: list[str] | None) -> bool:
+    "Whether the attack behind recovery column `cols[0]` fired on no run's positive control (attack_controls CSVs)."
+    if not cols: return False
+    attack = {c: t for t, c in ROBUST_CELLS.items()}[cols[0]].removesuffix("_recovery")
+    rows = [r for d in run_dirs if (p := Path(d) / "report" / f"attack_controls_{field}.csv").is_file()
+            for _, r in pd.read_csv(p).iterrows() if r.attack == attack]
+    return bool(rows) and not any(str(r.fired).lower() == "true" for r in rows)
+
+
 def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
     """Every number of the page's scorecard tables is its CSV value or the paper's, rounded as shown.
     A CSV value is the mean ± std over runs."""
@@ -187,6 +196,8 @@ def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
                 if label == "method": continue
                 if label.endswith((" 95% CI", " reading")):   # the localization headline's interval, as text
                     check_interval_cell(label, cell, row); checked += 1; continue
+                if cell == R.NOT_FIRED:   # e10's controls: that attack fired on no run's positive control
+                    assert not_fired(run_dirs, f, labels.get(label)), (key, label); checked += 1; continue
                 cols = labels.get(label)
                 assert cols is not None, f"column {label!r} of {f} is not a column format_scorecard writes"
                 if not cols: assert not re.search(r"\d", cell), (key, label, cell); continue

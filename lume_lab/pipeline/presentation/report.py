@@ -18,13 +18,13 @@ from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
 # `report.scorecard` is the same function
 from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir,
                                                       robustness_csv, run_config, run_manifest, scorecard,
-                                                      verdict_columns)
+                                                      verdict_columns, NOT_FIRED)
 
 # %% auto #0
 __all__ = ['LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'TESTBED_FLOOR',
-           'FORGOT_POINTS', 'COSTLY_POINTS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'format_scorecard',
-           'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details', 'fields_in',
-           'localization_headline', 'remind_separation', 'dose_summary', 'Section', 'register_section',
+           'FORGOT_POINTS', 'COSTLY_POINTS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'did_not_fire',
+           'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details',
+           'fields_in', 'localization_headline', 'remind_separation', 'dose_summary', 'Section', 'register_section',
            'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls',
            'headline', 'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times',
            'threads_text', 'report_blocks', 'render_html', 'md_table', 'render_markdown', 'read_html_tables',
@@ -44,6 +44,11 @@ def _n(row, a: str, b: str | None = None) -> str:
     return _value(row, a, 0) + (f" / {_value(row, b, 0)}" if b and b in row and not pd.isna(row[b]) else "")
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #84b7d950
+def did_not_fire(r, c: str) -> bool:
+    "Whether scorecard row `r`'s value of `c` is a recovery whose attack fired on no run's positive control."
+    f = r.get(f"{c}_fired")
+    return f is not None and pd.notna(f) and float(f) == 0 and pd.notna(r.get(c))
+
 def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
     "The rows of `field` as display strings: method, n, each metric followed by the paper's value, the mismatch mark."
     rows = []
@@ -57,7 +62,7 @@ def format_scorecard(card: pd.DataFrame, field: str) -> pd.DataFrame:
             if first and n in r: out[label] = _n(r, n, rows_col)
         for c, m in SCORECARD_METRICS.items():
             if c not in r: continue
-            out[m.label] = _value(r, c, m.digits)
+            out[m.label] = NOT_FIRED if did_not_fire(r, c) else _value(r, c, m.digits)
             if f"{c}_paper" in r: out[f"{m.label} (paper)"] = fmt_num(r[f"{c}_paper"], m.digits)
             for k, what in (("ci", "95% CI"), ("reading", "reading")):   # the localization headline's interval
                 if f"{c}_{k}" in r: out[f"{m.label} {what}"] = "" if pd.isna(r[f"{c}_{k}"]) else r[f"{c}_{k}"]
@@ -621,6 +626,7 @@ def verdict_marks(card: pd.DataFrame, columns=None) -> pd.DataFrame:
         elif m.better == "higher": s = direction(x, ref, m.band)
         else: s = np.where(np.isnan(x - ref), np.nan, np.where(np.abs(x - ref) > m.band, -1.0, 0.0))
         out[c] = np.where((card.method == "none").to_numpy() & (m.reference == "none"), np.nan, s)
+        if f"{c}_fired" in card: out[c] = np.where(card[f"{c}_fired"].to_numpy() == 0, np.nan, out[c])  # no colour
     return out
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #5811fdb0
@@ -739,7 +745,7 @@ def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         for c in cols:
             m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
             reading = r.get(f"{c}_reading")
-            out[_verdict_header(c)] = _value(r, c, m.digits) + (
+            out[_verdict_header(c)] = ("did not fire" if did_not_fire(r, c) else _value(r, c, m.digits)) + (
                 f" ({fmt_num(p, m.digits)})" if p is not None and pd.notna(p) else ""
             ) + (f" {reading}" if isinstance(reading, str) and reading not in ("", "not applicable") else "")
             mark = marks.at[i, c]

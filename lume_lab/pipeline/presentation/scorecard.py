@@ -15,12 +15,12 @@ from ...core.config import config_diff
 
 # %% auto #0
 __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPLE_SIZES', 'BETTER', 'READERS', 'DIRECTION_CHECKS',
-           'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources', 'verdict_columns',
-           'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
-           'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
-           'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
-           'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column', 'scorecard',
-           'toy_run']
+           'NOT_FIRED', 'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources',
+           'verdict_columns', 'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest',
+           'read_output_metrics', 'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv',
+           'read_robustness', 'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction',
+           'direction_mismatch', 'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
+           'attack_fired_columns', 'scorecard', 'toy_run']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -453,7 +453,7 @@ def _column_order(cols) -> list[str]:
     for n, (_, rows, first) in SAMPLE_SIZES.items():
         if first: want += [n, f"{n}_std", rows, f"{rows}_std"]
     for c in SCORECARD_METRICS:
-        want += [c, f"{c}_std", f"{c}_paper", f"{c}_ci", f"{c}_reading"]
+        want += [c, f"{c}_std", f"{c}_paper", f"{c}_ci", f"{c}_reading", f"{c}_fired"]
         if n_after(c): want += [n_after(c), f"{n_after(c)}_std"]
     return [c for c in want + ["direction_mismatch"] if c in cols]
 
@@ -501,6 +501,23 @@ def operating_point_column(run_dirs: list[Path]) -> pd.Series | None:
     g = pd.concat(pts).groupby(level=["field", "method"], sort=False)
     return g.agg(lambda s: "; ".join(dict.fromkeys(s))).rename("operating_point")
 
+NOT_FIRED = "attack did not fire"    # a recovery cell whose attack did not fire on its positive control (e10)
+
+def attack_fired_columns(run_dirs: list[Path]) -> pd.DataFrame | None:
+    """Per field, for each recovery metric of e10: `<column>_fired`, the share of the runs whose positive control that
+    attack fired on (`attack_controls_<field>.csv`; an attack's recovery column reads the test `<attack>_recovery`).
+    0: it fired on none, and every method's recovery on that field proves nothing. None: no run has the controls."""
+    cols = {m.source[1]: c for c, m in SCORECARD_METRICS.items() if m.source[0] == "robustness"}
+    parts = []
+    for d in run_dirs:
+        for p in sorted(report_dir(d).glob("attack_controls_*.csv")):
+            t = pd.read_csv(p)
+            t = t[(t.attack + "_recovery").isin(list(cols))]
+            parts.append(pd.DataFrame({"field": t.field, "column": (t.attack + "_recovery").map(cols) + "_fired",
+                                       "fired": t.fired.astype(str).str.lower().eq("true").astype(float)}))
+    if not parts: return None
+    return pd.concat(parts).pivot_table(index="field", columns="column", values="fired", aggfunc="mean")
+
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #e7f70ca5
 def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per method × forget field.
@@ -521,6 +538,7 @@ def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     if (r := localization_readings(run_dirs)) is not None: card = card.join(r, how="left")
     if (p := operating_point_column(run_dirs)) is not None: card = card.join(p, how="left")
     card = card.reset_index()
+    if (f := attack_fired_columns(run_dirs)) is not None: card = card.join(f, on="field")
     return card[_column_order(card.columns)]
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #6812940b
