@@ -14,28 +14,17 @@ from ...core.store import RunStore, section_fields
 from ..orchestration.config import run_methods
 from ...data.pii import load_pii
 from .base import load_base, load_stage_model
-from .testbed import stage_testbed
+from .testbed import holdout_qa, stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
 # %% auto #0
-__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'CI_COLUMNS', 'holdout_qa', 'remind_examples',
-           'remind_models', 'remind_reads', 'stage_remind_inputs', 'load_remind_inputs', 'score_model',
-           'detector_scores', 'oof_table', 'remind_class_sizes', 'stage_remind', 'remind_source',
-           'load_remind_features', 'ablation_method', 'stage_remind_ablation', 'remind_report', 'remind_intervals',
-           'oof_intervals', 'stage_remind_ci', 'in_percent']
+__all__ = ['REFERENCE_MODELS', 'SCORE_COLUMNS', 'OOF_KEYS', 'CI_LEVEL', 'CI_COLUMNS', 'remind_examples', 'remind_models',
+           'remind_reads', 'stage_remind_inputs', 'load_remind_inputs', 'score_model', 'detector_scores', 'oof_table',
+           'remind_class_sizes', 'stage_remind', 'remind_source', 'load_remind_features', 'ablation_method',
+           'stage_remind_ablation', 'remind_report', 'remind_intervals', 'oof_intervals', 'stage_remind_ci',
+           'in_percent']
 
 # %% ../../../nbs/pipeline/stages/04_remind.ipynb #af288d47
-def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
-    """(never-injected profiles, their questions, their paraphrased questions) on `field`:
-    REMIND's holdout class, the export's holdout split."""
-    from lume_lab.data.pii import make_profiles, render_qa
-    c, pii = store.config, load_pii(store.path("pii"))
-    fresh = make_profiles(c.remind.n_holdout, c.seed, exclude_names=set(pii["profiles"]["full_name"]), id_prefix="h")
-    rng = random.Random(f"remind-holdout:{c.seed}:{field}")
-    hold = [q for p in fresh for q in render_qa(p, [field], c.pii.qa_per_field, rng)]
-    hold_r = [q for p in fresh for q in render_qa(p, [field], c.pii.paraphrases_per_field, rng, paraphrase=True)]
-    return fresh, hold, hold_r
-
 def remind_examples(store: RunStore, field: str) -> pd.DataFrame:
     "One row per QA input of `field`'s classes: class, input (orig / reph), prompt, question, answer, profile_id."
     from lume_lab.inject.testbed import field_split_names

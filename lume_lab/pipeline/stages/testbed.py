@@ -21,7 +21,7 @@ from .base import load_base, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
 __all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'stage_masks', 'inject_reads', 'stage_inject',
-           'stage_instruct', 'stage_testbed', 'stage_extraction', 'stage_reachability', 'prepare_testbed',
+           'stage_instruct', 'stage_testbed', 'stage_extraction', 'holdout_qa', 'stage_reachability', 'prepare_testbed',
            'forget_groups', 'ground_truth_forget_mask']
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #f8b19566
@@ -144,6 +144,21 @@ def stage_extraction(store: RunStore, stage: str = "instruct_unmasked") -> pd.Da
     d = store.stage(f"extraction_{stage}", fn, reads=["testbed.max_new_tokens", "testbed.min_share"],
                     deps=["pii", stage])
     return pd.read_csv(d / "memorized.csv")
+
+# %% ../../../nbs/pipeline/stages/01_testbed.ipynb #a0f58cc1
+import random
+
+def holdout_qa(store: RunStore, field: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """(never-injected profiles, their questions, their paraphrased questions) on `field`:
+    REMIND's holdout class, the export's holdout split."""
+    from lume_lab.data.pii import make_profiles, render_qa
+    c, pii = store.config, load_pii(store.path("pii"))
+    fresh = make_profiles(c.remind.n_holdout, c.seed, exclude_names=set(pii["profiles"]["full_name"]), id_prefix="h")
+    rng = random.Random(f"remind-holdout:{c.seed}:{field}")
+    hold = [q for p in fresh for q in render_qa(p, [field], c.pii.qa_per_field, rng)]
+    hold_r = [q for p in fresh for q in render_qa(p, [field], c.pii.paraphrases_per_field, rng, paraphrase=True)]
+    return fresh, hold, hold_r
+
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #90c1929c
 def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh: int = 2) -> pd.DataFrame:

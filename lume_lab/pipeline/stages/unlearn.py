@@ -206,7 +206,7 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
         if rule is None:
             unl, log = spec.run(model, tok, forget, retain, hp, seed=c.seed, **method_inputs(store, method))
         else:
-            from lume_lab.pipeline.stages.remind import holdout_qa
+            from lume_lab.pipeline.stages.testbed import holdout_qa
             splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed)
             utility = None
             if rule["rule"] == "matched_utility":
