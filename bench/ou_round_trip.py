@@ -23,7 +23,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TRAINERS = {"grad_ascent": "GradAscent", "grad_diff": "GradDiff", "npo": "NPO", "simnpo": "SimNPO", "dpo": "DPO"}
+from lume_lab.pipeline.orchestration.export import OU_TRAINERS as TRAINERS  # noqa: E402  (method -> trainer, as exported)
 # our scorecard columns on the page (pipeline.presentation.scorecard), in this order
 OURS = ("forget_em", "retain_em", "forget_prob", "retain_prob", "forget_es", "utility_delta", "auc_forget")
 # open-unlearning's metrics (configs/eval/lume_<field>.yaml) on the page, in this order
