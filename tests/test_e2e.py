@@ -294,3 +294,13 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
         la, lb = pd.read_csv(one / "attack_log.csv"), pd.read_csv(two / "attack_log.csv")
         assert la.step.tolist() == lb.step.tolist()
         pd.testing.assert_series_equal(lb.val_loss, la.val_loss, rtol=1e-3)
+    # bring your own method: GradAscent's weights, saved as a plain checkpoint outside the run, scored as
+    # external:outside; its depth certificate sits beside the run's report, with the registry's methods of the e99 page
+    outside = shutil.copytree(run / f"unlearn_grad_ascent_{field}" / "model", tmp_path / "outside")
+    assert main(["score", run.name, "--checkpoint", str(outside), "--name", "outside", "--field", field,
+                 "--runs-root", str(tmp_path), "--no-report"]) == 0
+    cert = (run / "certificates" / f"outside_{field}.html").read_text()
+    assert f"Depth certificate: external:outside on {field}" in cert and "Operating point" in cert
+    assert "The registry&#x27;s methods on this field" in cert or "The registry's methods on this field" in cert
+    assert ("Nothing to judge" in cert) == (field in empty)   # a testbed that memorized nothing: no paragraph
+    assert (run / "certificates" / f"outside_{field}.md").exists()
