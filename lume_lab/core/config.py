@@ -22,9 +22,10 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source',
            'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
            'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig',
-           'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate', 'validate_section',
-           'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff']
+           'AttributionConfig', 'ladder_fits', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig',
+           'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate',
+           'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves',
+           'config_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -490,6 +491,38 @@ _OFFSETS = Check(
 # the gradient-ascent family the positive control may use (Zhang et al., Hu et al.)
 CONTROL_METHODS = ("grad_ascent", "npo")
 
+_RUNG_KEYS = ("epochs", "lr_scale", "rows")
+
+def _rung_ok(v) -> bool:
+    return (isinstance(v, dict) and set(v) == set(_RUNG_KEYS)
+            and finite_number(v["epochs"], strict=True, integer=True) and finite_number(v["lr_scale"], strict=True)
+            and (v["rows"] is None or (_is_int(v["rows"]) and v["rows"] >= 1)))
+
+_RUNG_SAYS = ("a dict {epochs: a positive int, lr_scale: a positive number (× the relearning rate), "
+              "rows: None (all the attack's rows) or an int >= 1}")
+_RUNG = Check(_RUNG_SAYS, _rung_ok)
+_LADDER = Check(f"a non-empty list of rungs, each {_RUNG_SAYS}",
+                lambda v: isinstance(v, (list, tuple)) and bool(v) and all(_rung_ok(r) for r in v))
+
+def _rung_le(a: dict, b: dict) -> bool:
+    "Rung `a` asks for no more than `b` in any of epochs, rate and rows (rows None: all, the most)."
+    rows = lambda r: math.inf if r["rows"] is None else r["rows"]
+    return a["epochs"] <= b["epochs"] and a["lr_scale"] <= b["lr_scale"] and rows(a) <= rows(b)
+
+def ladder_fits(ladder: list, cap: dict) -> str | None:
+    """The problem with a relearning budget ladder, or None: its rungs grow (each asks for at least the previous one's
+    epochs, rate and rows, and for more of one), none exceeds `cap`, and the last is the cap (so the cap, chosen when no
+    rung fires, was tried on the positive control)."""
+    for i, (a, b) in enumerate(zip(ladder, ladder[1:])):
+        if not _rung_le(a, b) or a == b:
+            return (f"robustness.budget_ladder must grow rung by rung (epochs, lr_scale and rows each at least the "
+                    f"previous rung's, one of them more): rung {i + 1} {b} after {a}")
+    if over := [r for r in ladder if not _rung_le(r, cap)]:
+        return f"robustness.budget_ladder asks for more than robustness.budget_cap {cap}: {over}"
+    if ladder[-1] != cap:
+        return f"robustness.budget_ladder's last rung must be robustness.budget_cap {cap}, got {ladder[-1]}"
+    return None
+
 _ATTACKED = Check(
     "None (every run method that changes weights) or a non-empty list of distinct method names (checked against the "
     "method registry when the run's config is resolved; a named method the run does not unlearn is not attacked)",
@@ -528,6 +561,21 @@ class RobustnessConfig:
     control_lr: float = checked(1e-5, POSITIVE_FLOAT)
     control_target_em: float = checked(10.0, in_range(0, 100))
     control_max_steps: int = checked(300, POSITIVE)
+    # the relearning budget calibrated once per field on the positive control (stage `relearn_budget_<field>`), then
+    # used by every model's relearning stage; off: `relearn_epochs` at `relearn_lr` on every row of the attack
+    calibrate: bool = checked(False, BOOLEAN)
+    # the candidate budgets, smallest first, declared before any calibration: epochs, the rate as a multiple of the
+    # relearning rate (`relearn_lr`, or `instruct.lr`), and rows (the attack's first rows in a seeded order; None: all).
+    # The first rung is the fixed budget's
+    budget_ladder: list = checked([{"epochs": 2, "lr_scale": 1, "rows": None},
+                                   {"epochs": 5, "lr_scale": 1, "rows": None},
+                                   {"epochs": 10, "lr_scale": 1, "rows": None},
+                                   {"epochs": 10, "lr_scale": 3, "rows": None}], _LADDER)
+    # no rung may ask for more; the last rung is the cap, chosen when no rung reaches the goal (the paper's budget it
+    # stands for: docs/notes/robustness.md)
+    budget_cap: dict = checked({"epochs": 10, "lr_scale": 3, "rows": None}, _RUNG)
+    # a rung is chosen once the attack's recovery on the positive control reaches this
+    calibrate_goal: float = checked(0.5, fraction())
 
 # %% ../../nbs/core/00_config.ipynb #f7e9b999
 _GRID = Check(
@@ -817,6 +865,7 @@ CROSS_FIELD_RULES = (   # (fields the rule reads, rule(*values) -> problem or No
      f"got qa_resample={q!r}"),
     (("lume_exp.reg_max_new_tokens", "model.max_seq_len"), lambda r, L: None if r < L else
      f"lume_exp.reg_max_new_tokens ({r}) must be < model.max_seq_len ({L}): the prompt needs room in the context"),
+    (("robustness.budget_ladder", "robustness.budget_cap"), ladder_fits),
     (("dose.precision_grid", "dose.recall_grid", "pii.n_groups", "inject.mask_fraction", "inject.mask_kind"),
      dose_grid_fits),
 )
