@@ -15,8 +15,8 @@ from ..unlearn.base import monitored
 from ..unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['MIN_GAIN_ABOVE_FLOOR', 'NOT_FIRED', 'ForgetEMTarget', 'positive_control', 'control_row', 'fired_cell', 'with_fired',
-           'relearn_qa']
+__all__ = ['MIN_GAIN_ABOVE_FLOOR', 'NOT_FIRED', 'NOT_FIRED_AT_CAP', 'BUDGET_COLUMNS', 'ForgetEMTarget', 'positive_control',
+           'control_row', 'fired_cell', 'with_fired', 'relearn_qa', 'calibrate_budget']
 
 # %% ../../nbs/analysis/10_controls.ipynb #b06c7b53
 class ForgetEMTarget:
@@ -99,3 +99,26 @@ def relearn_qa(model, tokenizer, rows: list[dict], lr: float = 1e-3, steps: int 
     for _ in range(steps):
         batch_nll(out, batch).backward(); opt.step(); opt.zero_grad()
     return out.eval()
+
+# %% ../../nbs/analysis/10_controls.ipynb #b6f78342
+NOT_FIRED_AT_CAP = "did not fire at the cap"
+BUDGET_COLUMNS = ["attack", "epochs", "lr", "rows", "recovery", "chosen"]
+
+def calibrate_budget(attack: str, ladder: list[dict], recover, goal: float = 0.5) -> tuple[list[dict], dict]:
+    """Walk `ladder` (budgets {epochs, lr, rows}, smallest first, the last the cap) with `recover(rung)`, the attack's
+    recovery on the positive control at that budget, and stop at the first rung whose recovery is at least `goal`.
+    Returns (one `BUDGET_COLUMNS` row per rung tried, the chosen budget with its recovery, `reached` and a note): that
+    rung, or the cap with `reached` False and the note `NOT_FIRED_AT_CAP`. A NaN recovery (no positive control) never
+    reaches the goal."""
+    if not ladder: raise ValueError("the budget ladder is empty")
+    if not 0 < goal <= 1: raise ValueError(f"goal must be a recovery in (0, 1], got {goal!r}")
+    rows = []
+    for rung in ladder:
+        rec = float(recover(rung))
+        rows.append({"attack": attack, **{k: rung[k] for k in ("epochs", "lr", "rows")}, "recovery": rec,
+                     "chosen": not math.isnan(rec) and rec >= goal})
+        if rows[-1]["chosen"]: break
+    reached = rows[-1]["chosen"]
+    rows[-1]["chosen"] = True                      # the rung that reached the goal, or the cap
+    chosen = {k: rows[-1][k] for k in ("epochs", "lr", "rows", "recovery")}
+    return rows, {**chosen, "reached": reached, "note": "" if reached else NOT_FIRED_AT_CAP}
