@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #dd32d1eb
 from __future__ import annotations
-import copy, json, math, warnings
+import copy, json, math, random, warnings
 from dataclasses import replace
 
 import pandas as pd
@@ -20,9 +20,11 @@ from ...unlearn.registry import get_spec
 
 # %% auto #0
 __all__ = ['SCORED', 'ROBUST_COLUMNS', 'CONTROL_COLUMNS', 'robust_labels', 'none_source', 'robust_sources', 'example_scores',
-           'stage_robust_scores', 'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn', 'stage_relearning',
-           'stage_weightspace', 'reference_rows', 'robustness_rows', 'robustness_table', 'stage_positive_control',
-           'positive_source', 'floor_source', 'attack_scores', 'control_table']
+           'stage_robust_scores', 'stage_quantization', 'stage_q4_1', 'full_finetune', 'relearn_rate', 'fixed_budget',
+           'budget_rows', 'relearn', 'stage_relearning', 'stage_weightspace', 'reference_rows', 'robustness_rows',
+           'robustness_table', 'stage_positive_control', 'positive_source', 'floor_source', 'attack_scores',
+           'budget_text', 'control_table', 'budget_ladder', 'relearn_attacks', 'stage_relearn_budget',
+           'relearn_budget_table', 'chosen_budget']
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #1eeb66e3
 SCORED = ("em", "prob", "accuracy")
@@ -136,11 +138,26 @@ def full_finetune(model, tok, rows: list[dict], lr: float, epochs: int, batch_si
     model, log = unlearn_loop(model, tok, rows, None, descent_step, hp, seed=seed, desc="relearn")
     return model.eval(), log
 
-def relearn(model, tok, rows: list[dict], cfg):
-    "Fine-tune `model` on `rows` as `cfg.robustness` says (`lora` or `full`); returns (model, log)."
+def relearn_rate(cfg) -> float:
+    "The relearning rate: `robustness.relearn_lr`, or `instruct.lr` (what a budget rung's `lr_scale` multiplies)."
+    return cfg.instruct.lr if cfg.robustness.relearn_lr is None else cfg.robustness.relearn_lr
+
+def fixed_budget(cfg) -> dict:
+    "The budget without calibration: `robustness.relearn_epochs` at the relearning rate, on every row of the attack."
+    return {"epochs": cfg.robustness.relearn_epochs, "lr": relearn_rate(cfg), "rows": None}
+
+def budget_rows(rows: list[dict], n: int | None, seed: int) -> list[dict]:
+    "`n` of `rows` drawn by `seed`, in their order (None, or `n` at least their number: all of them)."
+    if n is None or n >= len(rows): return list(rows)
+    keep = set(random.Random(seed).sample(range(len(rows)), n))
+    return [r for i, r in enumerate(rows) if i in keep]
+
+def relearn(model, tok, rows: list[dict], cfg, budget: dict | None = None):
+    """Fine-tune `model` on `rows` as `cfg.robustness` says (`lora` or `full`), for `budget`'s epochs at its rate
+    (None: `fixed_budget`); returns (model, log)."""
     from lume_lab.inject.instruct import instruction_tune
-    r = cfg.robustness
-    icfg = replace(cfg.instruct, lr=cfg.instruct.lr if r.relearn_lr is None else r.relearn_lr, epochs=r.relearn_epochs)
+    r, b = cfg.robustness, budget or fixed_budget(cfg)
+    icfg = replace(cfg.instruct, lr=b["lr"], epochs=b["epochs"])
     if r.relearn_mode == "lora": return instruction_tune(model, tok, rows, icfg, cfg.seed, progress=False)
     return full_finetune(model, tok, rows, icfg.lr, icfg.epochs, icfg.batch_size, cfg.seed)
 
@@ -153,18 +170,21 @@ def stage_relearning(store: RunStore, src: ModelSource, attack: str) -> pd.DataF
     qa_train = load_pii(store.path("pii"))["qa_train"]
     # refuses before compute
     rows, scored = relearning_data(attack, sp["forget"], sp["retain"], qa_train, field, c.seed)
+    budget = chosen_budget(store, field, attack)       # None: calibration off, the fixed budget
+    if budget is not None: budget = {k: budget[k] for k in ("epochs", "lr", "rows")}
+    use = rows if budget is None else budget_rows(rows, budget["rows"], c.seed)
     def fn(out):
         model, tok = src.load()
-        attacked, log = relearn(model, tok, rows, c)
+        attacked, log = relearn(model, tok, use, c, budget)
         target = {"forget": [e for e in sp["forget"] if e["profile_id"] in set(scored)]}
         example_scores(attacked, tok, target, c.testbed.max_new_tokens).to_csv(out / "examples.csv", index=False)
         log.to_csv(out / "log.csv", index=False)
-        (out / "data.json").write_text(
-            json.dumps({"rows": len(rows), "profiles": len({e["profile_id"] for e in rows}), "scored": list(scored)})
-        )
-    # `relearn`'s recipe
+        data = {"rows": len(use), "profiles": len({e["profile_id"] for e in use}), "scored": list(scored)}
+        (out / "data.json").write_text(json.dumps(data if budget is None else {**data, "budget": budget}))
+    # `relearn`'s recipe; a calibrated budget is an input, so the fixed budget's keys stay as they were
     reads = _reads("robustness.relearn_mode", "robustness.relearn_lr", "robustness.relearn_epochs", "instruct")
-    d = store.stage(src.result_stage(f"robust_relearn_{attack}"), fn, reads=reads, deps=_deps(src) + ["pii"])
+    d = store.stage(src.result_stage(f"robust_relearn_{attack}"), fn, reads=reads,
+                    inputs=None if budget is None else {"budget": budget}, deps=_deps(src) + ["pii"])
     return pd.read_csv(d / "examples.csv")
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #91ad243a
@@ -283,7 +303,8 @@ def robustness_table(store: RunStore, field: str) -> pd.DataFrame:
 
 # %% ../../../nbs/pipeline/stages/10_robustness.ipynb #e16ea602
 CONTROL_COLUMNS = ["attack", "fired", "recovery", "gain_above_floor", "floor_gain", "gain", "em_before",
-                   "em_suppressed", "em_after", "floor_before", "floor_after", "n", "control_reached", "note"]
+                   "em_suppressed", "em_after", "floor_before", "floor_after", "n", "control_reached", "budget",
+                   "calibration", "note"]
 
 def _control_reads() -> list[str]:
     return ["seed", *(f"robustness.control_{k}" for k in ("method", "lr", "target_em", "max_steps"))]
@@ -334,9 +355,23 @@ def attack_scores(store: RunStore, src: ModelSource) -> dict[str, pd.DataFrame]:
         out[f"relearn_{a}"] = stage_relearning(store, src, a)
     return out
 
+def budget_text(b: dict) -> str:
+    "A relearning budget in words: epochs, rate and rows."
+    return f"{b['epochs']} epochs at lr {b['lr']:g}, {'all' if b['rows'] is None else b['rows']} rows"
+
+def _budget_cells(store: RunStore, field: str, attack: str) -> dict:
+    """The budget behind a relearning `attack` (test name `relearn_<attack>`) and how it was set: `fixed`
+    (calibration off), `chosen` (the smallest rung that reached the goal) or `NOT_FIRED_AT_CAP`; None for the others."""
+    from lume_lab.analysis.controls import NOT_FIRED_AT_CAP
+    if not attack.startswith("relearn_"): return {"budget": None, "calibration": None}
+    b = chosen_budget(store, field, attack.removeprefix("relearn_"))
+    if b is None: return {"budget": budget_text(fixed_budget(store.config)), "calibration": "fixed"}
+    return {"budget": budget_text(b), "calibration": "chosen" if b["reached"] else NOT_FIRED_AT_CAP}
+
 def control_table(store: RunStore, field: str) -> pd.DataFrame:
     """One row per attack of `field` (`CONTROL_COLUMNS`): fired, its recovery on the positive control, its gain above
-    the never-injected floor and the floor's own gain, and the forget EM (points) behind them."""
+    the never-injected floor and the floor's own gain, the forget EM (points) behind them, and a relearning attack's
+    budget and how it was set."""
     from lume_lab.analysis.controls import control_row
     r, info = store.config.robustness, stage_positive_control(store, field)
     pos, floor = positive_source(store, field), floor_source(store, field)
@@ -351,5 +386,67 @@ def control_table(store: RunStore, field: str) -> pd.DataFrame:
         row = control_row(attack, *e.values(), min_drop=r.min_drop)
         note = row["note"] if info["reached"] else "; ".join(
             x for x in (f"control stopped at {info['em']:.1f} % forget EM, above its target", row["note"]) if x)
-        rows.append({**row, **e, "n": len(ids), "control_reached": info["reached"], "note": note})
+        rows.append({**row, **e, "n": len(ids), "control_reached": info["reached"],
+                     **_budget_cells(store, field, attack), "note": note})
     return pd.DataFrame(rows, columns=CONTROL_COLUMNS).assign(field=field)
+
+# %% ../../../nbs/pipeline/stages/10_robustness.ipynb #21fd87bd
+def budget_ladder(cfg) -> list[dict]:
+    "`robustness.budget_ladder` with each rate resolved: {epochs, lr, rows} per rung, smallest first."
+    base = relearn_rate(cfg)
+    return [{"epochs": g["epochs"], "lr": g["lr_scale"] * base, "rows": g["rows"]}
+            for g in cfg.robustness.budget_ladder]
+
+def relearn_attacks(store: RunStore, field: str) -> list[str]:
+    "The run's relearning attacks that `field`'s forget set is large enough for (`forget_half` needs a few profiles)."
+    from lume_lab.analysis.relearning import MIN_RELEARN_PROFILES
+    n_forget = len({e["profile_id"] for e in _splits(store, field)["forget"]})
+    return [a for a in store.config.robustness.attacks if a != "forget_half" or n_forget >= MIN_RELEARN_PROFILES]
+
+def _budget_reads() -> list[str]:
+    return _reads(*(f"robustness.{k}" for k in ("budget_ladder", "budget_cap", "calibrate_goal", "attacks",
+                                               "relearn_mode", "relearn_lr", "min_drop")), "instruct")
+
+def stage_relearn_budget(store: RunStore, field: str) -> dict:
+    """The relearning budget of each attack of `field`, calibrated on the positive control (stage
+    `relearn_budget_<field>`): {attack: {epochs, lr, rows, recovery, reached, note}}."""
+    from lume_lab.analysis.controls import BUDGET_COLUMNS, calibrate_budget
+    from lume_lab.analysis.relearning import recovery, relearning_data
+    c, r = store.config, store.config.robustness
+    if not r.calibrate: raise ValueError("robustness.calibrate is false: relearning uses the fixed budget")
+    pos, none = positive_source(store, field), none_source(store, field)
+    ref, sup = stage_robust_scores(store, none), stage_robust_scores(store, pos)
+    sp, qa_train = _splits(store, field), load_pii(store.path("pii"))["qa_train"]
+    # refuses before compute
+    data = {a: relearning_data(a, sp["forget"], sp["retain"], qa_train, field, c.seed)
+            for a in relearn_attacks(store, field)}
+    def fn(out):
+        model, tok = pos.load()
+        table, chosen = [], {}
+        for attack, (rows, scored) in data.items():
+            ids = sorted(set(scored), key=str)
+            target = {"forget": [e for e in sp["forget"] if e["profile_id"] in set(ids)]}
+            em = lambda s: float(_per_profile(s).reindex(ids).mean())
+            def recover(rung, rows=rows, target=target, em=em):
+                # a fresh copy per rung: the full fine-tune trains the model it is given
+                attacked, _ = relearn(copy.deepcopy(model), tok, budget_rows(rows, rung["rows"], c.seed), c, rung)
+                after = example_scores(attacked, tok, target, c.testbed.max_new_tokens)
+                return recovery(em(ref), em(sup), em(after), min_drop=r.min_drop)
+            tried, chosen[attack] = calibrate_budget(attack, budget_ladder(c), recover, r.calibrate_goal)
+            table += tried
+        pd.DataFrame(table, columns=BUDGET_COLUMNS).to_csv(out / "budget.csv", index=False)
+        (out / "chosen.json").write_text(json.dumps(chosen, indent=1))
+    deps = _deps(pos) + ["pii", none.result_stage("robust_scores"), pos.result_stage("robust_scores")]
+    d = store.stage(f"relearn_budget_{field}", fn, reads=_budget_reads(), deps=deps)
+    return json.loads((d / "chosen.json").read_text())
+
+def relearn_budget_table(store: RunStore, field: str) -> pd.DataFrame:
+    "Every rung the calibration of `field` tried (`budget.csv`), with `field`."
+    stage_relearn_budget(store, field)
+    return pd.read_csv(store.path(f"relearn_budget_{field}") / "budget.csv").assign(field=field)
+
+def chosen_budget(store: RunStore, field: str, attack: str) -> dict | None:
+    """The budget every model's relearning `attack` on `field` uses: None with `robustness.calibrate` off (the fixed
+    budget), else the calibrated one ({epochs, lr, rows, recovery, reached, note})."""
+    if not store.config.robustness.calibrate: return None
+    return stage_relearn_budget(store, field)[attack]
