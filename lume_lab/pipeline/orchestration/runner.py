@@ -15,9 +15,10 @@ from traitlets.config import Config
 from ...core.store import runs_root, repo_root, package_dir, read_heartbeat
 
 # %% auto #0
-__all__ = ['KERNEL_ARGS', 'COMPANION_EXPERIMENTS', 'EXPERIMENT_COSTS', 'NotebookRunError', 'notebook_parameters',
-           'check_parameters', 'kernel_config', 'run_notebook', 'experiments_dir', 'experiment_notebooks',
-           'experiment_seconds', 'expected_seconds', 'duration', 'plan_text', 'ChainProgress', 'StageWatcher']
+__all__ = ['KERNEL_ARGS', 'CLIENT_TIMEOUTS', 'COMPANION_EXPERIMENTS', 'EXPERIMENT_COSTS', 'NotebookRunError',
+           'notebook_parameters', 'check_parameters', 'kernel_config', 'run_notebook', 'experiments_dir',
+           'experiment_notebooks', 'experiment_seconds', 'expected_seconds', 'duration', 'plan_text', 'ChainProgress',
+           'StageWatcher']
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #dad89228
 class NotebookRunError(RuntimeError):
@@ -44,6 +45,10 @@ def check_parameters(nb_path: str | Path, parameters: dict | None) -> None:
 # the kernel's own log: at shutdown jupyter_client interrupts it first, and an idle kernel may log
 # "KeyboardInterrupt caught" (cells' errors still reach us)
 KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
+# a busy machine is slow, not broken: nbclient fails a cell whose last output reaches it more than `iopub_timeout`
+# (default 4 s) after the cell finished, and a kernel that starts in more than `start_timeout` (default 60 s); on 2
+# cores shared with other jobs both were seen. Cells themselves keep no time limit.
+CLIENT_TIMEOUTS = dict(iopub_timeout=300, start_timeout=600)
 def kernel_config() -> Config:
     """Kernel-manager config for papermill: IPC transport where Unix sockets work (no port, no unencrypted-TCP warning),
     on socket paths of this kernel's own in jupyter's runtime folder. jupyter_client's default, `kernel-ipc-<n>` in the
@@ -76,7 +81,8 @@ def run_notebook(nb_path: str | Path, out_path: str | Path, parameters: dict | N
     try:
         pm.execute_notebook(
             str(nb_path), str(out_path), parameters=parameters or {}, kernel_name=kernel, language="python",
-            progress_bar=progress, cwd=str(cwd or nb_path.parent), config=kernel_config(), extra_arguments=KERNEL_ARGS
+            progress_bar=progress, cwd=str(cwd or nb_path.parent), config=kernel_config(), extra_arguments=KERNEL_ARGS,
+            **CLIENT_TIMEOUTS
         )
     except DeadKernelError:
         raise NotebookRunError(f"{nb_path.name}: the kernel died (killed, or out of memory)\n  executed notebook: "
