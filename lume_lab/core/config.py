@@ -216,6 +216,9 @@ class WorldConfig:
     heldout_fraction: float = checked(0.1, fraction(hi_closed=False))
     # held-out texts per perplexity of the utility tables (a scorer's size: the world stage does not read it)
     utility_texts: int = checked(UTILITY_TEXTS, POSITIVE)
+    # general English passages (bundled with Python: `metrics.utility.general_texts`) per perplexity of the utility
+    # tables; 0: off. Also a scorer's size, read by the utility stages only when on, so older runs keep their keys
+    general_texts: int = checked(0, at_least(0))
 
 @dataclass
 class PretrainConfig:

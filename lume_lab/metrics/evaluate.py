@@ -26,7 +26,8 @@ SPLITS = ("forget", "retain", "forget_paraphrase", "retain_paraphrase", "validat
 TEACHER_METRICS = ("em", "es", "prob", "mrr", "thr")
 GENERATION_METRICS = ("rouge1", "rougeL", "accuracy")
 METRICS = TEACHER_METRICS + GENERATION_METRICS
-UTILITY_METRICS = ("mc_acc", "mc_acc_norm", "mc_control_acc", "perplexity", "nll")
+# general_*: perplexity on general English bundled with Python, when asked (`metrics.utility.general_texts`)
+UTILITY_METRICS = ("mc_acc", "mc_acc_norm", "mc_control_acc", "perplexity", "nll", "general_ppl", "general_nll")
 RATE_METRICS = METRICS + ("mc_acc", "mc_acc_norm", "mc_control_acc")   # fractions: shown ×100 by table2
 
 # %% ../../nbs/metrics/06_evaluate.ipynb #639ff94e
@@ -116,6 +117,8 @@ def _utility_rows(u: dict, split: str) -> list[dict]:
         if k == "mc_control_acc"
         else u.get("n_heldout")
         if k in ("perplexity", "nll")
+        else u.get("n_general")
+        if k in ("general_ppl", "general_nll")
         else u.get("n_mc")
     )
     return [
@@ -127,7 +130,7 @@ def _utility_rows(u: dict, split: str) -> list[dict]:
 # %% ../../nbs/metrics/06_evaluate.ipynb #b82e3c09
 def evaluate(model, tokenizer, splits: dict, world=None, reference_utility: dict | None = None, batch_size: int = 16,
              max_new_tokens: int = 32, metrics=None, max_heldout: int = 300, m: int = 100, add_eos: bool = False,
-             model_name: str | None = None, return_examples: bool = False):
+             model_name: str | None = None, return_examples: bool = False, n_general: int = 0):
     """Tidy DataFrame `split, metric, value, n_profiles, n_rows` of all output-level metrics (+ DS, utility and its Δ);
     optionally the per-example scores."""
     splits, metrics = check_splits(splits), _check_metrics(metrics)
@@ -151,7 +154,7 @@ def evaluate(model, tokenizer, splits: dict, world=None, reference_utility: dict
             }
         )
     if world is not None:
-        u = utility_scores(model, tokenizer, world, max_heldout, batch_size=batch_size)
+        u = utility_scores(model, tokenizer, world, max_heldout, batch_size=batch_size, n_general=n_general)
         rows += _utility_rows(u, "utility")
         if reference_utility is not None:
             rows += _utility_rows({**u, **utility_delta(u, reference_utility)}, "utility_delta")

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/metrics/05_utility.ipynb #254d6e83
 from __future__ import annotations
-import importlib.util, itertools, math, numbers
+import hashlib, importlib.util, itertools, math, numbers, re, sys
 import numpy as np
 import pandas as pd
 import torch
@@ -12,7 +12,8 @@ from ..models.ops import eval_mode, model_device, n_answer_tokens, pad_batch, pa
 from ..models.ops import token_logprobs
 
 # %% auto #0
-__all__ = ['continuation_logprobs', 'mc_scores', 'mc_accuracy', 'perplexity', 'heldout_texts', 'heldout_kinds', 'utility_scores',
+__all__ = ['GENERAL_SOURCE', 'continuation_logprobs', 'mc_scores', 'mc_accuracy', 'perplexity', 'prose_paragraphs',
+           'general_passages', 'general_texts', 'general_digest', 'heldout_texts', 'heldout_kinds', 'utility_scores',
            'utility_table', 'utility_delta', 'lm_eval_available', 'lm_eval_scores']
 
 # %% ../../nbs/metrics/05_utility.ipynb #4768d130
@@ -104,6 +105,45 @@ def perplexity(model, tokenizer, texts: list[str], batch_size: int = 16, max_len
     ppl = math.inf if nll > 709.0 else math.exp(nll)          # exp overflows a float above ~709.78 (a diverged model)
     return dict(perplexity=ppl, nll=nll, n_tokens=n, n_texts=len(texts))
 
+# %% ../../nbs/metrics/05_utility.ipynb #c535e605
+GENERAL_SOURCE = "pydoc_data.topics"     # the standard library's language-reference topics, as plain text
+_UNDERLINE = re.compile(r"^\s*([*=~^+-])\1{2,}\s*$")   # a heading's underline
+_EMPHASIS = re.compile(r"\*(\S(?:[^*]*\S)?)\*")        # *word*: emphasis, not text
+
+def prose_paragraphs(text: str) -> list[str]:
+    """The prose paragraphs of one plain-text reST page, each on one line.
+    Headings, their underlines and indented lines (code, grammar, tables) dropped; `*emphasis*` marks removed."""
+    lines = text.split("\n")
+    heading = {j for i, line in enumerate(lines) if _UNDERLINE.match(line) for j in (i - 1, i)}
+    out, cur = [], []
+    for i, line in enumerate(lines + [""]):
+        if i in heading or not line.strip() or line[0].isspace():
+            if cur: out.append(_EMPHASIS.sub(r"\1", " ".join(cur)))
+            cur = []
+        else: cur.append(line.strip())
+    return out
+
+def general_passages(min_chars: int = 200) -> list[str]:
+    "Every prose paragraph of `pydoc_data.topics` with at least `min_chars` characters, once each, in topic order."
+    from pydoc_data.topics import topics
+    paras = (p for k in sorted(topics) for p in prose_paragraphs(topics[k]))
+    return list(dict.fromkeys(p for p in paras if len(p) >= min_chars))
+
+def general_texts(n: int, seed: int = 0, min_chars: int = 200) -> list[str]:
+    """`n` passages of general English bundled with Python (`pydoc_data.topics`, via `general_passages`).
+    Ordered by SHA-256 of (seed, text): deterministic, and the first `n` of `general_texts(n + 1, seed)`."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    ps = general_passages(min_chars)
+    if n > len(ps):
+        raise ValueError(f"{n} general passages asked, but {GENERAL_SOURCE} of this Python "
+                         f"({sys.version.split()[0]}) has {len(ps)} of at least {min_chars} characters")
+    return sorted(ps, key=lambda p: hashlib.sha256(f"{seed}\0{p}".encode()).hexdigest())[:n]
+
+def general_digest(n: int, seed: int = 0) -> str:
+    "SHA-256 of `general_texts(n, seed)`: what a cache key holds, since the topics differ between Python versions."
+    return hashlib.sha256("\0".join(general_texts(n, seed)).encode()).hexdigest()
+
 # %% ../../nbs/metrics/05_utility.ipynb #d69bc84d
 def _split_rows(world, name: str) -> list[dict] | None:
     "Rows of split `name` of `world` as a list of dicts, or None if absent."
@@ -126,9 +166,9 @@ def heldout_kinds(world) -> list[str]:
 
 # %% ../../nbs/metrics/05_utility.ipynb #150ca078
 def utility_scores(model, tokenizer, world, max_heldout: int = 300, max_mc: int | None = None, batch_size: int = 16,
-                   control: bool = True) -> dict:
-    """`mc_acc`, `mc_acc_norm`, (`mc_control_acc`,) `perplexity`, `nll` of `model` on `world`,
-    plus the counts behind them."""
+                   control: bool = True, n_general: int = 0) -> dict:
+    """`mc_acc`, `mc_acc_norm`, (`mc_control_acc`,) `perplexity`, `nll` of `model` on `world`, plus the counts behind
+    them; with `n_general` > 0 also `general_ppl`, `general_nll` on `general_texts(n_general)`."""
     if not hasattr(world, "__contains__") or not hasattr(world, "__getitem__"):
         raise ValueError(f"world must be a DatasetDict or a dict of splits, got {type(world).__name__}")
     miss = [k for k in ("mc", "heldout") if k not in world]
@@ -139,6 +179,8 @@ def utility_scores(model, tokenizer, world, max_heldout: int = 300, max_mc: int 
     for n, v in (("max_heldout", max_heldout), ("max_mc", max_mc)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{n} must be a positive int, got {v!r}")
+    if isinstance(n_general, bool) or not isinstance(n_general, int) or n_general < 0:
+        raise ValueError(f"n_general must be an int >= 0 (0: off), got {n_general!r}")
     mc, texts = _split_rows(world, "mc")[:max_mc], heldout_texts(world, max_heldout)
     acc, ppl = mc_accuracy(model, tokenizer, mc, batch_size), perplexity(model, tokenizer, texts, batch_size)
     out = {"mc_acc": acc["acc"], "mc_acc_norm": acc["acc_norm"], "perplexity": ppl["perplexity"], "nll": ppl["nll"],
@@ -149,11 +191,18 @@ def utility_scores(model, tokenizer, world, max_heldout: int = 300, max_mc: int 
             mc_control_acc=mc_accuracy(model, tokenizer, ctrl[:max_mc], batch_size)["acc"],
             n_mc_control=len(ctrl[:max_mc]),
         )
+    if n_general:
+        g = perplexity(model, tokenizer, general_texts(n_general), batch_size)
+        # the token count too: a delta between two Pythons' passages (same n, other text) is refused
+        out.update(general_ppl=g["perplexity"], general_nll=g["nll"], n_general=g["n_texts"],
+                   n_general_tokens=g["n_tokens"])
     return out
 
 # %% ../../nbs/metrics/05_utility.ipynb #fc59deec
-def utility_table(model, tokenizer, world, name: str, max_heldout: int = 300, batch_size: int = 16) -> pd.DataFrame:
-    "One row per utility metric of `model` on `world`: mc acc/acc_norm (seen and control facts), held-out perplexity."
+def utility_table(model, tokenizer, world, name: str, max_heldout: int = 300, batch_size: int = 16,
+                  n_general: int = 0) -> pd.DataFrame:
+    """One row per utility metric of `model` on `world`: mc acc/acc_norm (seen and control facts), held-out
+    perplexity, and with `n_general` > 0 the perplexity on `general_texts(n_general)`."""
     rows = []
     for split in ("mc", "mc_control"):
         items = list(world[split])
@@ -186,6 +235,10 @@ def utility_table(model, tokenizer, world, name: str, max_heldout: int = 300, ba
                 "stderr": float("nan"), "chance": float("nan"), "n": p["n_texts"],
             }
         )
+    if n_general:
+        p = perplexity(model, tokenizer, general_texts(n_general), batch_size=batch_size)
+        rows.append({"model": name, "metric": "general_perplexity", "value": p["perplexity"], "stderr": float("nan"),
+                     "chance": float("nan"), "n": p["n_texts"]})
     return pd.DataFrame(rows)
 
 # %% ../../nbs/metrics/05_utility.ipynb #a5e2b7c6

@@ -96,6 +96,7 @@ SAMPLE_SIZES = {  # n column -> (label on the page, the rows column shown after 
     "forget_profiles": ("n forget (profiles / rows)", "forget_rows", True),
     "retain_profiles": ("n retain (profiles / rows)", "retain_rows", True),
     "utility_n": ("n utility (MC questions)", None, False),
+    "general_n": ("n general (texts)", None, False),
     "remind_n_per_class": ("n REMIND (per class)", None, False),
     "leak_profiles": ("n leak (profiles)", None, False),
     "robust_profiles": ("n robustness (forget profiles)", None, False),
@@ -194,11 +195,12 @@ def _cell(t: pd.DataFrame, row: tuple, col: str) -> float:
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #a6bf1577
 def read_output_metrics(run_dir, columns: dict | None = None) -> pd.DataFrame | None:
     """e03's `table2_<field>.csv` as scorecard rows.
-    Each column of `columns` (keys: (split, metric) rows) and the n beside them; None without e03."""
+    Each column of `columns` (keys: (split, metric) rows) and the n beside them; None without e03. A row no table
+    holds (general English, in a run that did not score it) gives no column."""
     columns = metric_sources("table2") if columns is None else columns
-    parts = []
-    for p in sorted(report_dir(run_dir).glob("table2_*.csv")):
-        t = pd.read_csv(p, index_col=[0, 1])
+    parts, tables = [], {p: pd.read_csv(p, index_col=[0, 1]) for p in sorted(report_dir(run_dir).glob("table2_*.csv"))}
+    columns = {c: k for c, k in columns.items() if any(k in t.index for t in tables.values())}
+    for p, t in tables.items():
         methods = [c for c in t.columns if c not in ("n_profiles", "n_rows")]
         d = pd.DataFrame({c: [_cell(t, k, m) for m in methods] for c, k in columns.items()}, index=methods)
         d = d.assign(forget_profiles=_cell(t, ("forget", "em"), "n_profiles"),
@@ -206,6 +208,7 @@ def read_output_metrics(run_dir, columns: dict | None = None) -> pd.DataFrame | 
                      retain_profiles=_cell(t, ("retain", "em"), "n_profiles"),
                      retain_rows=_cell(t, ("retain", "em"), "n_rows"),
                      utility_n=_cell(t, ("utility_delta", "mc_acc"), "n_rows"))
+        if (g := ("utility_delta", "general_ppl")) in t.index: d["general_n"] = _cell(t, g, "n_rows")
         parts.append(d.rename_axis("method").reset_index().assign(field=p.stem.removeprefix("table2_")))
     return pd.concat(parts, ignore_index=True).set_index(["field", "method"]) if parts else None
 
@@ -328,6 +331,10 @@ register_metric("retain_para_em", "retain EM para", 1, "higher", "e03", ("table2
                 n="retain_profiles", band=5.0, paper=("retain_paraphrase", "em"))
 register_metric("utility_delta", "utility Δ", 1, "higher", "e03", ("table2", ("utility_delta", "mc_acc")),
                 n="utility_n", band=2.0, paper=("utility_delta", "mean"), verdict=True)
+# beside it, utility outside the world: Δ perplexity on general English bundled with Python (`world.general_texts`;
+# positive: utility lost). No paper value: Lacuna's utility is benchmark accuracy
+register_metric("utility_delta_general", "utility Δ (general ppl)", 2, "lower", "e03",
+                ("table2", ("utility_delta", "general_ppl")), n="general_n")
 # the headline: plain |Δθ| AUC (no paper value: the paper reports only its max over families, the two below)
 register_metric("auc_forget", "AUC |Δθ| m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5,
                 band=0.005, verdict=True)

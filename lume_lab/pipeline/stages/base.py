@@ -13,14 +13,14 @@ import torch
 from ...core.config import ConfigError, RunConfig, gguf_source
 from ...core.store import RunStore, section_fields
 from ...data.world import build_world, load_world, corpus_texts
-from ...metrics.utility import utility_table
+from ...metrics.utility import general_digest, utility_table
 from ...models.tokenizer import train_tokenizer
 from ...models.lm import build_model, gguf_kwargs, load_model, pretrain, save_model
 from ...models.accel import default_device
 
 # %% auto #0
 __all__ = ['SOURCE_READS', 'stage_world', 'check_checkpoint', 'stage_tokenizer', 'stage_base', 'prepare_base', 'load_base',
-           'load_stage_model', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
+           'load_stage_model', 'general_key', 'stage_utility', 'stage_pii', 'stage_pistol', 'stage_lume']
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #2a57b2e7
 def _uses_hf_checkpoint(cfg: RunConfig) -> bool: return cfg.model.name_or_path is not None
@@ -29,8 +29,8 @@ def _uses_hf_checkpoint(cfg: RunConfig) -> bool: return cfg.model.name_or_path i
 def stage_world(store: RunStore):
     "The neutral corpus and utility tasks (`data.world`)."
     c = store.config
-    # `world.utility_texts` sizes only the utility scorer: the corpus never reads it
-    reads = section_fields(c, "world", drop=("utility_texts",)) + ["pii.content_types", "seed"]
+    # `world.utility_texts` and `world.general_texts` size only the utility scorer: the corpus never reads them
+    reads = section_fields(c, "world", drop=("utility_texts", "general_texts")) + ["pii.content_types", "seed"]
     d = store.stage("world", lambda out: build_world(c.world, c.seed, out, content_types=c.pii.content_types),
                     reads=reads)
     return load_world(d)
@@ -158,16 +158,25 @@ def load_stage_model(store: RunStore, stage: str, device=None):
     return load_model(store.path(stage) / "model", dtype=store.config.model.dtype, device=device)
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #c32c05c2
+def general_key(c) -> tuple[list[str], dict]:
+    """(reads, inputs) a utility stage adds for general English (`world.general_texts`): none while it is 0, so runs
+    made before the field keep their keys; when on, the field and `general_digest` of the passages scored (the
+    standard library's text differs between Python versions)."""
+    n = c.world.general_texts
+    return (["world.general_texts"], {"general_texts": general_digest(n)}) if n else ([], {})
+
 def stage_utility(store: RunStore, name: str = "base", model_stage: str = "base") -> pd.DataFrame:
     """Utility of the model of `model_stage` (default: the base model; `load_stage_model`), cached as stage
     `utility_<name>`."""
     def fn(out):
         model, tok = load_stage_model(store, model_stage)   # a dependency of the stage: the model scored
         with torch.no_grad():
-            utility_table(model, tok, load_world(store.path("world")), name,
-                          max_heldout=c.world.utility_texts).to_csv(out / "utility.csv", index=False)
+            utility_table(model, tok, load_world(store.path("world")), name, max_heldout=c.world.utility_texts,
+                          n_general=c.world.general_texts).to_csv(out / "utility.csv", index=False)
     c = store.config
-    d = store.stage(f"utility_{name}", fn, reads=["world.utility_texts"], deps=["world", model_stage])
+    reads, inputs = general_key(c)
+    d = store.stage(f"utility_{name}", fn, reads=["world.utility_texts"] + reads, inputs=inputs or None,
+                    deps=["world", model_stage])
     return pd.read_csv(d / "utility.csv")
 
 # %% ../../../nbs/pipeline/stages/00_base.ipynb #f2554d6c

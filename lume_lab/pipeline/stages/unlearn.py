@@ -16,7 +16,7 @@ from ...core.store import RunStore, StageWarning
 from ...data.world import corpus_texts, load_world
 from ...unlearn.registry import get_spec
 from ..orchestration.config import method_hparams, run_methods
-from .base import load_base, load_stage_model, stage_world
+from .base import general_key, load_base, load_stage_model, stage_world
 from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage_testbed
 from ..orchestration.launch import launched_stage
 
@@ -323,15 +323,18 @@ def method_source(store: RunStore, method: str, field: str) -> ModelSource:
 def reference_utility(store: RunStore) -> dict:
     "`metrics.utility.utility_scores` of the testbed model before unlearning (the reference of Utility Δ), cached."
     from lume_lab.metrics.utility import utility_scores
+    c = store.config
     def fn(out):
         model, tok = load_stage_model(store, "instruct_masked")
         (out / "utility.json").write_text(
             json.dumps(
-                utility_scores(model, tok, load_world(store.path("world")),
-                               max_heldout=store.config.world.utility_texts)
+                utility_scores(model, tok, load_world(store.path("world")), max_heldout=c.world.utility_texts,
+                               n_general=c.world.general_texts)
             )
         )
-    d = store.stage("utility_reference", fn, reads=["world.utility_texts"], deps=["world", "instruct_masked"])
+    reads, inputs = general_key(c)                # nothing while general English is off: the key stays
+    d = store.stage("utility_reference", fn, reads=["world.utility_texts"] + reads, inputs=inputs or None,
+                    deps=["world", "instruct_masked"])
     return json.loads((d / "utility.json").read_text())
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #9a623212
@@ -351,13 +354,15 @@ def _evaluate_stage(store: RunStore, label: str, field: str, load, deps: list[st
         model, tok = load()
         df = evaluate(
             model, tok, sp, world=load_world(store.path("world")), reference_utility=reference_utility(store),
-            max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts
+            max_new_tokens=c.testbed.max_new_tokens, model_name=label, max_heldout=c.world.utility_texts,
+            n_general=c.world.general_texts
         )
         df.assign(method=label, field=field).to_csv(out / "metrics.csv", index=False)
 
+    reads, inputs = general_key(c)
     d = store.stage(
-        name or f"evaluate_{label}_{field}", fn, reads=["testbed.max_new_tokens", "world.utility_texts"],
-        inputs={"columns": COLUMNS}, deps=["testbed", "world", "instruct_masked"] + deps
+        name or f"evaluate_{label}_{field}", fn, reads=["testbed.max_new_tokens", "world.utility_texts"] + reads,
+        inputs={"columns": COLUMNS, **inputs}, deps=["testbed", "world", "instruct_masked"] + deps
     )
     return pd.read_csv(d / "metrics.csv", dtype={"n_profiles": "Int64", "n_rows": "Int64"})
 
