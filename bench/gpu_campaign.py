@@ -9,7 +9,8 @@ The chain, in order: e00–e04's stages (world, tokenizer, base, masks, masked a
 tuning, the testbed and Table 2's evaluations, localization), then e10's quantization attacks and e05's REMIND, as far
 as the budget goes. The stage functions are called from Python, as bench/gpu_check.py calls them (no papermill, no hub).
 Before each stage the deadline is checked: when the time left is shorter than the stage's estimate (or a floor), no
-further stage starts, and every stage not started is listed as skipped. The experiments' report CSVs are written from
+further stage starts, and every stage not started is listed as skipped; a stage still running at the deadline is
+stopped by an alarm. The experiments' report CSVs are written from
 the stages that finished, and the run's config, manifest, report CSVs and the campaign's own page are packed into one
 tarball: unpacked, it is a run directory that `lume-lab results` reads.
 
@@ -18,7 +19,7 @@ and faker), REMIND's and the trajectory's never-injected holdout people (faker),
 split into two parts that travel in two device calls (docs/gpu.md, "A GPU campaign").
 """
 from __future__ import annotations
-import argparse, hashlib, json, os, pickle, shutil, sys, tarfile, tempfile, time
+import argparse, hashlib, json, os, pickle, shutil, signal, sys, tarfile, tempfile, time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -259,10 +260,12 @@ def estimate(cfg, params: int | None, timings: Path | None = None) -> tuple[list
             add(f"evaluate_{m}_{f}", units["forget_rows_per_field"],
                 sum(ev) / len(ev) / max(chk.get("forget_rows_per_field", 1), 1) * ratio if (ev and ratio) else None,
                 "forget rows (rough: utility scales otherwise)")
-        loc, w_ref = by.get("localization (subsample)"), loc_weights
-        add(f"localization_{f}", cfg.localization.max_weights,
-            loc["seconds"] / w_ref * len(cfg.unlearn.methods) / len(m_ref) if (loc and w_ref and m_ref) else None,
-            "subsampled weights × methods (per weight and method as gpu_check's localization stage)")
+        # loading and diffing each method's checkpoint is most of it at 1B: scaled by parameters, per method
+        loc = by.get("localization (subsample)")
+        add(f"localization_{f}", len(cfg.unlearn.methods),
+            loc["seconds"] / len(m_ref) * ratio if (loc and m_ref and ratio) else None,
+            "methods (gpu_check's localization stage per method; its subsample was "
+            f"{loc_weights or 0:,} weights, this run's {cfg.localization.max_weights or 0:,})")
     for f in fields:
         from lume_lab.pipeline.stages.robustness import robust_labels
         for m in robust_labels(cfg):
@@ -311,11 +314,20 @@ def _locate_gguf(meta: dict, work: Path):
     importlib.invalidate_caches()
 
 
+class DeadlineReached(BaseException):
+    "Raised by the alarm at the deadline: a BaseException, so that no stage's `except Exception` swallows it."
+
+
+def _deadline(signum, frame): raise DeadlineReached()
+
+
 class Campaign:
-    "The steps of the chain under one deadline; campaign.json and campaign.md rewritten after every step."
-    def __init__(self, out: Path, run_dir: Path, meta: dict, budget, est: dict, dry: bool):
-        self.out, self.run_dir, self.budget, self.est, self.dry = out, run_dir, budget, est, dry
-        self.data = {"meta": meta, "steps": [], "reports": []}
+    """The steps of the chain under one deadline; campaign.json and campaign.md rewritten after every step, the tarball
+    after every experiment (a call stopped at its time limit still brings back the experiments before)."""
+    def __init__(self, out: Path, store, meta: dict, budget, est: dict, dry: bool, tar_name: str):
+        self.out, self.store, self.run_dir, self.budget, self.est, self.dry = out, store, store.dir, budget, est, dry
+        self.tar_name, self.done = tar_name, []
+        self.data = {"meta": {**meta, "tarball": tar_name + ".tar.gz"}, "steps": [], "reports": []}
         self.results, self.stopped_at = {}, None
         out.mkdir(parents=True, exist_ok=True); self.save()
 
@@ -328,15 +340,34 @@ class Campaign:
         if self.stopped_at is None and self.budget.left() < RESERVE_S + need:
             self.stopped_at = name
         if self.stopped_at is not None:
-            row.update(status="skipped: deadline", note=f"{self.budget.left():.0f} s left when reached")
+            row.update(status="skipped: deadline", note=f"{max(0.0, self.budget.left()):.0f} s left when reached")
             self.data["steps"].append(row); self.save(); return None
         t0 = time.perf_counter()
         try: out, row["status"] = fn(), "ok"
+        except DeadlineReached:   # the alarm: this stage ran into the deadline, and nothing starts after it
+            out, row["status"], self.stopped_at = None, "stopped: deadline", name
         except Exception as e: out, row["status"], row["error"] = None, "failed", gc_._error(e)
         row["seconds"] = time.perf_counter() - t0
         self.data["steps"].append(row); self.results[name] = out
         self.data["meta"]["elapsed_s"] = self.budget.elapsed(); self.save()
         return out
+
+    def checkpoint(self, exp: str):
+        """The end of experiment `exp`: recorded in the manifest when every stage of it finished (e10's quantization
+        alone is not e10), then the tarball rewritten."""
+        if exp in self.done: return
+        self.done.append(exp)
+        rs = [r for r in self.data["steps"] if r["experiment"] == exp]
+        if exp != "e10q" and rs and all(r["status"] == "ok" for r in rs):
+            self.store.record_experiment(EXPERIMENT_NAMES[exp], sum(r["seconds"] for r in rs))
+        self.repack()
+
+    def repack(self):
+        m = self.data["meta"]
+        m["elapsed_s"] = self.budget.elapsed()
+        m["absent_on_device_imported"] = sorted(x for x in ABSENT_ON_DEVICE if x in sys.modules)
+        self.save()
+        m["tarball_mib"] = round(pack(self.run_dir, self.out, self.tar_name).stat().st_size / 2**20, 3); self.save()
 
     def ok(self, name: str) -> bool:
         return any(r["stage"] == name and r["status"] == "ok" for r in self.data["steps"])
@@ -344,9 +375,6 @@ class Campaign:
     def report(self, store, fname: str, df, **kw):
         from lume_lab.pipeline.presentation.report import write_report_file
         write_report_file(store, fname, df, **kw); self.data["reports"].append(fname); self.save()
-
-    def skipped(self) -> list[str]:
-        return [r["stage"] for r in self.data["steps"] if r["status"].startswith("skipped")]
 
     def save(self):
         for d in {self.out, self.run_dir}:
@@ -359,6 +387,7 @@ class Campaign:
 def campaign_markdown(d: dict) -> str:
     m, steps = d["meta"], d["steps"]
     skipped = [r["stage"] for r in steps if r["status"].startswith("skipped")]
+    stopped = [r["stage"] for r in steps if r["status"].startswith("stopped")]
     failed = [r["stage"] for r in steps if r["status"] == "failed"]
     done = {r["experiment"] for r in steps if r["status"] == "ok"}
     out = [f"# GPU campaign: preset {m.get('preset')}, seed {m.get('seed')}"
@@ -366,6 +395,7 @@ def campaign_markdown(d: dict) -> str:
            f"`{m.get('command')}`, started {m.get('started')}, commit {m.get('commit')}, device {m.get('device')}; "
            f"budget {gc_._fmt(m.get('budget_s'))} s, elapsed {gc_._fmt(m.get('elapsed_s'))} s (after "
            f"{gc_._fmt(m.get('setup_s'))} s of setup: imports, estimate, the GGUF's join).", "",
+           f"Stopped at the deadline: {', '.join(stopped) if stopped else 'none'}. "
            f"Skipped for the deadline ({len(skipped)}): {', '.join(skipped) if skipped else 'none'}.", "",
            f"Failed ({len(failed)}): {', '.join(failed) if failed else 'none'}.", "",
            f"Experiments with a finished stage: {', '.join(e for e in EXPERIMENTS if e in done) or 'none'}; "
@@ -396,6 +426,7 @@ def chain(c, store, cp: Campaign):
     cp.step("e00", "base", lambda: sb.stage_base(store))
     cp.step("e00", "utility_base", lambda: sb.stage_utility(store))
     if cp.ok("utility_base"): cp.report(store, "utility_base.csv", R["utility_base"])
+    cp.checkpoint("e00")
     # e02
     cp.step("e02", "masks", lambda: _none(st.stage_masks(store)))
     for masked in (True, False):
@@ -418,6 +449,7 @@ def chain(c, store, cp: Campaign):
     if all(cp.ok(s) for s in ("utility_base", "utility_masked", "utility_unmasked")):
         cp.report(store, "utility_injection.csv", pd.concat(
             [R["utility_base"], R["utility_masked"], R["utility_unmasked"]], ignore_index=True))
+    cp.checkpoint("e02")
     # e03
     fields = cp.step("e03", "forget_fields", lambda: su.stage_forget_fields(store)) or list(c.unlearn.forget_fields)
     for m, f, ctl in su.unlearn_jobs(c, fields):
@@ -437,6 +469,7 @@ def chain(c, store, cp: Campaign):
             cp.report(store, f"table2_{f}.csv", table2(r, by="model"), index=True)
             ops = su.operating_points(store, f)
             if len(ops): cp.report(store, f"operating_points_{f}.csv", ops)
+    cp.checkpoint("e03")
     # e04
     for f in fields:
         cp.step("e04", f"localization_{f}", lambda f=f: su.stage_localization(store, f, list(c.unlearn.methods)))
@@ -446,6 +479,7 @@ def chain(c, store, cp: Campaign):
                   pd.concat([R[f"localization_{f}"] for f in loc], ignore_index=True))
         cp.report(store, "localization_pieces.csv", pd.concat(
             [pd.read_csv(store.path(f"localization_{f}") / "pieces.csv") for f in loc], ignore_index=True))
+    cp.checkpoint("e04")
     # e10: the quantization attacks only (relearning and weight space are e10's long part)
     r = c.robustness
     for f in fields:
@@ -461,6 +495,7 @@ def chain(c, store, cp: Campaign):
         if all(cp.ok(f"quantization_{m}_{f}") for m in labels):
             cp.report(store, f"robustness_{f}.csv",
                       quantization_table(c, f, [R[f"quantization_{m}_{f}"] for m in labels]))
+    cp.checkpoint("e10q")
     # e05: REMIND and its intervals (the K × p ablation is left to e05 itself)
     for f in fields:
         cp.step("e05", f"remind_{f}", lambda f=f: sr.stage_remind(store, f))
@@ -472,6 +507,7 @@ def chain(c, store, cp: Campaign):
                 cp.report(store, f"remind_ci_{f}.csv", ci); cp.report(store, f"remind_separation_{f}.csv", sep)
         elif cp.stopped_at is not None:
             cp.step("e05", f"remind_ci_{f}", lambda: None)   # recorded as skipped
+    cp.checkpoint("e05")
     return fields
 
 
@@ -537,22 +573,16 @@ def run(out: Path, data_dir: Path, work: Path, budget_s: float, dry: bool, argv)
     store.set_reuse([Path(data_dir) / "runs" / "data"])
     # the deadline counts the chain's compute; the imports, the estimate and the join before it are recorded apart
     m["setup_s"], budget = time.perf_counter() - t_setup, gc_.Budget(budget_s)
-    cp = Campaign(out, store.dir, m, budget, est, dry)
+    cp = Campaign(out, store, m, budget, est, dry, f"campaign_{meta['preset']}_seed{meta['seed']}")
+    # the hard stop: a stage that runs into the deadline is interrupted there (its cached stages stay)
+    signal.signal(signal.SIGALRM, _deadline); signal.setitimer(signal.ITIMER_REAL, budget_s)
     try: fields = chain(cfg, store, cp)
-    except Exception as e:   # a report writer's failure: the steps so far are kept
+    except (Exception, DeadlineReached) as e:   # in a report writer: the steps so far are kept
         cp.data["meta"]["chain_error"] = gc_._error(e); fields = list(cfg.unlearn.forget_fields)
-    # every experiment whose steps all finished counts as run (the results page's experiment table)
-    for e in EXPERIMENTS:
-        rs = [r for r in cp.data["steps"] if r["experiment"] == e]
-        if e != "e10q" and rs and all(r["status"] == "ok" for r in rs):
-            store.record_experiment(EXPERIMENT_NAMES[e], sum(r["seconds"] for r in rs))
+    finally: signal.setitimer(signal.ITIMER_REAL, 0)
     cp.data["meta"]["fields"] = fields
-    cp.data["meta"]["elapsed_s"] = budget.elapsed()
-    cp.data["meta"]["absent_on_device_imported"] = sorted(x for x in ABSENT_ON_DEVICE if x in sys.modules)
-    tar_name = f"campaign_{meta['preset']}_seed{meta['seed']}"
-    cp.data["meta"]["tarball"] = tar_name + ".tar.gz"; cp.save()
-    dst = pack(store.dir, out, tar_name)
-    cp.data["meta"]["tarball_mib"] = round(dst.stat().st_size / 2**20, 3); cp.save()
+    for e in EXPERIMENTS: cp.checkpoint(e)       # those the chain did not reach
+    cp.repack()
     print((out / "campaign.md").read_text())
     return 1 if any(r["status"] == "failed" for r in cp.data["steps"]) else 0
 
