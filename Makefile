@@ -14,7 +14,8 @@ RUN_ID ?= $(PRESET)
 THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
-.PHONY: setup gguf tf4 run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check lab docs results results-args findings findings-args clean
+.PHONY: setup gguf tf4 run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check \
+	gpu-campaign lab docs results results-args findings findings-args clean
 
 setup: $(STAMP)
 
@@ -159,5 +160,20 @@ gpu-wheels: setup
 gpu-check: setup
 	TOKENIZERS_PARALLELISM=false $(BIN)/python bench/gpu_check.py --out $(OUT)
 
+# A GPU campaign (docs/gpu.md, "A GPU campaign"): `make gpu-campaign PRESET=smollm2 SEED=0` prepares here what
+# bench/gpu_campaign.sh runs there in one device call of at most ~8 minutes of compute (e00-e04's stages, then e10's
+# quantization and e05 as far as the deadline allows), all git-ignored and named in `carry`:
+#   .whl/           gpu-wheels' wheels and the GGUF reader `gguf`;
+#   .gpu_campaign/  the run's world and PII stages, REMIND's holdout people and campaign.json (`gpu_campaign.py --prepare`);
+#   .gguf_part1/ .gguf_part2/  a GGUF preset's checkpoint in two parts, one per device call (one call carries 64 MiB);
+# then prints the MiB each call carries and the per-stage GPU time estimate.
+SEED ?= 0
+GPU_CAMPAIGN_WHEELS := $(GPU_WHEELS) gguf==0.19.0
+gpu-campaign: setup gguf
+	rm -rf .whl .gpu_campaign .gguf_part1 .gguf_part2 && mkdir -p .whl
+	$(BIN)/pip download --quiet $(PIP_CP312) -d .whl $(GPU_CAMPAIGN_WHEELS)
+	$(BIN)/pip wheel --quiet --no-deps -w .whl $(GPU_SDISTS)
+	$(TEST_ENV) $(BIN)/python bench/gpu_campaign.py --prepare --preset $(PRESET) --seed $(SEED)
+
 clean:
-	rm -rf $(VENV) _proc _docs .whl .gpu_check .cache/tf4
+	rm -rf $(VENV) _proc _docs .whl .gpu_check .gpu_campaign .gguf_part1 .gguf_part2 .cache/tf4
