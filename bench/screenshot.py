@@ -16,7 +16,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 # the visible boxes wider inside than outside: their tag, inner and outer width, and the start of their text
 BOXES = """[...document.querySelectorAll('.wrap, pre')]
-  .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+  .filter(e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1)
   .map(e => [e.tagName, e.scrollWidth, e.clientWidth, e.textContent.slice(0, 60)])"""
 
 
@@ -51,7 +51,8 @@ def main(argv=None) -> int:
         print(f"screenshot: no such page: {a.report_html}", file=sys.stderr); return 2
     scroll, inner, boxes = screenshot(a.report_html, a.out_png, a.width, a.height, a.chromium)
     print(f"scrollWidth {scroll} px, window {inner} px (limit {a.width} px)")
-    for tag, wide, shown, text in boxes: print(f"  a {tag.lower()} box scrolls sideways: {wide} px in {shown} px: {text!r}")
+    for tag, wide, shown, text in boxes:
+        print(f"  a {tag.lower()} box scrolls sideways: {wide} px in {shown} px: {text!r}")
     if scroll > a.width or boxes:
         print(f"screenshot: the page scrolls sideways ({scroll} px; {len(boxes)} boxes inside)", file=sys.stderr)
         return 1

@@ -76,12 +76,13 @@ def assert_verdict_matches(card: pd.DataFrame, page: str):
         return len(empty)
     t = read_html_tables(section)[0]
     assert len(t.columns) <= 12, list(t.columns)
-    for f in dict.fromkeys(t.field): assert re.search(rf'<p class="footer">{re.escape(f)}: n = [^<]*Minimum detectable', section), f
+    for f in dict.fromkeys(t.field):
+        assert re.search(rf'<p class="footer">{re.escape(f)}: n = [^<]*Minimum detectable', section), f
     t = t.set_index(["field", "method"])
     checked = 0
     for (f, m), r in card.iterrows():
         for c in verdict_columns():
-            if c not in card: continue
+            if c not in card or card[c].isna().all(): continue          # nothing to show: no column
             head = next(h for h in t.columns if h.startswith(METRICS[c].label + " "))
             fired = r.get(f"{c}_fired")         # e10's controls: a recovery whose attack fired on no positive control
             quiet = fired is not None and fired == 0 and not pd.isna(r[c])

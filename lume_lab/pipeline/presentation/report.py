@@ -833,7 +833,8 @@ def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     difference spans both outcomes, ref, or ''). At most `HEADLINE_COLUMNS` columns: n and the MDD are in
     `verdict_footer`."""
     from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
-    cols, marks = [c for c in verdict_columns() if c in card], verdict_marks(card)
+    # a column with no value anywhere (its experiment wrote nothing yet) takes no room
+    cols, marks = [c for c in verdict_columns() if c in card and card[c].notna().any()], verdict_marks(card)
     cells = verdict_cells(card).set_index(["row", "column"])
     rows, classes = [], []
     for i, r in card.iterrows():
@@ -879,11 +880,13 @@ def verdict_footer(card: pd.DataFrame) -> list[str]:
             elif h.value.notna().any(): none.append(m.label)
         out.append(f"{f}: n = {', '.join(ns) or 'not recorded'}. Minimum detectable difference to the reference "
                    f"(5 % two-sided, 80 % power): {'; '.join(mdds) or 'none (no interval)'}."
-                   + (f" No interval in the scorecard for {', '.join(none)}: coloured by the band alone." if none else ""))
+                   + (f" No interval in the scorecard for {', '.join(none)}: coloured by the band alone."
+                      if none else ""))
     return out
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #026602e5
 _COLOURS = {1.0: "#1a9850", 0.0: "#8c8c8c", -1.0: "#d73027"}
+_UNTESTABLE = "#d9d9d9"      # the difference's interval spans both outcomes: no colour of a verdict
 
 def verdict_figure(card: pd.DataFrame) -> bytes | None:
     "The verdict as a dot plot (one panel per verdict metric, one row per method), PNG bytes; None without a value."
@@ -892,7 +895,10 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
     from matplotlib.patches import Patch
     cols = [c for c in verdict_columns() if c in card and card[c].notna().any()]
     if not cols: return None
+    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
     methods, fields, marks = list(dict.fromkeys(card.method)), list(dict.fromkeys(card.field)), verdict_marks(card)
+    cells = verdict_cells(card)
+    untestable = set(zip(cells.row[cells.verdict == NOT_TESTABLE], cells.column[cells.verdict == NOT_TESTABLE]))
     fig = Figure(figsize=(2.3 * len(cols) + 1.0, 0.24 * len(methods) + 1.5), layout="constrained")
     axes = fig.subplots(1, len(cols), sharey=True, squeeze=False)[0]
     shift = dict(zip(fields, np.linspace(-0.2, 0.2, len(fields)) if len(fields) > 1 else [0.0]))
@@ -903,7 +909,8 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
             sub = card[card.field == f]
             y = np.array([methods.index(x) for x in sub.method]) + shift[f]
             colours = [
-                "black" if meth == "none" else _COLOURS.get(marks.at[i, c], "#bbbbbb")
+                "black" if meth == "none" else _UNTESTABLE if (i, c) in untestable
+                else _COLOURS.get(marks.at[i, c], "#bbbbbb")
                 for i, meth in zip(sub.index, sub.method)
             ]
             ax.scatter(sub[c], y, c=colours, marker=shapes[f], s=30, zorder=3)
@@ -915,7 +922,7 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
         ax.set_title(_verdict_header(c), fontsize=10); ax.grid(axis="x", alpha=0.3); ax.tick_params(labelsize=8)
     axes[0].set_yticks(range(len(methods)), methods); axes[0].set_ylim(len(methods) - 0.5, -0.5)
     keys = [Patch(color=_COLOURS[k], label=l) for k, l in ((1.0, "better"), (0.0, "same"), (-1.0, "worse"))] + [
-        Patch(color="black", label="none (before)")
+        Patch(color=_UNTESTABLE, label="not testable at this n"), Patch(color="black", label="none (before)")
     ]
     keys += [Line2D([], [], ls="", marker="|", color="black", ms=10, mew=1.5, label="paper")]
     if len(fields) > 1: keys += [Line2D([], [], ls="", marker=shapes[f], color="#555555", label=f) for f in fields]
@@ -1015,7 +1022,7 @@ def _run_section(run_dirs: list[Path]) -> list:
     times = [stage_times(d).set_index("family").seconds.rename(d.name) for d in run_dirs]
     t = pd.concat(times, axis=1) if times else pd.DataFrame()
     commits = ", ".join(dict.fromkeys(r["git commit"] for r in rows if r["git commit"])) or "unknown"
-    blocks = [heading(2, "The run"), table(pd.DataFrame(rows)),
+    blocks = [heading(2, "The run"), table(pd.DataFrame(rows), "wraps"),     # long hashes and dates: cells wrap
               paragraph(f"How to reproduce (from a checkout at git commit {commits}):"),
               preformatted("\n".join(reproduce_command(d) for d in run_dirs))]
     if len(t):
@@ -1076,7 +1083,9 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls:
             figure(out_dir / "verdict.png",
                    "Verdict: each method against the model before unlearning (none) and the paper", png)
         )
-    blocks += [table(t, "verdict", cls), *(paragraph(s, "footer") for s in verdict_footer(card)),
+    blocks += [
+        table(t, "verdict", cls),
+        *(paragraph(s, "footer") for s in verdict_footer(card)),
         paragraph(
             "Each cell: the value and its 95 % interval in brackets, then the paper's value (Lacuna Table 2, OLMo-2 "
             "1B) where it reports one. Green: better than before unlearning (the `none` row of the same field; AUC: "
@@ -1094,7 +1103,8 @@ def _scorecard_section(card: pd.DataFrame, waiting: dict) -> list:
     blocks = [heading(2, "Scorecard"), paragraph(SCORECARD_NOTE)]
     for f in dict.fromkeys(card.field):
         t = format_scorecard(card, f)
-        blocks += [heading(3, f), details(f"{f}: all {len(t.columns)} columns, one row per method", [table(t, "scorecard")])]
+        blocks += [heading(3, f),
+                   details(f"{f}: all {len(t.columns)} columns, one row per method", [table(t, "scorecard")])]
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #90e9d989
@@ -1172,6 +1182,7 @@ td.ref{background:#fff;font-weight:600}\
 td.untestable{background:repeating-linear-gradient(45deg,#f3f3f3,#f3f3f3 4px,#e2e2e2 4px,#e2e2e2 8px);color:#555}
 p{overflow-wrap:anywhere}p.footer{font-size:12px;color:#444;margin:.2em 0}p.omitted{color:#555;font-style:italic}\
 code{background:#f2f2f2;padding:0 .2em;border-radius:3px;font-size:90%}
+table.wraps td{white-space:normal;overflow-wrap:anywhere}
 table.scorecard th{white-space:normal;min-width:4em;vertical-align:bottom}
 table.scorecard td:first-child,table.scorecard th:first-child{position:sticky;left:0;background:#fafafa;z-index:1}"""
 

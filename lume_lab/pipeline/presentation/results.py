@@ -682,7 +682,8 @@ def headline_lines(run_dirs: list[Path], csv: str | None = None) -> list[str]:
     words = headline(card) if len(card) else []
     if not words: return []
     judged = card[~card.field.isin(list(empty_testbeds(card)))]
-    if not any(c in judged and judged[c].notna().any() for c in verdict_columns()): return ["## Headline", " ".join(words)]
+    if not any(c in judged and judged[c].notna().any() for c in verdict_columns()):
+        return ["## Headline", " ".join(words)]
     t, _ = verdict_table(judged)
     return ["## Headline", " ".join(words), md_table(t), *verdict_footer(judged),
             "Each cell: the value and its 95 % interval in brackets, the paper's value (Lacuna Table 2, OLMo-2 1B) "
