@@ -54,8 +54,8 @@ def test_mini_page_numbers_equal_the_csvs(tmp_path):
     # 22 rows × (9 output + n + paper + AUC + REMIND + leak columns)
     assert assert_results_match_csvs(page, [run]) > 500
     t = _tables(page)
-    assert list(t) == [("Headline",), ("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Testbed", "Memorization "
-                                                                                                  "and reach"),
+    assert list(t) == [("Headline",), ("Scorecard", "phone_number"), ("Scorecard", "email_address"),
+                       ("Testbed", "Memorization and reach"),
                        # the config's field order
                        ("Testbed", "Utility around the injection"), ("Experiment times",), ("Stage times",)]
     # one cell by hand: phone_number, npo, forget EM is table2's (forget, em) cell at one decimal
