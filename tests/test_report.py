@@ -226,9 +226,9 @@ def test_verdict_first_and_small_split_banner(tmp_path):
     card = pd.read_csv(run / "report" / "scorecard.csv")
     # the copied mini run predates e10: its robustness columns are absent
     present = [c for c in S.verdict_columns() if c in card]
-    assert len(present) >= 6 and assert_verdict_matches(card.set_index(["field", "method"]), page) == len(card) * len(
-        present
-    )
+    shown_cols = [c for c in present if card[c].notna().any()]          # a column with no value takes no room
+    checked = assert_verdict_matches(card.set_index(["field", "method"]), page)
+    assert len(shown_cols) >= 5 and checked == len(card) * len(shown_cols)
     small = card.groupby("field", sort=False)[["forget_profiles", "retain_profiles"]].min()
     # the mini run's own split sizes: the precondition of the banner
     assert (small.forget_profiles < 10).any()
