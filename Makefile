@@ -15,7 +15,7 @@ THREADS ?= 1
 TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 
 .PHONY: setup gguf tf4 run run-companions test check-export lint nbtest nbtest-fast pytest bench gpu-wheels gpu-check \
-	gpu-campaign lab docs results results-args findings findings-args clean
+	gpu-campaign lab docs results results-args findings findings-args screenshot screenshot-args clean
 
 setup: $(STAMP)
 
@@ -131,6 +131,15 @@ findings: findings-args setup
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# `make screenshot REPORT=runs/<id>/report/index.html OUT=shot.png`: the first screen of a report page in headless
+# Chromium at 1440x900, failing when the page scrolls sideways (bench/screenshot.py). Optional, in no other target: it
+# needs the Debian package chromium (/usr/bin/chromium) and `$(BIN)/pip install playwright`.
+REPORT ?=
+screenshot-args:   # checked before setup, as results-args
+	$(if $(and $(strip $(REPORT)),$(filter command line environment,$(origin OUT))),,$(error usage: make screenshot REPORT=runs/<id>/report/index.html OUT=shot.png))
+screenshot: screenshot-args setup
+	$(BIN)/python bench/screenshot.py $(REPORT) $(OUT)
 
 # The prepared GPU check: bench/gpu_check.py, one command of about 5 minutes on one H100/H200, offline.
 # `make gpu-wheels` prepares here what travels with the tree to the GPU machine, both git-ignored and named in `carry`:

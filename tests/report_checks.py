@@ -14,7 +14,8 @@ from lume_lab.pipeline.presentation.report import empty_testbeds, read_html_tabl
 from lume_lab.pipeline.presentation.scorecard import (
     SCORECARD_METRICS as METRICS, PAPER_METHODS, PAPER_TABLE2_OLMO2_1B, metric_sources, verdict_columns)
 
-EXTERNAL = re.compile(r"""\b(?:src|href)\s*=\s*(?!["']?data:)""", re.I)
+# an image from anywhere but a data URI, or a link to anything but a file beside the page (its CSVs)
+EXTERNAL = re.compile(r"""\bsrc\s*=\s*(?!["']?data:)|\bhref\s*=\s*(?!"[A-Za-z0-9._-]+")""", re.I)
 
 
 def _same(a, b):
@@ -25,13 +26,16 @@ def _fmt(v, digits):
     return "" if pd.isna(v) else f"{v:.{digits}f}"
 
 
-def assert_self_contained(page: str):
-    "Every image is a base64 PNG data URI; no src/href points anywhere else (no http(s), no file)."
+def assert_self_contained(page: str, folder: Path | None = None):
+    """Every image is a base64 PNG data URI; no src/href points anywhere else (no http(s), no path) but a link to a
+    file beside the page (in `folder`, when given, where it must exist)."""
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     imgs = re.findall(r"<img\b[^>]*>", page)
     assert all('src="data:image/png;base64,' in i for i in imgs), [i[:80] for i in imgs if "data:" not in i]
     assert not EXTERNAL.search(page), EXTERNAL.search(page)
     assert "http://" not in page and "https://" not in page
+    if folder is not None:
+        for name in re.findall(r'href="([^"]+)"', page): assert (Path(folder) / name).is_file(), name
     return len(imgs)
 
 
@@ -49,9 +53,20 @@ def h2_sections(page: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+SHARES = {"forget_em": "forget_profiles", "retain_em": "retain_profiles", "leak_after": "leak_profiles"}
+
+
+def share_interval(p: float, n: float) -> tuple[float, float]:
+    "The 95 % interval of a share p % over n profiles: Agresti–Caffo's standard error, normal, clipped to [0, 100]."
+    q = (p / 100 * n + 1) / (n + 2)
+    h = 1.959963984540054 * 100 * np.sqrt(q * (1 - q) / (n + 2))
+    return max(p - h, 0.0), min(p + h, 100.0)
+
+
 def assert_verdict_matches(card: pd.DataFrame, page: str):
-    """The verdict table shows each verdict column as 'ours (paper)' at its display digits.
-    It is the first table, in the first h2 section."""
+    """The verdict table (the page's headline: at most 12 columns) shows each verdict column as 'ours [95 % interval]'
+    at its display digits, the paper's value on the next line; a share's interval is binomial over its n profiles; a
+    line per field under it gives the n and the MDD. It is the first table, in the first h2 section."""
     assert re.findall(r"<h2>([^<]+)</h2>", page)[0] == "Verdict"
     section, empty = h2_sections(page)["Verdict"], empty_testbeds(card.reset_index())
     for f, why in empty.items(): assert html.escape(why) in section, (f, why)   # withheld: said, not coloured
@@ -59,18 +74,26 @@ def assert_verdict_matches(card: pd.DataFrame, page: str):
     if not len(card):
         assert "<table" not in section
         return len(empty)
-    t = read_html_tables(section)[0].set_index(["field", "method"])
+    t = read_html_tables(section)[0]
+    assert len(t.columns) <= 12, list(t.columns)
+    for f in dict.fromkeys(t.field):
+        assert re.search(rf'<p class="footer">{re.escape(f)}: n = [^<]*Minimum detectable', section), f
+    t = t.set_index(["field", "method"])
     checked = 0
     for (f, m), r in card.iterrows():
         for c in verdict_columns():
-            if c not in card: continue
+            if c not in card or card[c].isna().all(): continue          # nothing to show: no column
             head = next(h for h in t.columns if h.startswith(METRICS[c].label + " "))
             fired = r.get(f"{c}_fired")         # e10's controls: a recovery whose attack fired on no positive control
             quiet = fired is not None and fired == 0 and not pd.isna(r[c])
-            want = "did not fire" if quiet else _fmt(r[c], METRICS[c].digits)
+            lines, k = t.at[(f, m), head].split("\n"), METRICS[c].digits
+            want = "did not fire" if quiet else _fmt(r[c], k)
+            if c in SHARES and not quiet and not pd.isna(r[c]) and r.get(SHARES[c], 0) > 0:
+                want += " [{}, {}]".format(*(_fmt(v, k) for v in share_interval(r[c], r[SHARES[c]])))
+            assert lines[0] == want or (c not in SHARES and lines[0].startswith(want)), (f, m, c, lines, want)
             if f"{c}_paper" in card and not pd.isna(r[f"{c}_paper"]):
-                want += f" ({_fmt(r[f'{c}_paper'], METRICS[c].digits)})"
-            assert t.at[(f, m), head] == want, (f, m, c, t.at[(f, m), head], want)
+                assert lines[1] == f"paper {_fmt(r[f'{c}_paper'], k)}", (f, m, c, lines)
+            assert set(lines[1:]) <= {f"paper {_fmt(r.get(f'{c}_paper'), k)}", "not testable at this n"}, lines
             checked += 1
     return checked
 

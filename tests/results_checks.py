@@ -224,6 +224,39 @@ def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
     return checked
 
 
+def check_headline_table(t: pd.DataFrame, run_dirs: list[Path]) -> int:
+    """The headline table (the report's verdict): at most 12 columns; per row and verdict column, the value is its CSV
+    value (mean ± std over runs) as shown, a share of one run carries its binomial 95 % interval, and the other lines
+    are the paper's value or 'not testable at this n'."""
+    from report_checks import SHARES, share_interval
+    from lume_lab.pipeline.presentation.scorecard import SCORECARD_METRICS as M
+    assert len(t.columns) <= 12, list(t.columns)
+    mean, std, _ = expected_card(run_dirs)
+    heads = {f"{m.label} {R.ARROWS[m.better]}": c for c, m in M.items() if m.verdict}
+    assert {"field", "method"} <= set(t.columns) and set(t.columns) - {"field", "method"} <= set(heads), list(t.columns)
+    checked = 0
+    for _, row in t.iterrows():
+        key = (row["field"], row["method"])
+        for label, c in heads.items():
+            if label not in row or not row[label]: continue
+            first, *rest = row[label].split("<br>")
+            if first == "did not fire": assert not_fired(run_dirs, key[0], [c]), (key, label); continue
+            m = re.fullmatch(r"(-?[\d.]+)(?: ± ([\d.]+))?(?: \[(-?[\d.]+), (-?[\d.]+)\])?", first)
+            assert m, (key, label, first)
+            assert_shown(m[1], mean[c].get(key, np.nan), (key, label))
+            if m[2]: assert_shown(m[2], std[c].get(key, np.nan), (key, label, "std"))
+            if m[3]:
+                assert float(m[3]) <= float(m[4]), (key, label, first)
+                if c in SHARES and len(run_dirs) == 1:
+                    n = mean[SHARES[c]].get(key) if SHARES[c] in mean else None
+                    if n is not None and not pd.isna(n):
+                        for shown, v in zip(m.group(3, 4), share_interval(mean[c][key], n)):
+                            assert_shown(shown, v, (key, label, "interval"))
+            assert all(x == "not testable at this n" or re.fullmatch(r"paper -?[\d.]+", x) for x in rest), rest
+            checked += 1
+    return checked
+
+
 def computed_entry(run_dir, name: str) -> tuple[float | None, bool]:
     """(seconds, resumed) of the run that computed stage `name`: read straight from the manifests, walking `reused_from`
     back while the source still holds that stage with the same hash; else what the adopting entry recorded."""
@@ -567,7 +600,10 @@ def assert_results_match_csvs(page, run_dirs) -> int:
     testbed = [t for t in tables if t[0][0] == "Testbed"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
-    assert len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
+    headline = [t for heads, t in tables if heads == ("Headline",)]
+    assert len(headline) <= 1 and (not headline or len(groups) == 1), "one headline table, over one config"
+    assert len(headline) + len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
+    checked += sum(check_headline_table(t, dirs) for t in headline)
     checked += check_testbed_tables(testbed, dirs)
     return (
         checked

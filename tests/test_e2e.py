@@ -249,6 +249,9 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
 
     page = results_page([run], "smoke")
     heads = [h for h, _ in read_markdown_tables(page)]
+    # the headline table opens the page when the run has a headline (smoke's testbed may hold nothing to judge)
+    assert heads[0] == ("Headline",) or "## Headline" not in page
+    heads = [h for h in heads if h != ("Headline",)]
     assert [
         ("Scorecard", field),
         ("Testbed", "Memorization and reach"),

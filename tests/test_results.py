@@ -54,8 +54,8 @@ def test_mini_page_numbers_equal_the_csvs(tmp_path):
     # 22 rows × (9 output + n + paper + AUC + REMIND + leak columns)
     assert assert_results_match_csvs(page, [run]) > 500
     t = _tables(page)
-    assert list(t) == [("Scorecard", "phone_number"), ("Scorecard", "email_address"), ("Testbed", "Memorization "
-                                                                                                  "and reach"),
+    assert list(t) == [("Headline",), ("Scorecard", "phone_number"), ("Scorecard", "email_address"),
+                       ("Testbed", "Memorization and reach"),
                        # the config's field order
                        ("Testbed", "Utility around the injection"), ("Experiment times",), ("Stage times",)]
     # one cell by hand: phone_number, npo, forget EM is table2's (forget, em) cell at one decimal
@@ -240,8 +240,9 @@ def test_failed_write_keeps_the_previous_page(tmp_path, monkeypatch):
     old = RS.write_results([run], "mini", out).read_text()
     monkeypatch.setattr(RS, "stage_lines", lambda dirs: 1 / 0)
     with pytest.raises(ZeroDivisionError): RS.write_results([run], "mini", out)
-    # the page and the folder's index (written after it), nothing else
-    assert (out / "mini.md").read_text() == old and sorted(p.name for p in out.iterdir()) == ["index.md", "mini.md"]
+    # the page, its full scorecard beside it and the folder's index (written after it), nothing else
+    assert (out / "mini.md").read_text() == old and sorted(p.name for p in out.iterdir()) == [
+        "index.md", "mini.md", "mini_scorecard.csv"]
 
 
 def test_module_cli_and_make_target(tmp_path):

@@ -21,14 +21,15 @@ from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, rep
                                                       verdict_columns, NOT_FIRED)
 
 # %% auto #0
-__all__ = ['LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT', 'TESTBED_FLOOR',
-           'FORGOT_POINTS', 'COSTLY_POINTS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS', 'fmt_num', 'did_not_fire',
-           'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure', 'preformatted', 'details',
-           'fields_in', 'localization_headline', 'remind_separation', 'dose_summary', 'Section', 'register_section',
-           'report_patterns', 'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls',
-           'headline', 'verdict_table', 'verdict_figure', 'reproduce_command', 'stage_family', 'stage_times',
-           'threads_text', 'report_blocks', 'render_html', 'md_table', 'render_markdown', 'read_html_tables',
-           'write_report']
+__all__ = ['LONG_TABLE', 'LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT',
+           'TESTBED_FLOOR', 'FORGOT_POINTS', 'COSTLY_POINTS', 'HEADLINE_COLUMNS', 'SHARE_COLUMNS', 'EMPTY_NOTE',
+           'SCORECARD_NOTE', 'CSS', 'fmt_num', 'did_not_fire', 'format_scorecard', 'heading', 'paragraph', 'banner',
+           'table', 'figure', 'preformatted', 'details', 'collapsed', 'fields_in', 'localization_headline',
+           'remind_separation', 'jaccard_empty', 'dose_summary', 'Section', 'register_section', 'report_patterns',
+           'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls', 'headline',
+           'card_interval', 'value_se', 'verdict_cells', 'verdict_table', 'verdict_footer', 'verdict_figure',
+           'reproduce_command', 'stage_family', 'stage_times', 'threads_text', 'report_blocks', 'inline_html',
+           'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -79,6 +80,15 @@ def table(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None = None) ->
 def figure(path: Path, caption: str, data: bytes | None = None) -> tuple: return ("figure", Path(path), caption, data)
 def preformatted(text: str) -> tuple: return ("pre", text)
 def details(summary: str, blocks: list) -> tuple: return ("details", summary, blocks)
+LONG_TABLE = 25   # rows beyond which a section table shows only its headline rows, the rest one click away
+
+def collapsed(df: pd.DataFrame, keep, what: str, csv: str | None = None) -> list:
+    """`df` as one table when it is short; else its rows where `keep` holds, then every row inside a <details>
+    (`what`: what the rows are; `csv`: the report file that holds them all, named in the summary)."""
+    if len(df) <= LONG_TABLE: return [table(df)]
+    keep = pd.Series(keep, index=df.index).astype(bool)
+    where = f" (also in {csv})" if csv else ""
+    return [table(df[keep]), details(f"All {len(df)} rows of {what}{where}", [table(df)])]
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #20ceeaa3
 def _fig(rep: Path, name: str, caption: str) -> list:
@@ -298,14 +308,27 @@ def _resurfacing_section(rep: Path) -> list:
         "Other people's PII after unlearning: attack-set answer NLL, with the pre-unlearning model and the "
         "never-injected floor",
     )
-    blocks += [
-        b
-        for f in fields_in(rep.parent, "resurfacing_jaccard_")
-        for b in _fig(rep, f"resurfacing_jaccard_{f}.png", f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")
-    ]
+    for f in fields_in(rep.parent, "resurfacing_jaccard_"):
+        if jaccard_empty(rep, f):
+            blocks.append(paragraph(f"Fig. 5b analogue, {f}: left out. No forget profile leaked under any method, so "
+                                    "every Jaccard overlap is 0 / 0 and the heatmap would be empty.", "omitted"))
+        else:
+            blocks += _fig(rep, f"resurfacing_jaccard_{f}.png",
+                           f"Fig. 5b analogue, {f}: Jaccard overlap of leaked profiles")
     return blocks
 
+def jaccard_empty(rep: Path, field: str) -> bool:
+    """Whether e06's `resurfacing_jaccard_<field>.csv` holds no overlap at all (every leaked set empty: all NaN).
+    False without the CSV: the figure is then shown as it is."""
+    p = Path(rep) / f"resurfacing_jaccard_{field}.csv"
+    return p.is_file() and pd.read_csv(p, index_col=0).isna().all(axis=None)
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #4ded6be6
+def _verdict_tests() -> list[str]:
+    "The tests of e10's table that the verdict shows (its recovery columns): the robustness table's headline rows."
+    from lume_lab.pipeline.presentation.scorecard import metric_sources
+    return [k for c, k in metric_sources("robustness").items() if c in verdict_columns()]
+
 def _robustness_section(rep: Path) -> list:
     "e10: each method's recovery under quantization and relearning, with intervals, and where its update lies."
     blocks = []
@@ -319,8 +342,9 @@ def _robustness_section(rep: Path) -> list:
                 "scored profiles; survival = share of the update's changed weights that leave their RTN bucket; L2 "
                 "inside m^F and outside every mask; LMC barrier of the answer NLL."
             ),
-            table(t[["method", "test", "value", "interval", "n", "note"]]),
         ]
+        blocks += collapsed(t[["method", "test", "value", "interval", "n", "note"]], t.test.isin(_verdict_tests()),
+                            f"{f}'s robustness table", f"robustness_{f}.csv")
         if (p := rep / f"attack_controls_{f}.csv").is_file():
             c = pd.read_csv(p)
             blocks += [
@@ -731,31 +755,138 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #6c89fa67
 def _verdict_header(c: str) -> str: return f"{SCORECARD_METRICS[c].label} {ARROWS[SCORECARD_METRICS[c].better]}"
 
+HEADLINE_COLUMNS = 12   # the most columns the verdict (the page's headline table) may have: it fits a 1440 px screen
+SHARE_COLUMNS = ("forget_em", "retain_em", "leak_before", "leak_after")   # % of their n profiles
+
+def _share_se(p: float, n: float) -> float:
+    "One arm of `findings.share_diff`: the Agresti–Caffo standard error (points) of a share `p` % over `n`."
+    q = (p / 100 * n + 1) / (n + 2)
+    return 100 * float(np.sqrt(q * (1 - q) / (n + 2)))
+
+def card_interval(r, c: str) -> tuple[float, float] | None:
+    "The 95 % interval scorecard row `r` carries for `c` (`<c>_ci`, \"[lo, hi]\"), as numbers; None without one."
+    ci = r.get(f"{c}_ci")
+    x = re.findall(r"-?\d+(?:\.\d+)?", ci) if isinstance(ci, str) else []
+    return (float(x[0]), float(x[1])) if len(x) == 2 else None
+
+def value_se(r, c: str) -> float:
+    """The standard error of scorecard row `r`'s value of `c`: from the 95 % interval the card carries (`<c>_ci`,
+    e04's bootstrap over tensors); binomial over its n profiles for a share (`SHARE_COLUMNS`); for utility Δ, a
+    difference of two accuracies over n questions, its bound at accuracy ½ (0 on `none`, the reference itself);
+    NaN where none of these applies."""
+    m, v = SCORECARD_METRICS[c], r.get(c)
+    if v is None or pd.isna(v): return np.nan
+    if (ci := card_interval(r, c)) is not None:
+        from lume_lab.pipeline.presentation.findings import se_from_interval   # findings imports this module
+        return se_from_interval(*ci)
+    n = r.get(m.n) if m.n else None
+    if n is None or pd.isna(n) or n <= 0: return np.nan
+    if c in SHARE_COLUMNS: return _share_se(float(v), float(n))
+    if c == "utility_delta": return 0.0 if r.get("method") == "none" else 100 * float(np.sqrt(0.5 / n))
+    return np.nan
+
+def verdict_cells(card: pd.DataFrame) -> pd.DataFrame:
+    """One row per (card row, verdict column): its value, standard error and 95 % interval, the difference to its
+    reference (`none` of the field, or a number) with that difference's standard error (the two cells' combined),
+    its MDD (`findings.mdd`) and its verdict: `findings.claim_verdict` on the difference's interval, in the metric's
+    better direction (threshold 0; `closer`: within ± its band)."""
+    from lume_lab.pipeline.presentation.findings import claim_verdict, interval, mdd
+    kinds = {"lower": "less", "higher": "greater", "closer": "within"}
+    rows = []
+    for c in [c for c in verdict_columns() if c in card]:
+        m = SCORECARD_METRICS[c]
+        se = pd.Series([value_se(r, c) for _, r in card.iterrows()], index=card.index)
+        if m.reference == "none":
+            none = card.method == "none"
+            ref, ref_se = (card.field.map(pd.Series(s[none].to_numpy(), index=card.field[none])).astype(float)
+                           for s in (card[c], se))
+        else: ref, ref_se = pd.Series(float(m.reference), index=card.index), pd.Series(0.0, index=card.index)
+        for i, r in card.iterrows():
+            x = float(r[c]) if pd.notna(r[c]) else np.nan
+            d, se_d = x - ref[i], float(np.hypot(se[i], ref_se[i]))
+            lo, hi = interval(x, se[i])
+            if c in SHARE_COLUMNS: lo, hi = max(lo, 0.0), min(hi, 100.0)      # a share's interval stays a share
+            dlo, dhi = interval(d, se_d)
+            if (ci := card_interval(r, c)) is not None:        # the interval the experiment wrote, as it wrote it
+                lo, hi = ci
+                if m.reference != "none": dlo, dhi = lo - ref[i], hi - ref[i]
+            judged = not (m.reference == "none" and r["method"] == "none") and pd.notna(d)
+            rows.append({"row": i, "column": c, "value": x, "se": se[i], "lo": lo, "hi": hi, "diff": d, "se_diff": se_d,
+                         "mdd": mdd(se_d) if judged else np.nan,
+                         "verdict": claim_verdict(d, dlo, dhi, kind=kinds[m.better], margin=m.band) if judged else ""})
+    return pd.DataFrame(rows, columns=["row", "column", "value", "se", "lo", "hi", "diff", "se_diff", "mdd", "verdict"])
+
+def _cell_text(r, c: str, v) -> str:
+    "A verdict cell: the value and its interval; the paper's value; 'not testable at this n' where it is not."
+    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
+    m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
+    if did_not_fire(r, c): first = "did not fire"
+    else:
+        first = _value(r, c, m.digits)
+        if pd.notna(v.lo) and v.se > 0: first += f" [{fmt_num(v.lo, m.digits)}, {fmt_num(v.hi, m.digits)}]"
+    lines = [first] + ([f"paper {fmt_num(p, m.digits)}"] if p is not None and pd.notna(p) else [])
+    return "\n".join(lines + ([NOT_TESTABLE] if v.verdict == NOT_TESTABLE and not did_not_fire(r, c) else []))
+
 def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "The verdict table as display strings, and the class of every cell (better / same / worse / ref / '')."
-    cols, marks = [c for c in verdict_columns() if c in card], verdict_marks(card)
+    """The verdict table as display strings (a line each: value [95 % interval], the paper's value, 'not testable at
+    this n'), and the class of every cell (better / same / worse by the band, untestable where the interval of the
+    difference spans both outcomes, ref, or ''). At most `HEADLINE_COLUMNS` columns: n and the MDD are in
+    `verdict_footer`."""
+    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
+    # a column with no value anywhere (its experiment wrote nothing yet) takes no room
+    cols, marks = [c for c in verdict_columns() if c in card and card[c].notna().any()], verdict_marks(card)
+    cells = verdict_cells(card).set_index(["row", "column"])
     rows, classes = [], []
     for i, r in card.iterrows():
         out, cls = {"field": r["field"], "method": r["method"]}, {"field": "", "method": ""}
-        if "forget_profiles" in r:
-            out["n forget / retain"], cls["n forget / retain"] = (
-                f"{_n(r, 'forget_profiles')} / {_n(r, 'retain_profiles')}",
-                "",
-            )
         for c in cols:
-            m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
-            reading = r.get(f"{c}_reading")
-            out[_verdict_header(c)] = ("did not fire" if did_not_fire(r, c) else _value(r, c, m.digits)) + (
-                f" ({fmt_num(p, m.digits)})" if p is not None and pd.notna(p) else ""
-            ) + (f" {reading}" if isinstance(reading, str) and reading not in ("", "not applicable") else "")
-            mark = marks.at[i, c]
-            cls[_verdict_header(c)] = ({1.0: "better", 0.0: "same", -1.0: "worse"}[mark] if pd.notna(mark)
-                                       else "ref" if r["method"] == "none" and m.reference == "none" else "")
+            m, v, h = SCORECARD_METRICS[c], cells.loc[(i, c)], _verdict_header(c)
+            out[h], mark = _cell_text(r, c, v), marks.at[i, c]
+            cls[h] = ("untestable" if v.verdict == NOT_TESTABLE and pd.notna(mark)
+                      else {1.0: "better", 0.0: "same", -1.0: "worse"}[mark] if pd.notna(mark)
+                      else "ref" if r["method"] == "none" and m.reference == "none" else "")
         rows.append(out); classes.append(cls)
-    return pd.DataFrame(rows), pd.DataFrame(classes)
+    t = pd.DataFrame(rows)
+    if len(t.columns) > HEADLINE_COLUMNS:
+        raise ValueError(f"the verdict has {len(t.columns)} columns, over {HEADLINE_COLUMNS}: declare fewer metrics "
+                         "with verdict=True")
+    return t, pd.DataFrame(classes)
+
+def _range(x: pd.Series, digits: int) -> str:
+    lo, hi = fmt_num(x.min(), digits), fmt_num(x.max(), digits)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+def _n_unit(n: str) -> str:
+    "What an n column counts, in words: 'n forget (profiles / rows)' -> 'forget profiles'."
+    return re.sub(r"^n (.*?) \(([^/)]*?)(?: / [^)]*)?\)$", r"\1 \2", SAMPLE_SIZES[n][0])
+
+def verdict_footer(card: pd.DataFrame) -> list[str]:
+    """The lines under the verdict table, one per field: the n of each verdict column, and its minimum detectable
+    difference against the reference (two-sided 5 %, power 80 %; a range over the methods, from the standard error
+    of the difference whose interval judges the cell); the columns with no interval named."""
+    cells = verdict_cells(card)
+    cells = cells.assign(field=card.field.reindex(cells.row).to_numpy())
+    out = []
+    for f, g in cells.groupby("field", sort=False):
+        on = card[card.field == f]
+        ns = []
+        for n in dict.fromkeys(SCORECARD_METRICS[c].n for c in g.column.unique() if SCORECARD_METRICS[c].n):
+            if n in on and on[n].notna().any():
+                ns.append(f"{_range(on[n], 0)} {_n_unit(n)}")
+        mdds, none = [], []
+        for c, h in g.groupby("column", sort=False):
+            m = SCORECARD_METRICS[c]
+            if h.mdd.notna().any(): mdds.append(f"{m.label} {_range(h.mdd.dropna(), m.digits)}")
+            elif h.value.notna().any(): none.append(m.label)
+        out.append(f"{f}: n = {', '.join(ns) or 'not recorded'}. Minimum detectable difference to the reference "
+                   f"(5 % two-sided, 80 % power): {'; '.join(mdds) or 'none (no interval)'}."
+                   + (f" No interval in the scorecard for {', '.join(none)}: coloured by the band alone."
+                      if none else ""))
+    return out
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #026602e5
 _COLOURS = {1.0: "#1a9850", 0.0: "#8c8c8c", -1.0: "#d73027"}
+_UNTESTABLE = "#d9d9d9"      # the difference's interval spans both outcomes: no colour of a verdict
 
 def verdict_figure(card: pd.DataFrame) -> bytes | None:
     "The verdict as a dot plot (one panel per verdict metric, one row per method), PNG bytes; None without a value."
@@ -764,7 +895,10 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
     from matplotlib.patches import Patch
     cols = [c for c in verdict_columns() if c in card and card[c].notna().any()]
     if not cols: return None
+    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
     methods, fields, marks = list(dict.fromkeys(card.method)), list(dict.fromkeys(card.field)), verdict_marks(card)
+    cells = verdict_cells(card)
+    untestable = set(zip(cells.row[cells.verdict == NOT_TESTABLE], cells.column[cells.verdict == NOT_TESTABLE]))
     fig = Figure(figsize=(2.3 * len(cols) + 1.0, 0.24 * len(methods) + 1.5), layout="constrained")
     axes = fig.subplots(1, len(cols), sharey=True, squeeze=False)[0]
     shift = dict(zip(fields, np.linspace(-0.2, 0.2, len(fields)) if len(fields) > 1 else [0.0]))
@@ -775,7 +909,8 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
             sub = card[card.field == f]
             y = np.array([methods.index(x) for x in sub.method]) + shift[f]
             colours = [
-                "black" if meth == "none" else _COLOURS.get(marks.at[i, c], "#bbbbbb")
+                "black" if meth == "none" else _UNTESTABLE if (i, c) in untestable
+                else _COLOURS.get(marks.at[i, c], "#bbbbbb")
                 for i, meth in zip(sub.index, sub.method)
             ]
             ax.scatter(sub[c], y, c=colours, marker=shapes[f], s=30, zorder=3)
@@ -787,7 +922,7 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
         ax.set_title(_verdict_header(c), fontsize=10); ax.grid(axis="x", alpha=0.3); ax.tick_params(labelsize=8)
     axes[0].set_yticks(range(len(methods)), methods); axes[0].set_ylim(len(methods) - 0.5, -0.5)
     keys = [Patch(color=_COLOURS[k], label=l) for k, l in ((1.0, "better"), (0.0, "same"), (-1.0, "worse"))] + [
-        Patch(color="black", label="none (before)")
+        Patch(color=_UNTESTABLE, label="not testable at this n"), Patch(color="black", label="none (before)")
     ]
     keys += [Line2D([], [], ls="", marker="|", color="black", ms=10, mew=1.5, label="paper")]
     if len(fields) > 1: keys += [Line2D([], [], ls="", marker=shapes[f], color="#555555", label=f) for f in fields]
@@ -887,7 +1022,7 @@ def _run_section(run_dirs: list[Path]) -> list:
     times = [stage_times(d).set_index("family").seconds.rename(d.name) for d in run_dirs]
     t = pd.concat(times, axis=1) if times else pd.DataFrame()
     commits = ", ".join(dict.fromkeys(r["git commit"] for r in rows if r["git commit"])) or "unknown"
-    blocks = [heading(2, "The run"), table(pd.DataFrame(rows)),
+    blocks = [heading(2, "The run"), table(pd.DataFrame(rows), "wraps"),     # long hashes and dates: cells wrap
               paragraph(f"How to reproduce (from a checkout at git commit {commits}):"),
               preformatted("\n".join(reproduce_command(d) for d in run_dirs))]
     if len(t):
@@ -950,11 +1085,14 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls:
         )
     blocks += [
         table(t, "verdict", cls),
+        *(paragraph(s, "footer") for s in verdict_footer(card)),
         paragraph(
-            "Green: better than before unlearning (the none row of the same field; AUC: than chance) by more than "
-            f"the band, red: worse, grey: within it ({bands}). Arrows: which way is better. In brackets: the paper's "
-            "value (Lacuna Table 2, OLMo-2 1B), where it reports one. Every column, with its n, is in the scorecard "
-            "below."
+            "Each cell: the value and its 95 % interval in brackets, then the paper's value (Lacuna Table 2, OLMo-2 "
+            "1B) where it reports one. Green: better than before unlearning (the `none` row of the same field; AUC: "
+            f"than chance) by more than the band, red: worse, grey: within it ({bands}); hatched, reading 'not "
+            "testable at this n': the 95 % interval of the difference to that reference spans both outcomes "
+            "(`findings.claim_verdict`). Arrows: which way is better. Every column, with its n, is in the scorecard "
+            "below and in [scorecard.csv](scorecard.csv)."
         ),
     ]
     if late: blocks.append(_not_yet([f"{M[c].label} ({waiting[M[c].experiment]})" for c in late]))
@@ -963,7 +1101,10 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls:
 def _scorecard_section(card: pd.DataFrame, waiting: dict) -> list:
     if not len(card): return [heading(2, "Scorecard"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
     blocks = [heading(2, "Scorecard"), paragraph(SCORECARD_NOTE)]
-    for f in dict.fromkeys(card.field): blocks += [heading(3, f), table(format_scorecard(card, f), "scorecard")]
+    for f in dict.fromkeys(card.field):
+        t = format_scorecard(card, f)
+        blocks += [heading(3, f),
+                   details(f"{f}: all {len(t.columns)} columns, one row per method", [table(t, "scorecard")])]
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #90e9d989
@@ -1017,7 +1158,8 @@ SCORECARD_NOTE = (
     "(the attack set, before the attack), above `none`'s when a method erased more than its forget set. "
     "'(paper)': Lacuna Table 2, OLMo-2 1B (utility: mean Δ of ARC-C, ARC-E, HellaSwag, MMLU). "
     "✗ names the checks whose direction differs from the paper's: sign of retain − forget for EM/ES/Prob "
-    "(dead band ±5), of utility Δ (±2), of Lacuna's max AUC − 0.5 (±0.005). The table scrolls sideways inside its box."
+    "(dead band ±5), of utility Δ (±2), of Lacuna's max AUC − 0.5 (±0.005). Each field's table is folded (one click "
+    "opens it); every column is also in [scorecard.csv](scorecard.csv) beside this page."
 )
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #63f3de5f
@@ -1036,7 +1178,11 @@ details{margin:.4em 0}
 padding:.6em 1em;margin:1em 0;font-size:14px}
 .pending{color:#777;font-style:italic}table.verdict{font-size:13px}table.verdict td:nth-child(2){font-weight:600}
 td.better{background:#d5efcf}td.worse{background:#f7cfc9}td.same{background:#f3f3f3}\
-td.ref{background:#fff;font-weight:600}
+td.ref{background:#fff;font-weight:600}\
+td.untestable{background:repeating-linear-gradient(45deg,#f3f3f3,#f3f3f3 4px,#e2e2e2 4px,#e2e2e2 8px);color:#555}
+p{overflow-wrap:anywhere}p.footer{font-size:12px;color:#444;margin:.2em 0}p.omitted{color:#555;font-style:italic}\
+code{background:#f2f2f2;padding:0 .2em;border-radius:3px;font-size:90%}
+table.wraps td{white-space:normal;overflow-wrap:anywhere}
 table.scorecard th{white-space:normal;min-width:4em;vertical-align:bottom}
 table.scorecard td:first-child,table.scorecard th:first-child{position:sticky;left:0;background:#fafafa;z-index:1}"""
 
@@ -1050,12 +1196,27 @@ def _html_table_str(df: pd.DataFrame, cls: str = "", cells: pd.DataFrame | None 
     body = "".join(
         "<tr>"
         + "".join(
-            f"<td{td_cls(c, v, i)}>{html.escape('' if pd.isna(v) else str(v))}</td>" for c, v in zip(df.columns, row)
+            f"<td{td_cls(c, v, i)}>{_cell_html(v)}</td>" for c, v in zip(df.columns, row)
         )
         + "</tr>"
         for i, row in enumerate(df.itertuples(index=False))
     )
     return f'<div class="wrap"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+def _cell_html(v) -> str:
+    "A table cell's text, escaped; its line breaks as <br>."
+    return "" if v is None or (pd.api.types.is_scalar(v) and pd.isna(v)) else html.escape(str(v)).replace("\n", "<br>")
+
+_CODE, _BOLD = re.compile(r"`([^`\n]+)`"), re.compile(r"\*\*([^*\n]+)\*\*")
+_LINK = re.compile(r"\[([^\]\n]+)\]\(([A-Za-z0-9._-]+)\)")        # a link to a file beside the page, nothing else
+
+def inline_html(text: str) -> str:
+    """`text` escaped, with the markdown the page's prose uses rendered: `code`, **bold** and [name](file) for a file
+    beside the page. Nothing else is markup."""
+    s = html.escape(text)
+    s = _CODE.sub(lambda m: f"<code>{m[1]}</code>", s)
+    s = _BOLD.sub(lambda m: f"<strong>{m[1]}</strong>", s)
+    return _LINK.sub(lambda m: f'<a href="{m[2]}">{m[1]}</a>', s)
 
 def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
@@ -1066,8 +1227,8 @@ def render_html(blocks: list) -> str:
     def one(b) -> str:
         kind = b[0]
         if kind == "h": return f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>"
-        if kind == "p": return f'<p class="{b[2]}">{html.escape(b[1])}</p>' if b[2] else f"<p>{html.escape(b[1])}</p>"
-        if kind == "banner": return f'<div class="banner" role="alert">{html.escape(b[1])}</div>'
+        if kind == "p": return f'<p class="{b[2]}">{inline_html(b[1])}</p>' if b[2] else f"<p>{inline_html(b[1])}</p>"
+        if kind == "banner": return f'<div class="banner" role="alert">{inline_html(b[1])}</div>'
         if kind == "table": return _html_table_str(b[1], b[2], b[3])
         if kind == "figure":
             src = (
@@ -1077,11 +1238,11 @@ def render_html(blocks: list) -> str:
             )
             return (
                 f'<figure><img src="{src}" alt="{html.escape(b[2])}">'
-                f"<figcaption>{html.escape(b[2])}</figcaption></figure>"
+                f"<figcaption>{inline_html(b[2])}</figcaption></figure>"
             )
         if kind == "pre": return f"<pre>{html.escape(b[1])}</pre>"
         if kind == "details":
-            return f"<details><summary>{html.escape(b[1])}</summary>{''.join(map(one, b[2]))}</details>"
+            return f"<details><summary>{inline_html(b[1])}</summary>{''.join(map(one, b[2]))}</details>"
         raise ValueError(f"unknown block {kind!r}")
     title = next((b[2] for b in blocks if b[0] == "h" and b[1] == 1), "lume_lab report")
     return (
@@ -1095,11 +1256,11 @@ def render_html(blocks: list) -> str:
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #e0b5e600
 def md_table(df: pd.DataFrame) -> str:
     """A DataFrame as a GitHub markdown table: first column left-aligned, the others right-aligned.
-    `|` escaped, NaN blank."""
+    `|` escaped, NaN blank, a line break as <br>."""
     cell = lambda v: (
         ("" if v is None or (pd.api.types.is_scalar(v) and pd.isna(v)) else str(v))
         .replace("|", "\\|")
-        .replace("\n", " ")
+        .replace("\n", "<br>")     # a cell's line break, as GitHub renders it
     )
     lines = ["| " + " | ".join(map(cell, df.columns)) + " |",
              "|" + "|".join([":---"] + ["---:"] * (len(df.columns) - 1)) + "|"]
@@ -1127,6 +1288,7 @@ class _Tables(HTMLParser):
         if tag == "table": self.tables.append([])
         elif tag == "tr": self._row = []
         elif tag in ("td", "th"): self._cell = []
+        elif tag == "br" and self._cell is not None: self._cell.append("\n")
     def handle_endtag(self, tag):
         if tag in ("td", "th") and self._cell is not None: self._row.append("".join(self._cell)); self._cell = None
         elif tag == "tr" and self._row is not None: self.tables[-1].append(self._row); self._row = None
@@ -1134,7 +1296,7 @@ class _Tables(HTMLParser):
         if self._cell is not None: self._cell.append(data)
 
 def read_html_tables(text: str) -> list[pd.DataFrame]:
-    "Every <table> of an HTML page as a DataFrame of strings (first row: the header)."
+    "Every <table> of an HTML page as a DataFrame of strings (first row: the header; a <br> read as a line break)."
     p = _Tables(); p.feed(text)
     return [pd.DataFrame(t[1:], columns=t[0]) for t in p.tables if t]
 

@@ -17,7 +17,8 @@ from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_tabl
                                                    remind_separation, reproduce_command, stage_times)
 from .report import threads_text
 from .scorecard import (SCORECARD_METRICS, metric_sources, resolved_config,
-                                                      robustness_csv, run_config, run_manifest, scorecard)
+                                                      robustness_csv, run_config, run_manifest, scorecard,
+                                                      verdict_columns)
 from ..orchestration.sweep import read_spec
 
 # %% auto #0
@@ -30,7 +31,8 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table',
            'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
            'group_labels', 'config_difference_table', 'compare_lines', 'headline_lines', 'page_headline',
-           'write_results_index', 'results_page', 'write_results', 'add_results_arguments', 'results_main', 'main']
+           'write_results_index', 'results_page', 'scorecard_csv_name', 'scorecard_csv', 'write_results',
+           'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -200,8 +202,9 @@ NO_SCORECARD = (
     "{done}. Run the main chain (`lume-lab run`, e03 at least), then regenerate this page."
 )
 
-def scorecard_lines(run_dirs: list[Path]) -> list[str]:
-    """The scorecard section: one table per forget field from `format_scorecard(scorecard(run_dirs), field)`.
+def scorecard_lines(run_dirs: list[Path], csv: str | None = None) -> list[str]:
+    """The scorecard section: one table per forget field from `format_scorecard(scorecard(run_dirs), field)`, each
+    folded in a <details> (it is wider than a screen); `csv`: the file beside the page that holds every column.
     A clear message when there is none."""
     card = scorecard(run_dirs)
     if card.empty:
@@ -230,9 +233,13 @@ def scorecard_lines(run_dirs: list[Path]) -> list[str]:
         "## Scorecard",
         "One row per method (`none`: before unlearning), from `pipeline.presentation.scorecard.scorecard`: "
         f"{seeds}columns as on the run's report page; n columns as profiles / rows; '(paper)': Lacuna Table 2, "
-        "OLMo-2 1B; ✗ names the checks whose direction differs from the paper's.",
+        "OLMo-2 1B; ✗ names the checks whose direction differs from the paper's. Each field's table is folded: one "
+        "click opens it" + (f"; every column is also in [{csv}]({csv}) beside this page." if csv else "."),
     ]
-    for f in dict.fromkeys(card.field): lines += [f"### {f}", md_table(format_scorecard(card, f))]
+    for f in dict.fromkeys(card.field):
+        t = format_scorecard(card, f)
+        lines += [f"### {f}", f"<details><summary>{f}: all {len(t.columns)} columns, one row per method</summary>",
+                  md_table(t), "</details>"]
     return lines
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #93de4c0e
@@ -666,12 +673,23 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # a measurement page (bench/), or a results page generated before pages had a headline
 NO_HEADLINE = "(no generated headline on this page)"
 
-def headline_lines(run_dirs: list[Path]) -> list[str]:
-    "The page's opening sentences (`report.headline` on the runs' scorecard) under `## Headline`; none without any."
-    from lume_lab.pipeline.presentation.report import headline
+def headline_lines(run_dirs: list[Path], csv: str | None = None) -> list[str]:
+    """The page's opening sentences (`report.headline` on the runs' scorecard) under `## Headline`, then the report's
+    verdict table (`report.verdict_table`: value [95 % interval], at most `report.HEADLINE_COLUMNS` columns) with its
+    n and MDD lines (`report.verdict_footer`); `csv`: the file beside the page with every column. None without any."""
+    from lume_lab.pipeline.presentation.report import empty_testbeds, headline, verdict_footer, verdict_table
     card = scorecard(run_dirs)
     words = headline(card) if len(card) else []
-    return ["## Headline", " ".join(words)] if words else []
+    if not words: return []
+    judged = card[~card.field.isin(list(empty_testbeds(card)))]
+    if not any(c in judged and judged[c].notna().any() for c in verdict_columns()):
+        return ["## Headline", " ".join(words)]
+    t, _ = verdict_table(judged)
+    return ["## Headline", " ".join(words), md_table(t), *verdict_footer(judged),
+            "Each cell: the value and its 95 % interval in brackets, the paper's value (Lacuna Table 2, OLMo-2 1B) "
+            "where it reports one, and 'not testable at this n' where the interval of the difference to the "
+            "reference (`none`, or chance) spans both outcomes (`findings.claim_verdict`)."
+            + (f" Every scorecard column: [{csv}]({csv}) beside this page." if csv else "")]
 
 def page_headline(text: str) -> str:
     "The one-line headline of a results page's markdown `text`: the paragraph under `## Headline`, else `NO_HEADLINE`."
@@ -706,7 +724,8 @@ def results_page(paths, name: str, command: str | None = None) -> str:
         command = seeds_command(dirs[0], dirs[0].parent.name, [run_config(d)["seed"] for d in dirs])
     groups = config_groups(dirs)
     # one scorecard per config, never averaged across configs
-    cards = [scorecard_lines(g) for g in groups]
+    csv = scorecard_csv_name(name)
+    cards = [scorecard_lines(g, csv) for g in groups]
     empty = [NO_SCORECARD_BANNER] if all(c[1].startswith("**No scorecard") for c in cards) else []
     if len(groups) == 1:
         card, stress = cards[0], [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
@@ -717,17 +736,32 @@ def results_page(paths, name: str, command: str | None = None) -> str:
         "\n\n".join(
             [f"# Results: {name}", *uncommitted_lines(dirs), *empty, note,
              "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
-             *(headline_lines(dirs) if len(groups) == 1 else []), *card, *testbed_lines(dirs), *stress,
+             *(headline_lines(dirs, csv) if len(groups) == 1 else []), *card, *testbed_lines(dirs), *stress,
              *experiment_lines(dirs), *stage_lines(dirs)]
         )
         + "\n"
     )
 
+def scorecard_csv_name(name: str) -> str:
+    "The file beside the results page `name` that holds its full scorecard."
+    return f"{name}_scorecard.csv"
+
+def scorecard_csv(paths) -> str | None:
+    """Every column of the scorecard of `paths` (run directories) as CSV, one row per config group (`config`: its
+    runs), field and method; None for a sweep, or runs with no scorecard."""
+    kind, dirs = results_sources(paths)
+    if kind == "sweep": return None
+    groups = config_groups(dirs)
+    cards = [scorecard(g).assign(config=label) for g, label in zip(groups, group_labels(groups))]
+    cards = [c for c in cards if len(c)]
+    return pd.concat(cards, ignore_index=True).to_csv(index=False) if cards else None
+
 def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
-    """Write `<out_dir>/<name>.md` from `run_dirs` (runs of one or several configs, or one sweep directory), atomically.
-    Returns its path."""
+    """Write `<out_dir>/<name>.md` from `run_dirs` (runs of one or several configs, or one sweep directory), and its
+    full scorecard `<name>_scorecard.csv` beside it, atomically. Returns the page's path."""
     # everything read and rendered before anything is written
-    page = results_page(run_dirs, name, command)
+    page, csv = results_page(run_dirs, name, command), scorecard_csv(run_dirs)
+    if csv is not None: atomic_write_text(Path(out_dir) / scorecard_csv_name(name), csv)
     path = atomic_write_text(Path(out_dir) / f"{name}.md", page)
     write_results_index(out_dir)
     return path
