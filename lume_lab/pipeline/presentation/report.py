@@ -377,8 +377,10 @@ def _dose_section(rep: Path) -> list:
         paragraph(
             "OracleGrad's GradDiff confined to the mask of each grid point: a share p of it inside m^F (precision), a "
             "share r of m^F in it (recall), so r·|m^F|/p weights (size_over_mF: its size over |m^F|); (1, 1) is "
-            "OracleGrad. Mean over the seeds, sd beside it; forget EM at the end of the schedule. EM, utility Δ and "
-            "leak rates in points, recoveries as fractions."
+            "OracleGrad. Mean over the seeds, sd beside it; each point is scored where it stopped: at the run's "
+            "operating point, as e03's methods (operating_point: where, or 'not reached' with its best point), or at "
+            "the end of its schedule when the run has no rule. EM, utility Δ and leak rates in points, recoveries as "
+            "fractions."
         )
     ]
     for p in sorted(rep.glob("dose_summary_*.csv")):
@@ -386,7 +388,8 @@ def _dose_section(rep: Path) -> list:
         t = dose_summary(rep.parent, f)
         cols = [
             c
-            for c in ("p", "r", "size_over_mF", "precision", "recall", "seeds", "forget_em", "retain_em", "auc_forget",
+            for c in ("p", "r", "size_over_mF", "precision", "recall", "seeds", "operating_point", "forget_em",
+                      "retain_em", "auc_forget",
                       "share_in_forget", "quant4_recovery", "relearn_forget_half_recovery",
                       "relearn_retain_only_recovery", "leak_after")
             if c in t
@@ -395,6 +398,8 @@ def _dose_section(rep: Path) -> list:
         blocks += _fig(rep, f"dose_curves_{f}.png",
                        f"{f}: each measure against the achieved precision, recall and size; dashed: the run's "
                        "methods")
+        blocks += _fig(rep, f"dose_tradeoff_{f}.png",
+                       f"{f}: forget against retain along each dose point's trajectory (★ where it stopped)")
     blocks += _fig(rep, "dose_scatter.png",
                    "Share of the weight change inside m^F against each attack's recovery, every unlearned model")
     return blocks
@@ -603,7 +608,8 @@ register_section("LUME: unlearning per epoch (Figs. 2–4)", ("e08",),
 register_section(
     "Dose-response over mask precision and recall (e11)",
     ("e11",),
-    ("dose_points_*.csv", "dose_methods_*.csv", "dose_summary_*.csv", "dose_curves_*.png", "dose_scatter.png"),
+    ("dose_points_*.csv", "dose_methods_*.csv", "dose_summary_*.csv", "dose_curves_*.png", "dose_tradeoff_*.png",
+     "dose_scatter.png"),
     _dose_section,
 )
 register_section("Attribution against the ground truth (e09)", ("e09",),

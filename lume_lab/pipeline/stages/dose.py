@@ -16,17 +16,20 @@ from .base import load_stage_model
 from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage_testbed
 from .unlearn import (ModelSource, _weights, evaluate_source, localization_source,
                                               stage_forget_fields)
+from .unlearn import operating_point_label, run_to_operating_point, trajectory_keys
 from ...unlearn.registry import get_spec
 
 # %% auto #0
 __all__ = ['DOSE_METHOD', 'DOSE_VERSION', 'MEASURE_COLUMNS', 'FACT_COLUMNS', 'SUMMARY_MEASURES', 'DosePoint', 'dose_points',
-           'dose_fields', 'check_dose_grid', 'dose_mask', 'dose_stage', 'stage_dose_unlearn', 'dose_source',
-           'model_measures', 'dose_table', 'method_table', 'dose_summary']
+           'dose_fields', 'check_dose_grid', 'dose_mask', 'dose_stage', 'stage_dose_unlearn', 'dose_operating_point',
+           'dose_source', 'model_measures', 'dose_table', 'method_table', 'dose_summary']
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #6cf26e7a
 DOSE_METHOD = "oracle_grad"   # whose spec and hyperparameters every point runs
-# 2: the masks of the precision × recall grid (1 drew the old sweeps' masks, at size |m^F| or at precision 1)
-DOSE_VERSION = 2
+# 3: a point runs to the run's operating point (`unlearn.operating_point`), writing trajectory.csv and
+# operating_point.json; 2: the masks of the precision × recall grid, each run over its whole schedule (a run without
+# the rule keeps version 2 and its key); 1 drew the old sweeps' masks, at size |m^F| or at precision 1
+DOSE_VERSION = 3
 
 @dataclass(frozen=True)
 class DosePoint:
@@ -92,25 +95,40 @@ def dose_mask(store: RunStore, point: DosePoint) -> tuple[dict, dict]:
 def dose_stage(point: DosePoint, field: str) -> str: return f"{point.label}_unlearn_{field}"
 
 def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
-    """OracleGrad's run on `field` with its mask replaced by `point`'s (stage `dose_<tag>_unlearn_<field>`);
-    the mask's facts in mask.json."""
+    """OracleGrad's run on `field` with its mask replaced by `point`'s (stage `dose_<tag>_unlearn_<field>`), to the
+    run's operating point as e03's methods (`run_to_operating_point`: same rule, splits and `eval_points`; its schedule
+    whole when `unlearn.operating_point` is null); the mask's facts in mask.json."""
     from lume_lab.inject.testbed import field_splits
     c, spec = store.config, get_spec(DOSE_METHOD)
     hp, sp = method_hparams(c, DOSE_METHOD), field_splits(stage_testbed(store), field)
     stage_masks(store)
+    rule = c.unlearn.operating_point
+    t_reads, t_deps = trajectory_keys(rule)
     def fn(out):
         M, facts = dose_mask(store, point)          # a point that does not fit is refused here, before training
         model, tok = load_stage_model(store, "instruct_masked")
-        unl, log = spec.run(model, tok, list(sp["forget"]), list(sp["retain"]), hp, seed=point.seed,
-                            ground_truth_mask=M)
+        forget, retain = list(sp["forget"]), list(sp["retain"])
+        if rule is None:
+            unl, log = spec.run(model, tok, forget, retain, hp, seed=point.seed, ground_truth_mask=M)
+        else:
+            label = {"method": point.label, "field": field, "p": point.p, "r": point.r, "seed": point.seed}
+            unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out,
+                                              seed=point.seed, label=label, ground_truth_mask=M)
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
         (out / "mask.json").write_text(json.dumps(facts))
-    # the name holds p, r, the seed and the field, but p and r only to 6 significant digits: the inputs hold them
+    # the name holds p, r, the seed and the field, but p and r only to 6 significant digits: the inputs hold them; the
+    # rule's path also reads the run's seed (it draws the choosing third of the forget people)
     return store.stage(
-        dose_stage(point, field), fn, reads=[f"unlearn.hparams.{DOSE_METHOD}"],
-        inputs={"method": DOSE_METHOD, "p": point.p, "r": point.r}, deps=["testbed", "instruct_masked", "masks"],
-        version=DOSE_VERSION,
+        dose_stage(point, field), fn, reads=[f"unlearn.hparams.{DOSE_METHOD}"] + (["seed"] + t_reads if rule else []),
+        inputs={"method": DOSE_METHOD, "p": point.p, "r": point.r},
+        deps=["testbed", "instruct_masked", "masks"] + t_deps, version=DOSE_VERSION if rule else 2,
     )
+
+def dose_operating_point(store: RunStore, point: DosePoint, field: str) -> dict:
+    """The point's `operating_point.json` on `field` (its stage done), or `{'status': 'no rule'}` (the end of its
+    schedule) when the run has no rule."""
+    p = store.path(dose_stage(point, field)) / "operating_point.json"
+    return json.loads(p.read_text()) if p.is_file() else {"status": "no rule"}
 
 def dose_source(store: RunStore, point: DosePoint, field: str) -> ModelSource:
     """The point's unlearned model as a `ModelSource` (label `dose_<tag>`; its results in stages
@@ -181,7 +199,9 @@ FACT_COLUMNS = ["p", "r", "seed", "size", "size_over_mF", "precision", "recall",
 
 def dose_table(store: RunStore, field: str) -> pd.DataFrame:
     """Every dose point of `field` with its measures, long: the point (requested p and r, seed) and its mask's realized
-    numbers (`FACT_COLUMNS`), then `MEASURE_COLUMNS`. The grid is checked against the masks before any point runs."""
+    numbers (`FACT_COLUMNS`), then `MEASURE_COLUMNS`, and `operating_point`: where the point was judged, in words
+    (`operating_point_label`: 'reached @ step k', 'not reached (best @ step k)', 'end of schedule' without a rule). The
+    grid is checked against the masks before any point runs."""
     from lume_lab.pipeline.stages.resurface import resurface_source
     from lume_lab.pipeline.stages.robustness import none_source, stage_robust_scores
     check_dose_grid(store)
@@ -193,8 +213,9 @@ def dose_table(store: RunStore, field: str) -> pd.DataFrame:
         facts = json.loads((store.path(src.stage) / "mask.json").read_text())
         leaks = resurface_source(store, src) if attacks else None
         m = model_measures(store, src, localization_source(store, src), leaks, ref)
+        op = operating_point_label(dose_operating_point(store, p, field))
         out.append(m.assign(field=field, **{k: facts[k] for k in FACT_COLUMNS if k not in ("p", "r", "seed")},
-                            p=p.p, r=p.r, seed=p.seed))
+                            p=p.p, r=p.r, seed=p.seed, operating_point=op))
     return pd.concat(out, ignore_index=True)
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #6c64a093
@@ -222,9 +243,16 @@ SUMMARY_MEASURES = [
     "relearn_forget_half_recovery", "relearn_other_fields_recovery", "relearn_retain_only_recovery", "leak_after"
 ]
 
+def _seed_points(g: pd.DataFrame) -> str:
+    "A grid point's operating points over its seeds: one label when they agree, else 's<seed>: <label>' each."
+    by = g.drop_duplicates("seed").sort_values("seed", kind="stable")
+    labels = by.operating_point.tolist()
+    return labels[0] if len(set(labels)) == 1 else "; ".join(f"s{s}: {lab}" for s, lab in zip(by.seed, labels))
+
 def dose_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per field and grid point (p, r): the mask's realized size over |m^F| (`size_over_mF`), precision and recall, n
-    seeds, and each measure's mean and sample sd over the seeds (`<measure>_sd`)."""
+    seeds, their `operating_point` (when the table has it: `_seed_points`), and each measure's mean and sample sd over
+    the seeds (`<measure>_sd`)."""
     t = table[table.measure.isin(SUMMARY_MEASURES)]
     keys = ["field", "p", "r"]
     g = t.groupby(keys + ["measure"], sort=False).value
@@ -232,6 +260,10 @@ def dose_summary(table: pd.DataFrame) -> pd.DataFrame:
     cols = [m for m in SUMMARY_MEASURES if m in wide.columns]
     facts = table.groupby(keys, sort=False).agg(size_over_mF=("size_over_mF", "mean"), precision=("precision", "mean"),
                                                 recall=("recall", "mean"), seeds=("seed", "nunique"))
-    out = facts.join(wide[cols]).join(sd[[f"{m}_sd" for m in cols]])
     facts_cols = ["size_over_mF", "precision", "recall", "seeds"]
+    if "operating_point" in table:
+        facts = facts.join(table.groupby(keys, sort=False)[["seed", "operating_point"]].apply(_seed_points)
+                           .rename("operating_point"))
+        facts_cols.append("operating_point")
+    out = facts.join(wide[cols]).join(sd[[f"{m}_sd" for m in cols]])
     return out[facts_cols + [c for m in cols for c in (m, f"{m}_sd")]].reset_index()

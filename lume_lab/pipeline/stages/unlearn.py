@@ -24,10 +24,11 @@ from ..orchestration.launch import launched_stage
 __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
            'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
            'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
-           'stage_forget_fields', 'schedule_steps', 'trajectory_splits', 'run_at_operating_point', 'stage_unlearn',
-           'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
-           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
-           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
+           'stage_forget_fields', 'schedule_steps', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
+           'run_to_operating_point', 'stage_unlearn', 'operating_point_label', 'operating_points', 'load_unlearned',
+           'load_method_stage', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source',
+           'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
+           'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -170,6 +171,31 @@ def run_at_operating_point(spec, model, tok, forget: list[dict], retain: list[di
     (out / "operating_point.json").write_text(json.dumps(_json_safe({**head, **summary}), indent=1))
     return result
 
+def trajectory_keys(rule: dict | None) -> tuple[list[str], list[str]]:
+    """(config fields, stages) that a stage running to `rule`'s operating point reads besides its own:
+    `TRAJECTORY_READS` and pii (the holdout questions are rendered from it), with the world's utility texts under
+    `matched_utility`; nothing when `rule` is None (the run keeps its schedule)."""
+    if not rule: return [], []
+    reads, deps = list(TRAJECTORY_READS), ["pii"]
+    if rule["rule"] == "matched_utility": reads, deps = reads + ["world.utility_texts"], deps + ["world"]
+    return reads, deps
+
+def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget: list[dict], retain: list[dict],
+                           hp: dict, out: Path, *, seed: int, label: dict | None = None, **inputs):
+    """`run_at_operating_point` under the run's rule (`unlearn.operating_point`, not None), on `field`'s trajectory
+    splits (the choosing third drawn with the run's seed, whatever `seed` the method runs with) at
+    `unlearn.eval_points` points: e03's methods and e11's dose points are judged by one rule on the same people."""
+    from lume_lab.pipeline.stages.testbed import holdout_qa
+    c, rule = store.config, store.config.unlearn.operating_point
+    splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed)
+    utility = None
+    if rule["rule"] == "matched_utility":
+        from lume_lab.metrics.utility import utility_scores
+        world = load_world(store.path("world"))
+        utility = lambda m: utility_scores(m, tok, world, max_heldout=c.world.utility_texts)["mc_acc"]
+    return run_at_operating_point(spec, model, tok, forget, retain, hp, out, splits=splits, rule=rule,
+                                  eval_points=c.unlearn.eval_points, seed=seed, utility=utility, label=label, **inputs)
+
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0e5a2af2
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
     "Unlearn the forget set of `field` with `method` from the masked model (or the unmasked control)."
@@ -195,9 +221,8 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     deps = ["testbed", src] + ensure_inputs(store, method)
     names = field_split_names(field)
     rule = None if control else c.unlearn.operating_point         # a control run keeps its schedule
-    reads = [f"unlearn.hparams.{method}", "seed"] + (TRAJECTORY_READS if rule else [])
-    if rule: deps = deps + ["pii"]                                 # the holdout questions are rendered from it
-    if rule and rule["rule"] == "matched_utility": reads, deps = reads + ["world.utility_texts"], deps + ["world"]
+    t_reads, t_deps = trajectory_keys(rule)
+    reads, deps = [f"unlearn.hparams.{method}", "seed"] + t_reads, deps + t_deps
     def fn(out):
         warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")},
                           f"unlearning {method}" + (" (control)" if control else ""))
@@ -206,17 +231,8 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
         if rule is None:
             unl, log = spec.run(model, tok, forget, retain, hp, seed=c.seed, **method_inputs(store, method))
         else:
-            from lume_lab.pipeline.stages.testbed import holdout_qa
-            splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed)
-            utility = None
-            if rule["rule"] == "matched_utility":
-                from lume_lab.metrics.utility import utility_scores
-                world = load_world(store.path("world"))
-                utility = lambda m: utility_scores(m, tok, world, max_heldout=c.world.utility_texts)["mc_acc"]
-            unl, log = run_at_operating_point(
-                spec, model, tok, forget, retain, hp, out, splits=splits, rule=rule, eval_points=c.unlearn.eval_points,
-                seed=c.seed, utility=utility, label={"method": method, "field": field}, **method_inputs(store, method)
-            )
+            unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out, seed=c.seed,
+                                              label={"method": method, "field": field}, **method_inputs(store, method))
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
     # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`; a run without
     # a trajectory computes what version 1 did, and keeps its key
