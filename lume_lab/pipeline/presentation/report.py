@@ -22,14 +22,14 @@ from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, rep
 
 # %% auto #0
 __all__ = ['LONG_TABLE', 'LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT',
-           'TESTBED_FLOOR', 'FORGOT_POINTS', 'COSTLY_POINTS', 'HEADLINE_COLUMNS', 'SHARE_COLUMNS', 'EMPTY_NOTE',
-           'SCORECARD_NOTE', 'CSS', 'fmt_num', 'did_not_fire', 'format_scorecard', 'heading', 'paragraph', 'banner',
-           'table', 'figure', 'preformatted', 'details', 'collapsed', 'fields_in', 'localization_headline',
-           'remind_separation', 'jaccard_empty', 'dose_summary', 'Section', 'register_section', 'report_patterns',
-           'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls', 'headline',
-           'card_interval', 'value_se', 'verdict_cells', 'verdict_table', 'verdict_footer', 'verdict_figure',
-           'reproduce_command', 'stage_family', 'stage_times', 'threads_text', 'report_blocks', 'inline_html',
-           'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
+           'TESTBED_FLOOR', 'COSTLY_POINTS', 'HEADLINE_COLUMNS', 'SHARE_COLUMNS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
+           'fmt_num', 'did_not_fire', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure',
+           'preformatted', 'details', 'collapsed', 'fields_in', 'localization_headline', 'remind_separation',
+           'jaccard_empty', 'dose_summary', 'Section', 'register_section', 'report_patterns', 'write_report_file',
+           'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls', 'headline', 'card_interval',
+           'value_se', 'verdict_cells', 'verdict_table', 'verdict_footer', 'verdict_figure', 'reproduce_command',
+           'stage_family', 'stage_times', 'threads_text', 'report_blocks', 'inline_html', 'render_html', 'md_table',
+           'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -705,7 +705,6 @@ def _test_size_banner(preset: str) -> list:
                    "nothing. Use mini or a larger preset for results.")]
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #e57c0199
-FORGOT_POINTS = 10.0     # forget-EM points below the model before unlearning that the headline calls forgetting
 COSTLY_POINTS = 5.0      # utility points lost that the headline calls out by name
 
 def attack_controls(rep: Path) -> pd.DataFrame | None:
@@ -717,21 +716,28 @@ def _names(xs) -> str: return ", ".join(xs) if len(xs) else "none"
 
 def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[str]:
     """The page's opening sentences, one rule each, per field of `card` (a scorecard; fields whose testbed memorized
-    nothing are left to `empty_testbeds`): which methods forgot, which lost utility by more than `COSTLY_POINTS`, what
-    the signed localization interval says of each (`analysis.localization.auc_reading`, never a point value alone),
+    nothing are left to `empty_testbeds`): which methods forgot (the verdict table's own judgement of forget EM,
+    `verdict_cells`) and which cannot be told at this n, which lost utility by more than `COSTLY_POINTS`, what the
+    signed localization interval says of each (`analysis.localization.auc_reading`, never a point value alone),
     which attacks fired on their positive control (`controls`: e10's `attack_controls_<field>.csv` rows, with `field`,
     `attack`, `fired`; none: no attack has one), and how many seeds stand behind a difference between methods."""
+    from lume_lab.pipeline.presentation.findings import REFUTED, REPRODUCED
     out, empty = [], empty_testbeds(card)
+    # "forgot" is the verdict table's own judgement (`verdict_cells`), never a second rule
+    cells = verdict_cells(card) if "forget_em" in card else pd.DataFrame(columns=["row", "column", "verdict"])
+    forget_verdicts = cells[cells.column == "forget_em"].set_index("row").verdict
     for f in dict.fromkeys(card.field):
         if f in empty: continue
         on = card[card.field == f]
         before, rest = on[on.method == "none"], on[on.method != "none"]
         if not len(rest): continue
         if len(before) and "forget_em" in on:
-            f0 = float(before.forget_em.iloc[0])
-            forgot = rest[f0 - rest.forget_em >= FORGOT_POINTS].method.tolist()
-            out.append(f"{f}: {len(forgot)} of {len(rest)} methods forgot (forget EM {FORGOT_POINTS:g}+ points below "
-                       f"the model before unlearning, {f0:.1f}): {_names(forgot)}.")
+            f0, said = float(before.forget_em.iloc[0]), forget_verdicts.reindex(rest.index)
+            forgot = rest.method[said == REPRODUCED].tolist()
+            unsure = rest.method[~said.isin([REPRODUCED, REFUTED])].tolist()   # no interval, or one across both
+            out.append(f"{f}: {len(forgot)} of {len(rest)} methods forgot (forget EM below the model before "
+                       f"unlearning, {f0:.1f}, by more than the 95 % interval of the difference): {_names(forgot)}."
+                       + (f" Not testable at this n: {_names(unsure)}." if unsure else ""))
         if "utility_delta" in rest:
             costly = rest[rest.utility_delta < -COSTLY_POINTS].sort_values("utility_delta")
             if len(costly):
@@ -932,7 +938,8 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
     ]
     keys += [Line2D([], [], ls="", marker="|", color="black", ms=10, mew=1.5, label="paper")]
     if len(fields) > 1: keys += [Line2D([], [], ls="", marker=shapes[f], color="#555555", label=f) for f in fields]
-    fig.legend(handles=keys, loc="outside lower center", ncols=len(keys), fontsize=8, frameon=False)
+    # at most four keys a row: one row of eight is wider than a three-panel figure, and savefig would cut both ends off
+    fig.legend(handles=keys, loc="outside lower center", ncols=min(len(keys), 4), fontsize=8, frameon=False)
     buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     return buf.getvalue()
 
