@@ -973,6 +973,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                               'lume_lab/pipeline/orchestration/certificate.py'),
                                                              'lume_lab.pipeline.orchestration.certificate.fired_by_column': ( 'pipeline/orchestration/certificate.html#fired_by_column',
                                                                                                                               'lume_lab/pipeline/orchestration/certificate.py'),
+                                                             'lume_lab.pipeline.orchestration.certificate.forgot_verdict': ( 'pipeline/orchestration/certificate.html#forgot_verdict',
+                                                                                                                             'lume_lab/pipeline/orchestration/certificate.py'),
                                                              'lume_lab.pipeline.orchestration.certificate.point_status': ( 'pipeline/orchestration/certificate.html#point_status',
                                                                                                                            'lume_lab/pipeline/orchestration/certificate.py'),
                                                              'lume_lab.pipeline.orchestration.certificate.stage_heldout_level': ( 'pipeline/orchestration/certificate.html#stage_heldout_level',

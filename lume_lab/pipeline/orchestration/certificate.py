@@ -12,8 +12,8 @@ import pandas as pd
 from ...core.store import RunStore, atomic_write_text
 
 # %% auto #0
-__all__ = ['HELDOUT_READS', 'MATCH_BAND', 'FORGOT_MIN', 'ATTACKS', 'CONTROL_COLUMNS', 'CERT_COLUMNS', 'stage_heldout_level',
-           'point_status', 'stage_point', 'fired_by_column', 'depth_sentences', 'certificate_blocks',
+__all__ = ['HELDOUT_READS', 'MATCH_BAND', 'ATTACKS', 'CONTROL_COLUMNS', 'CERT_COLUMNS', 'stage_heldout_level', 'point_status',
+           'stage_point', 'fired_by_column', 'forgot_verdict', 'depth_sentences', 'certificate_blocks',
            'write_certificate']
 
 # %% ../../../nbs/pipeline/orchestration/08_certificate.ipynb #527a0052
@@ -65,7 +65,6 @@ def stage_point(store: RunStore, src) -> dict:
 
 # %% ../../../nbs/pipeline/orchestration/08_certificate.ipynb #347246d9
 MATCH_BAND = 10.0        # forget-EM points: a registered method this close forgets "as much" as the checkpoint
-FORGOT_MIN = 10.0        # forget-EM points below the model before unlearning that count as forgetting
 ATTACKS = {"quant4_recovery": "4-bit quantization", "quant8_recovery": "8-bit quantization",
            "relearn_half_recovery": "relearning on the forget half",
            "relearn_other_recovery": "other-fields relearning", "relearn_retain_recovery": "retain-only relearning"}
@@ -86,6 +85,17 @@ def _num(row, k) -> float:
     except (TypeError, ValueError): return math.nan
     return v
 
+def forgot_verdict(row: dict, before: dict) -> str:
+    """Whether the checkpoint forgot, as the report's verdict table judges forget EM (`report.verdict_cells`: the 95 %
+    interval of the drop from `before`, over their profiles): `findings.REPRODUCED` (it fell), `REFUTED` (it rose),
+    or not testable at this n. One rule for the page, the report and the findings."""
+    from lume_lab.pipeline.presentation.report import verdict_cells
+    keys = ("forget_em", "forget_profiles", "forget_em_ci")
+    card = pd.DataFrame([{"field": "f", "method": "none", **{k: before[k] for k in keys if k in before}},
+                         {"field": "f", "method": "checkpoint", **{k: row[k] for k in keys if k in row}}])
+    v = verdict_cells(card)
+    return v[(v.column == "forget_em") & (v.row == 1)].verdict.iloc[0]
+
 def depth_sentences(row: dict, before: dict | None, point: dict | None = None, others: pd.DataFrame | None = None,
                     empty: str | None = None, fired: dict | None = None) -> list[str]:
     """The certificate's paragraph, one rule per sentence. `row`: the checkpoint's scorecard row; `before`: the `none`
@@ -94,9 +104,13 @@ def depth_sentences(row: dict, before: dict | None, point: dict | None = None, o
     if empty: return [empty]
     out, f0, f1 = [], _num(before or {}, "forget_em"), _num(row, "forget_em")
     if math.isfinite(f0) and math.isfinite(f1):
-        drop = f0 - f1
-        out.append(f"It forgot: forget EM {f0:.1f} → {f1:.1f}." if drop >= FORGOT_MIN else
-                   f"It did not forget: forget EM {f0:.1f} → {f1:.1f}, less than {FORGOT_MIN:.0f} points.")
+        from lume_lab.pipeline.presentation.findings import REFUTED, REPRODUCED
+        v, n = forgot_verdict(row, before or {}), _num(row, "forget_profiles")
+        at = f" ({n:.0f} profiles)" if math.isfinite(n) else ""
+        out.append(f"It forgot: forget EM {f0:.1f} → {f1:.1f}{at}, a drop beyond its 95 % interval." if v == REPRODUCED
+                   else f"It did not forget: forget EM rose, {f0:.1f} → {f1:.1f}{at}, beyond its 95 % interval."
+                   if v == REFUTED else f"Cannot tell at this n whether it forgot: forget EM {f0:.1f} → {f1:.1f}{at}; "
+                   "the 95 % interval of the drop spans zero.")
     if math.isfinite(u := _num(row, "utility_delta")):
         out.append(f"Utility moved by {u:+.1f} points" + (f", retain EM {_num(row, 'retain_em'):.1f}."
                                                         if math.isfinite(_num(row, "retain_em")) else "."))
