@@ -101,7 +101,7 @@ def relearn_qa(model, tokenizer, rows: list[dict], lr: float = 1e-3, steps: int 
     return out.eval()
 
 # %% ../../nbs/analysis/10_controls.ipynb #b6f78342
-NOT_FIRED_AT_CAP = "did not fire at the cap"
+NOT_FIRED_AT_CAP = "goal not reached at the cap"
 BUDGET_COLUMNS = ["attack", "epochs", "lr", "rows", "recovery", "chosen"]
 
 def calibrate_budget(attack: str, ladder: list[dict], recover, goal: float = 0.5) -> tuple[list[dict], dict]:

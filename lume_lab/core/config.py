@@ -574,8 +574,8 @@ class RobustnessConfig:
                                    {"epochs": 5, "lr_scale": 1, "rows": None},
                                    {"epochs": 10, "lr_scale": 1, "rows": None},
                                    {"epochs": 10, "lr_scale": 3, "rows": None}], _LADDER)
-    # no rung may ask for more; the last rung is the cap, chosen when no rung reaches the goal (the paper's budget it
-    # stands for: docs/notes/robustness.md)
+    # no rung may ask for more; the last rung is the cap, chosen when no rung reaches the goal (not Hu et al.'s
+    # budget, which no paper here quotes: docs/notes/robustness.md)
     budget_cap: dict = checked({"epochs": 10, "lr_scale": 3, "rows": None}, _RUNG)
     # a rung is chosen once the attack's recovery on the positive control reaches this
     calibrate_goal: float = checked(0.5, fraction())

@@ -104,13 +104,15 @@ def depth_sentences(row: dict, before: dict | None, point: dict | None = None, o
     if empty: return [empty]
     out, f0, f1 = [], _num(before or {}, "forget_em"), _num(row, "forget_em")
     if math.isfinite(f0) and math.isfinite(f1):
-        from lume_lab.pipeline.presentation.findings import REFUTED, REPRODUCED
+        from lume_lab.pipeline.presentation.findings import NO_INTERVAL, REFUTED, REPRODUCED
         v, n = forgot_verdict(row, before or {}), _num(row, "forget_profiles")
         at = f" ({n:.0f} profiles)" if math.isfinite(n) else ""
         out.append(f"It forgot: forget EM {f0:.1f} → {f1:.1f}{at}, a drop beyond its 95 % interval." if v == REPRODUCED
                    else f"It did not forget: forget EM rose, {f0:.1f} → {f1:.1f}{at}, beyond its 95 % interval."
-                   if v == REFUTED else f"Cannot tell at this n whether it forgot: forget EM {f0:.1f} → {f1:.1f}{at}; "
-                   "the 95 % interval of the drop spans zero.")
+                   if v == REFUTED else f"Forget EM {f0:.1f} → {f1:.1f}: no interval (the profiles behind it are not "
+                   "recorded), so whether it forgot is not judged." if v == NO_INTERVAL else
+                   f"Cannot tell at this n whether it forgot: forget EM {f0:.1f} → {f1:.1f}{at}; the 95 % interval of "
+                   "the drop spans zero.")
     if math.isfinite(u := _num(row, "utility_delta")):
         out.append(f"Utility moved by {u:+.1f} points" + (f", retain EM {_num(row, 'retain_em'):.1f}."
                                                         if math.isfinite(_num(row, "retain_em")) else "."))

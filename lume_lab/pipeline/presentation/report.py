@@ -721,7 +721,7 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
     signed localization interval says of each (`analysis.localization.auc_reading`, never a point value alone),
     which attacks fired on their positive control (`controls`: e10's `attack_controls_<field>.csv` rows, with `field`,
     `attack`, `fired`; none: no attack has one), and how many seeds stand behind a difference between methods."""
-    from lume_lab.pipeline.presentation.findings import REFUTED, REPRODUCED
+    from lume_lab.pipeline.presentation.findings import NO_INTERVAL, REFUTED, REPRODUCED
     out, empty = [], empty_testbeds(card)
     # "forgot" is the verdict table's own judgement (`verdict_cells`), never a second rule
     cells = verdict_cells(card) if "forget_em" in card else pd.DataFrame(columns=["row", "column", "verdict"])
@@ -734,10 +734,12 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
         if len(before) and "forget_em" in on:
             f0, said = float(before.forget_em.iloc[0]), forget_verdicts.reindex(rest.index)
             forgot = rest.method[said == REPRODUCED].tolist()
-            unsure = rest.method[~said.isin([REPRODUCED, REFUTED])].tolist()   # no interval, or one across both
+            unsure = rest.method[said.notna() & ~said.isin([REPRODUCED, REFUTED, NO_INTERVAL])].tolist()  # across both
+            bare = rest.method[said.fillna(NO_INTERVAL) == NO_INTERVAL].tolist()
             out.append(f"{f}: {len(forgot)} of {len(rest)} methods forgot (forget EM below the model before "
                        f"unlearning, {f0:.1f}, by more than the 95 % interval of the difference): {_names(forgot)}."
-                       + (f" Not testable at this n: {_names(unsure)}." if unsure else ""))
+                       + (f" Not testable at this n: {_names(unsure)}." if unsure else "")
+                       + (f" No interval (profiles not recorded): {_names(bare)}." if bare else ""))
         if "utility_delta" in rest:
             costly = rest[rest.utility_delta < -COSTLY_POINTS].sort_values("utility_delta")
             if len(costly):
@@ -801,12 +803,15 @@ def verdict_cells(card: pd.DataFrame) -> pd.DataFrame:
     """One row per (card row, verdict column): its value, standard error and 95 % interval, the difference to its
     reference (`none` of the field, or a number) with that difference's standard error (the two cells' combined),
     its MDD (`findings.mdd`) and its verdict: `findings.claim_verdict` on the difference's interval, in the metric's
-    better direction (threshold 0; `closer`: within ± its band)."""
+    better direction (threshold 0; `closer`, and a lower-is-better metric whose reference is a number: within ± its
+    band)."""
     from lume_lab.pipeline.presentation.findings import claim_verdict, interval, mdd
     kinds = {"lower": "less", "higher": "greater", "closer": "within"}
     rows = []
     for c in [c for c in verdict_columns() if c in card]:
         m = SCORECARD_METRICS[c]
+        # a recovery's ideal is its reference (0): "lower than 0" can never be shown, "within its band of 0" can
+        kind = "within" if m.reference != "none" and m.better == "lower" and m.band > 0 else kinds[m.better]
         se = pd.Series([value_se(r, c) for _, r in card.iterrows()], index=card.index)
         if m.reference == "none":
             none = card.method == "none"
@@ -825,7 +830,7 @@ def verdict_cells(card: pd.DataFrame) -> pd.DataFrame:
             judged = not (m.reference == "none" and r["method"] == "none") and pd.notna(d)
             rows.append({"row": i, "column": c, "value": x, "se": se[i], "lo": lo, "hi": hi, "diff": d, "se_diff": se_d,
                          "mdd": mdd(se_d) if judged else np.nan,
-                         "verdict": claim_verdict(d, dlo, dhi, kind=kinds[m.better], margin=m.band) if judged else ""})
+                         "verdict": claim_verdict(d, dlo, dhi, kind=kind, margin=m.band) if judged else ""})
     return pd.DataFrame(rows, columns=["row", "column", "value", "se", "lo", "hi", "diff", "se_diff", "mdd", "verdict"])
 
 def _cell_text(r, c: str, v) -> str:

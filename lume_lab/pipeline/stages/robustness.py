@@ -149,7 +149,8 @@ def fixed_budget(cfg) -> dict:
 def budget_rows(rows: list[dict], n: int | None, seed: int) -> list[dict]:
     "`n` of `rows` drawn by `seed`, in their order (None, or `n` at least their number: all of them)."
     if n is None or n >= len(rows): return list(rows)
-    keep = set(random.Random(seed).sample(range(len(rows)), n))
+    order = list(range(len(rows))); random.Random(seed).shuffle(order)      # nested: a larger n keeps a smaller n's
+    keep = set(order[:n])
     return [r for i, r in enumerate(rows) if i in keep]
 
 def relearn(model, tok, rows: list[dict], cfg, budget: dict | None = None):
