@@ -446,6 +446,37 @@ def test_export_is_the_same_model_under_transformers_4(run, exported, tf4, tmp_p
     assert info["rope_theta"] == 10000.0 and (stats.max_abs_diff > 1e-2).all(), stats
 
 
+
+TF4_SAVE = textwrap.dedent('''
+    # open-unlearning's transformers: load the export's model and tokenizer, and save them unchanged
+    import sys, torch, transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    src, out = sys.argv[1], sys.argv[2]
+    AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    print(transformers.__version__)
+''')
+
+
+def test_a_checkpoint_saved_by_transformers_4_scores_as_none(run, exported, tf4, tmp_path):
+    """The export's model, loaded and saved unchanged by transformers 4.51.3 (what open-unlearning pins), is the model
+    before unlearning: `score` accepts it and gives it exactly the registry's `none` on every per-split metric."""
+    st, f = run["store"], run["field"]
+    script, out = tmp_path / "tf4_save.py", tmp_path / "tf4_saved"
+    script.write_text(TF4_SAVE)
+    env = {**os.environ, "PYTHONPATH": str(tf4), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, str(script), str(exported / "model"), str(out)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert r.returncode == 0 and r.stdout.strip().endswith("4.51.3"), r.stderr[-3000:]
+    assert _score(run, out, "tf4-saved") == 0
+    key = ["split", "metric"]
+    ours = pd.read_csv(_stage(run, "evaluate", "tf4-saved") / "metrics.csv").set_index(key).value
+    none = pd.read_csv(st.path(f"evaluate_none_{f}") / "metrics.csv").set_index(key).value
+    same = ours.index.intersection(none.index)
+    same = same[~same.get_level_values("split").str.startswith("utility")]
+    assert len(same) > 30 and {"em", "prob"} <= set(same.get_level_values("metric"))
+    assert (ours[same] == none[same]).all(), pd.concat([ours[same], none[same]], axis=1)[ours[same] != none[same]]
+
 def test_auc_snippet_reproduces_localization(run, exported, ga_copy):
     """The 20-line reference snippet of masks/README.md, run on the exported model and GradAscent's output:
     the run's magnitude AUC."""
