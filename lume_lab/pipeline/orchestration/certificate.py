@@ -104,7 +104,7 @@ def depth_sentences(row: dict, before: dict | None, point: dict | None = None, o
     if empty: return [empty]
     out, f0, f1 = [], _num(before or {}, "forget_em"), _num(row, "forget_em")
     if math.isfinite(f0) and math.isfinite(f1):
-        from lume_lab.pipeline.presentation.findings import NO_INTERVAL, REFUTED, REPRODUCED
+        from lume_lab.pipeline.presentation.scorecard import NO_INTERVAL, REFUTED, REPRODUCED
         v, n = forgot_verdict(row, before or {}), _num(row, "forget_profiles")
         at = f" ({n:.0f} profiles)" if math.isfinite(n) else ""
         out.append(f"It forgot: forget EM {f0:.1f} → {f1:.1f}{at}, a drop beyond its 95 % interval." if v == REPRODUCED

@@ -14,60 +14,17 @@ import pandas as pd
 
 from ...core.store import atomic_write_text
 from .report import fmt_num, md_table
+from .scorecard import KINDS, NO_INTERVAL, NO_RUN, NOT_TESTABLE, REFUTED, REPRODUCED
+from .scorecard import VERDICTS, claim_verdict, interval, mdd, se_from_interval, z
 from .results import _model_label, config_groups, group_labels, header_lines
 from .results import results_sources, run_labels
 from .scorecard import PAPER_TABLE2_OLMO2_1B, report_dir, robustness_csv, run_config
 
 # %% auto #0
-__all__ = ['REPRODUCED', 'REFUTED', 'NOT_TESTABLE', 'NO_RUN', 'NO_INTERVAL', 'VERDICTS', 'KINDS', 'REMIND_SKIP', 'GA_NPO',
-           'LOCALIZATION_MARGIN', 'CLAIMS', 'FINDINGS_NOTE', 'z', 'mdd', 'interval', 'se_from_interval',
-           'claim_verdict', 'Estimate', 'share_diff', 'pooled', 'pooled_by_field', 'forget_em_drop', 'localization_auc',
-           'resurfacing_rise', 'remind_vs_baseline', 'recovery', 'pistol_degree_gap', 'lume_forget_reg', 'Claim',
-           'combine', 'testbed_text', 'findings_table', 'findings_page', 'write_findings', 'main']
-
-# %% ../../../nbs/pipeline/presentation/04_findings.ipynb #2e3cbb49
-def z(q: float) -> float:
-    "The standard normal quantile at `q`."
-    return NormalDist().inv_cdf(q)
-
-def mdd(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Minimum detectable difference of a two-sided z-test at level `alpha` with probability `power`:
-    (z_{1-alpha/2} + z_{power}) * se. NaN where `se` is."""
-    return (z(1 - alpha / 2) + z(power)) * se
-
-def interval(estimate: float, se: float, alpha: float = 0.05) -> tuple[float, float]:
-    "The normal (1 - alpha) interval estimate ± z_{1-alpha/2} * se."
-    h = z(1 - alpha / 2) * se
-    return estimate - h, estimate + h
-
-def se_from_interval(lo: float, hi: float, alpha: float = 0.05) -> float:
-    "The standard error a symmetric normal (1 - alpha) interval [lo, hi] implies: (hi - lo) / (2 z_{1-alpha/2})."
-    return (hi - lo) / (2 * z(1 - alpha / 2))
-
-# %% ../../../nbs/pipeline/presentation/04_findings.ipynb #dd116005
-REPRODUCED, REFUTED, NOT_TESTABLE = "reproduced", "refuted", "not testable at this n"
-NO_RUN, NO_INTERVAL = "not testable: no run", "not testable: no interval"
-VERDICTS = (REPRODUCED, REFUTED, NOT_TESTABLE, NO_RUN, NO_INTERVAL)   # every value the verdict column may hold
-KINDS = ("greater", "less", "within")
-
-def claim_verdict(estimate: float, lo: float, hi: float, paper: float | None = None, kind: str = "greater",
-                  threshold: float = 0.0, margin: float = 0.0) -> str:
-    """The verdict of a claim from our 95 % interval [lo, hi] (`estimate` and `paper`, the paper's value, are shown,
-    not used: the claim is its direction).
-    - `greater` (the paper says the quantity exceeds `threshold`; "A > B" is A − B > 0): reproduced if lo > threshold
-      (the interval lies wholly on the paper's side), refuted if hi < threshold (wholly on the other side);
-    - `less`: the mirror image, reproduced if hi < threshold, refuted if lo > threshold;
-    - `within` (|quantity − threshold| <= margin): reproduced if the interval lies inside [threshold − margin,
-      threshold + margin], refuted if it lies wholly outside it (lo > threshold + margin or hi < threshold − margin);
-    else "not testable at this n" (the interval spans both outcomes); "not testable: no interval" when lo or hi is
-    missing."""
-    if kind not in KINDS: raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if lo is None or hi is None or np.isnan(lo) or np.isnan(hi): return NO_INTERVAL
-    if lo > hi: raise ValueError(f"interval [{lo}, {hi}] has lo > hi")
-    if kind == "greater": return REPRODUCED if lo > threshold else REFUTED if hi < threshold else NOT_TESTABLE
-    if kind == "less": return REPRODUCED if hi < threshold else REFUTED if lo > threshold else NOT_TESTABLE
-    a, b = threshold - margin, threshold + margin
-    return REPRODUCED if a <= lo and hi <= b else REFUTED if lo > b or hi < a else NOT_TESTABLE
+__all__ = ['REMIND_SKIP', 'GA_NPO', 'LOCALIZATION_MARGIN', 'CLAIMS', 'FINDINGS_NOTE', 'Estimate', 'share_diff', 'pooled',
+           'pooled_by_field', 'forget_em_drop', 'localization_auc', 'resurfacing_rise', 'remind_vs_baseline',
+           'recovery', 'pistol_degree_gap', 'lume_forget_reg', 'Claim', 'combine', 'testbed_text', 'findings_table',
+           'findings_page', 'write_findings', 'main']
 
 # %% ../../../nbs/pipeline/presentation/04_findings.ipynb #f2ed062c
 class Estimate(NamedTuple):

@@ -721,7 +721,7 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
     signed localization interval says of each (`analysis.localization.auc_reading`, never a point value alone),
     which attacks fired on their positive control (`controls`: e10's `attack_controls_<field>.csv` rows, with `field`,
     `attack`, `fired`; none: no attack has one), and how many seeds stand behind a difference between methods."""
-    from lume_lab.pipeline.presentation.findings import NO_INTERVAL, REFUTED, REPRODUCED
+    from lume_lab.pipeline.presentation.scorecard import NO_INTERVAL, REFUTED, REPRODUCED
     out, empty = [], empty_testbeds(card)
     # "forgot" is the verdict table's own judgement (`verdict_cells`), never a second rule
     cells = verdict_cells(card) if "forget_em" in card else pd.DataFrame(columns=["row", "column", "verdict"])
@@ -791,7 +791,7 @@ def value_se(r, c: str) -> float:
     m, v = SCORECARD_METRICS[c], r.get(c)
     if v is None or pd.isna(v): return np.nan
     if (ci := card_interval(r, c)) is not None:
-        from lume_lab.pipeline.presentation.findings import se_from_interval   # findings imports this module
+        from lume_lab.pipeline.presentation.scorecard import se_from_interval
         return se_from_interval(*ci)
     n = r.get(m.n) if m.n else None
     if n is None or pd.isna(n) or n <= 0: return np.nan
@@ -805,7 +805,7 @@ def verdict_cells(card: pd.DataFrame) -> pd.DataFrame:
     its MDD (`findings.mdd`) and its verdict: `findings.claim_verdict` on the difference's interval, in the metric's
     better direction (threshold 0; `closer`, and a lower-is-better metric whose reference is a number: within ± its
     band)."""
-    from lume_lab.pipeline.presentation.findings import claim_verdict, interval, mdd
+    from lume_lab.pipeline.presentation.scorecard import claim_verdict, interval, mdd
     kinds = {"lower": "less", "higher": "greater", "closer": "within"}
     rows = []
     for c in [c for c in verdict_columns() if c in card]:
@@ -835,7 +835,7 @@ def verdict_cells(card: pd.DataFrame) -> pd.DataFrame:
 
 def _cell_text(r, c: str, v) -> str:
     "A verdict cell: the value and its interval; the paper's value; 'not testable at this n' where it is not."
-    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
+    from lume_lab.pipeline.presentation.scorecard import NOT_TESTABLE
     m, p = SCORECARD_METRICS[c], r.get(f"{c}_paper")
     if did_not_fire(r, c): first = "did not fire"
     else:
@@ -849,7 +849,7 @@ def verdict_table(card: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     this n'), and the class of every cell (better / same / worse by the band, untestable where the interval of the
     difference spans both outcomes, ref, or ''). At most `HEADLINE_COLUMNS` columns: n and the MDD are in
     `verdict_footer`."""
-    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
+    from lume_lab.pipeline.presentation.scorecard import NOT_TESTABLE
     # a column with no value anywhere (its experiment wrote nothing yet) takes no room
     cols, marks = [c for c in verdict_columns() if c in card and card[c].notna().any()], verdict_marks(card)
     cells = verdict_cells(card).set_index(["row", "column"])
@@ -912,7 +912,7 @@ def verdict_figure(card: pd.DataFrame) -> bytes | None:
     from matplotlib.patches import Patch
     cols = [c for c in verdict_columns() if c in card and card[c].notna().any()]
     if not cols: return None
-    from lume_lab.pipeline.presentation.findings import NOT_TESTABLE
+    from lume_lab.pipeline.presentation.scorecard import NOT_TESTABLE
     methods, fields, marks = list(dict.fromkeys(card.method)), list(dict.fromkeys(card.field)), verdict_marks(card)
     cells = verdict_cells(card)
     untestable = set(zip(cells.row[cells.verdict == NOT_TESTABLE], cells.column[cells.verdict == NOT_TESTABLE]))

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json, re
 from pathlib import Path
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
@@ -15,12 +16,13 @@ from ...core.config import config_diff
 
 # %% auto #0
 __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPLE_SIZES', 'BETTER', 'READERS', 'DIRECTION_CHECKS',
-           'NOT_FIRED', 'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources',
-           'verdict_columns', 'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest',
-           'read_output_metrics', 'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv',
-           'read_robustness', 'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction',
-           'direction_mismatch', 'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
-           'attack_fired_columns', 'scorecard', 'toy_run']
+           'NOT_FIRED', 'REPRODUCED', 'REFUTED', 'NOT_TESTABLE', 'NO_RUN', 'NO_INTERVAL', 'VERDICTS', 'KINDS',
+           'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources', 'verdict_columns',
+           'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
+           'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
+           'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
+           'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
+           'attack_fired_columns', 'scorecard', 'toy_run', 'z', 'mdd', 'interval', 'se_from_interval', 'claim_verdict']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -575,3 +577,47 @@ def toy_run(root: Path, name: str, seed: int = 0, shift: float = 0.0) -> Path:
          "lacuna_max_auc": [0.515, 0.53, 1.0, 0.8], "lacuna_max_score": ["reversal", "reversal", "raw", "raw"]}
     ).to_csv(d / "report" / "localization_summary.csv", index=False)
     return d
+
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #7d1f2e31
+def z(q: float) -> float:
+    "The standard normal quantile at `q`."
+    return NormalDist().inv_cdf(q)
+
+def mdd(se: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable difference of a two-sided z-test at level `alpha` with probability `power`:
+    (z_{1-alpha/2} + z_{power}) * se. NaN where `se` is."""
+    return (z(1 - alpha / 2) + z(power)) * se
+
+def interval(estimate: float, se: float, alpha: float = 0.05) -> tuple[float, float]:
+    "The normal (1 - alpha) interval estimate ± z_{1-alpha/2} * se."
+    h = z(1 - alpha / 2) * se
+    return estimate - h, estimate + h
+
+def se_from_interval(lo: float, hi: float, alpha: float = 0.05) -> float:
+    "The standard error a symmetric normal (1 - alpha) interval [lo, hi] implies: (hi - lo) / (2 z_{1-alpha/2})."
+    return (hi - lo) / (2 * z(1 - alpha / 2))
+
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #7d1f2e32
+REPRODUCED, REFUTED, NOT_TESTABLE = "reproduced", "refuted", "not testable at this n"
+NO_RUN, NO_INTERVAL = "not testable: no run", "not testable: no interval"
+VERDICTS = (REPRODUCED, REFUTED, NOT_TESTABLE, NO_RUN, NO_INTERVAL)   # every value the verdict column may hold
+KINDS = ("greater", "less", "within")
+
+def claim_verdict(estimate: float, lo: float, hi: float, paper: float | None = None, kind: str = "greater",
+                  threshold: float = 0.0, margin: float = 0.0) -> str:
+    """The verdict of a claim from our 95 % interval [lo, hi] (`estimate` and `paper`, the paper's value, are shown,
+    not used: the claim is its direction).
+    - `greater` (the paper says the quantity exceeds `threshold`; "A > B" is A − B > 0): reproduced if lo > threshold
+      (the interval lies wholly on the paper's side), refuted if hi < threshold (wholly on the other side);
+    - `less`: the mirror image, reproduced if hi < threshold, refuted if lo > threshold;
+    - `within` (|quantity − threshold| <= margin): reproduced if the interval lies inside [threshold − margin,
+      threshold + margin], refuted if it lies wholly outside it (lo > threshold + margin or hi < threshold − margin);
+    else "not testable at this n" (the interval spans both outcomes); "not testable: no interval" when lo or hi is
+    missing."""
+    if kind not in KINDS: raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if lo is None or hi is None or np.isnan(lo) or np.isnan(hi): return NO_INTERVAL
+    if lo > hi: raise ValueError(f"interval [{lo}, {hi}] has lo > hi")
+    if kind == "greater": return REPRODUCED if lo > threshold else REFUTED if hi < threshold else NOT_TESTABLE
+    if kind == "less": return REPRODUCED if hi < threshold else REFUTED if lo > threshold else NOT_TESTABLE
+    a, b = threshold - margin, threshold + margin
+    return REPRODUCED if a <= lo and hi <= b else REFUTED if lo > b or hi < a else NOT_TESTABLE
