@@ -6,7 +6,6 @@
 from __future__ import annotations
 import argparse, sys
 from pathlib import Path
-from statistics import NormalDist
 from typing import Callable, NamedTuple
 
 import numpy as np
