@@ -343,10 +343,14 @@ class Campaign:
             row.update(status="skipped: deadline", note=f"{max(0.0, self.budget.left()):.0f} s left when reached")
             self.data["steps"].append(row); self.save(); return None
         t0 = time.perf_counter()
+        # the alarm is armed only while a stage runs, for the time left: it never fires in a save, a report writer or
+        # the tarball between stages
+        signal.setitimer(signal.ITIMER_REAL, max(1e-3, self.budget.left()))
         try: out, row["status"] = fn(), "ok"
         except DeadlineReached:   # the alarm: this stage ran into the deadline, and nothing starts after it
             out, row["status"], self.stopped_at = None, "stopped: deadline", name
         except Exception as e: out, row["status"], row["error"] = None, "failed", gc_._error(e)
+        finally: signal.setitimer(signal.ITIMER_REAL, 0)
         row["seconds"] = time.perf_counter() - t0
         self.data["steps"].append(row); self.results[name] = out
         self.data["meta"]["elapsed_s"] = self.budget.elapsed(); self.save()
@@ -574,8 +578,8 @@ def run(out: Path, data_dir: Path, work: Path, budget_s: float, dry: bool, argv)
     # the deadline counts the chain's compute; the imports, the estimate and the join before it are recorded apart
     m["setup_s"], budget = time.perf_counter() - t_setup, gc_.Budget(budget_s)
     cp = Campaign(out, store, m, budget, est, dry, f"campaign_{meta['preset']}_seed{meta['seed']}")
-    # the hard stop: a stage that runs into the deadline is interrupted there (its cached stages stay)
-    signal.signal(signal.SIGALRM, _deadline); signal.setitimer(signal.ITIMER_REAL, budget_s)
+    # the hard stop: a stage that runs into the deadline is interrupted there (its cached stages stay); `step` arms it
+    signal.signal(signal.SIGALRM, _deadline)
     try: fields = chain(cfg, store, cp)
     except (Exception, DeadlineReached) as e:   # in a report writer: the steps so far are kept
         cp.data["meta"]["chain_error"] = gc_._error(e); fields = list(cfg.unlearn.forget_fields)

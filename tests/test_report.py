@@ -252,6 +252,19 @@ def test_verdict_first_and_small_split_banner(tmp_path):
         assert shown.count(cls) <= int((marks == v).sum().sum()), cls
     assert shown.count("better") > 0 and shown.count("untestable") > 0
     assert h2_sections(page)["Verdict"].count("<br>not testable at this n</td>") == shown.count("untestable")
+    # cell by cell, in page order: a marked cell takes its mark's colour, or the hatching where its verdict is 'not
+    # testable at this n'; `none`'s cells of a metric measured against `none` are the reference; the rest, no colour
+    sc = S.scorecard([run])
+    judged = sc[~sc.field.isin(list(R.empty_testbeds(sc)))]
+    mk, vd = R.verdict_marks(judged), R.verdict_cells(judged).set_index(["row", "column"]).verdict
+    want = []
+    for i, r in judged.iterrows():
+        for c in shown_cols:
+            if pd.notna(mk.at[i, c]):
+                want.append("untestable" if vd[(i, c)] == S.NOT_TESTABLE else
+                            {1.0: "better", 0.0: "same", -1.0: "worse"}[mk.at[i, c]])
+            elif r.method == "none" and S.SCORECARD_METRICS[c].reference == "none": want.append("ref")
+    assert shown == want
     # every verdict column measured against `none` (not AUC: chance)
     n_ref = sum(S.SCORECARD_METRICS[c].reference == "none" for c in present)
     assert n_ref >= 5 and shown.count("ref") == (card.method == "none").sum() * n_ref
@@ -403,17 +416,28 @@ def _separation(remind: pd.DataFrame, half_width: float) -> pd.DataFrame:
 
 def test_remind_intervals_on_the_page(tmp_path):
     """e05's separation file reaches the REMIND section: per model REMIND LR / RF and the best fair baseline as 'AUC
-    [lo, hi]', the verdict per classifier, and how many models LR leads and separates on; the interval files leave the
-    scorecard untouched."""
+    [lo, hi]', the verdict per classifier, and how many models LR leads and separates on; the interval file gives the
+    scorecard's REMIND RF its interval."""
     run = _copy_run(tmp_path / "mini")
     rep = run / "report"
     sep = _separation(pd.read_csv(rep / "remind_phone_number.csv"), 2.0)
     sep.to_csv(rep / "remind_separation_phone_number.csv", index=False)
-    # not a Table 1 file
-    sep.head(3).rename(columns={"remind_auc": "auc"}).to_csv(rep / "remind_ci_phone_number.csv", index=False)
+    # the interval file as e05 writes it (here REMIND's two detectors only): not a Table 1 file
+    ci = sep.assign(detector="remind_" + sep.classifier, auc=sep.remind_auc, auc_lo=sep.remind_lo, auc_hi=sep.remind_hi)
+    ci[["model", "input", "detector", "comparison", "auc", "auc_lo", "auc_hi"]].to_csv(
+        rep / "remind_ci_phone_number.csv", index=False)
     page = R.write_report([run]).read_text()
-    # the scorecard reads neither interval file
     assert assert_report_matches_csvs(run) > 300
+    # the scorecard carries REMIND RF's interval from it, and its verdict cells are judged on it
+    card = S.scorecard([run])
+    rf = sep[sep.classifier == "rf"].set_index("model")
+    got = card[card.field == "phone_number"].set_index("method").remind_auc_rf_ci
+    both = [m for m in got.index if m in rf.index]          # the scorecard's methods (REMIND also scores `base`, ...)
+    assert len(both) >= 3 and "none" in both
+    assert {m: got[m] for m in both} == {m: f"[{rf.remind_lo[m]:.4g}, {rf.remind_hi[m]:.4g}]" for m in both}
+    cells = R.verdict_cells(card).merge(card[["field", "method"]], left_on="row", right_index=True)
+    judged = cells[(cells.column == "remind_auc_rf") & (cells.field == "phone_number") & (cells.method != "none")]
+    assert len(judged) == len(both) - 1 and S.NO_INTERVAL not in set(judged.verdict) and (judged.se > 0).all()
     t = next(t for t in read_html_tables(page) if "REMIND LR % [95% CI]" in t.columns).set_index("model")
     assert list(t.index) == list(dict.fromkeys(sep.model))
     for _, r in sep.iterrows():

@@ -15,8 +15,8 @@ from ..unlearn.base import monitored
 from ..unlearn.registry import get_spec
 
 # %% auto #0
-__all__ = ['MIN_GAIN_ABOVE_FLOOR', 'NOT_FIRED', 'NOT_FIRED_AT_CAP', 'BUDGET_COLUMNS', 'ForgetEMTarget', 'positive_control',
-           'control_row', 'fired_cell', 'with_fired', 'relearn_qa', 'calibrate_budget']
+__all__ = ['MIN_GAIN_ABOVE_FLOOR', 'NOT_FIRED', 'NOT_FIRED_AT_CAP', 'NOTHING_TO_RECOVER', 'BUDGET_COLUMNS', 'ForgetEMTarget',
+           'positive_control', 'control_row', 'fired_cell', 'with_fired', 'relearn_qa', 'calibrate_budget']
 
 # %% ../../nbs/analysis/10_controls.ipynb #b06c7b53
 class ForgetEMTarget:
@@ -102,14 +102,15 @@ def relearn_qa(model, tokenizer, rows: list[dict], lr: float = 1e-3, steps: int 
 
 # %% ../../nbs/analysis/10_controls.ipynb #b6f78342
 NOT_FIRED_AT_CAP = "goal not reached at the cap"
+NOTHING_TO_RECOVER = "nothing to recover on the positive control"
 BUDGET_COLUMNS = ["attack", "epochs", "lr", "rows", "recovery", "chosen"]
 
 def calibrate_budget(attack: str, ladder: list[dict], recover, goal: float = 0.5) -> tuple[list[dict], dict]:
     """Walk `ladder` (budgets {epochs, lr, rows}, smallest first, the last the cap) with `recover(rung)`, the attack's
     recovery on the positive control at that budget, and stop at the first rung whose recovery is at least `goal`.
     Returns (one `BUDGET_COLUMNS` row per rung tried, the chosen budget with its recovery, `reached` and a note): that
-    rung, or the cap with `reached` False and the note `NOT_FIRED_AT_CAP`. A NaN recovery (no positive control) never
-    reaches the goal."""
+    rung, or the cap with `reached` False and the note `NOT_FIRED_AT_CAP`. A NaN recovery (the positive control has
+    nothing to recover, at any budget) ends the walk: the cap, `reached` False, the note `NOTHING_TO_RECOVER`."""
     if not ladder: raise ValueError("the budget ladder is empty")
     if not 0 < goal <= 1: raise ValueError(f"goal must be a recovery in (0, 1], got {goal!r}")
     rows = []
@@ -118,6 +119,9 @@ def calibrate_budget(attack: str, ladder: list[dict], recover, goal: float = 0.5
         rows.append({"attack": attack, **{k: rung[k] for k in ("epochs", "lr", "rows")}, "recovery": rec,
                      "chosen": not math.isnan(rec) and rec >= goal})
         if rows[-1]["chosen"]: break
+        if math.isnan(rec):                        # no budget gives a recovery: keep the cap, train nothing more
+            cap = {k: ladder[-1][k] for k in ("epochs", "lr", "rows")}
+            return rows, {**cap, "recovery": rec, "reached": False, "note": NOTHING_TO_RECOVER}
     reached = rows[-1]["chosen"]
     rows[-1]["chosen"] = True                      # the rung that reached the goal, or the cap
     chosen = {k: rows[-1][k] for k in ("epochs", "lr", "rows", "recovery")}

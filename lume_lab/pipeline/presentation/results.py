@@ -443,11 +443,13 @@ def dose_point_columns(summary: pd.DataFrame) -> dict[str, list[str]]:
 
 def dose_display(summary: pd.DataFrame) -> pd.DataFrame:
     """e11's summary as display strings. The point (`dose_point_columns`), the mask's size over |m^F| (when the summary
-    has it), achieved precision and recall, seeds, then each measure as mean ± sd."""
+    has it), achieved precision and recall, seeds, where each was judged (`operating_point`, when the summary has it),
+    then each measure as mean ± sd."""
     out = pd.DataFrame(dose_point_columns(summary), index=summary.index)
     if "size_over_mF" in summary: out["size_over_mF"] = summary.size_over_mF.map(lambda v: fmt_num(v, 3))
     out["precision"], out["recall"] = (summary[c].map(lambda v: fmt_num(v, 3)) for c in ("precision", "recall"))
     out["seeds"] = summary.seeds.map(lambda v: fmt_num(v, 0))
+    if "operating_point" in summary: out["operating point"] = summary.operating_point.fillna("").astype(str)
     for c in DOSE_COLUMNS:
         if c not in summary: continue
         label, k = dose_label(c)
@@ -465,7 +467,9 @@ def dose_lines(run_dirs: list[Path]) -> list[str]:
         "## Dose-response",
         "From e11's `dose_summary_<field>.csv`: OracleGrad's GradDiff in the mask of each grid point, a share p of it "
         "inside m^F (precision) and a share r of m^F in it (recall), so r·|m^F|/p weights (size_over_mF: the realized "
-        "size over |m^F|); (1, 1) is OracleGrad. Forget EM at the end of the schedule; mean ± sd over the dose seeds "
+        "size over |m^F|); (1, 1) is OracleGrad. Each point is judged where e03's methods are, at the run's operating "
+        "point (operating point: 'reached @ step k', 'not reached (best @ step k)', or 'end of schedule' in a run "
+        "without the rule, as older runs); mean ± sd over the dose seeds "
         "(blank: not defined, e.g. a recovery where unlearning removed under `robustness.min_drop` EM points).",
     ]
     for f in fields:

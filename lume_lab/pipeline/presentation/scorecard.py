@@ -22,7 +22,8 @@ __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPL
            'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
            'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
            'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
-           'attack_fired_columns', 'scorecard', 'toy_run', 'z', 'mdd', 'interval', 'se_from_interval', 'claim_verdict']
+           'attack_fired_columns', 'file_intervals', 'scorecard', 'toy_run', 'z', 'mdd', 'interval', 'se_from_interval',
+           'claim_verdict']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -527,6 +528,48 @@ def attack_fired_columns(run_dirs: list[Path]) -> pd.DataFrame | None:
     if not parts: return None
     return pd.concat(parts).pivot_table(index="field", columns="column", values="fired", aggfunc="mean")
 
+# %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #1812f984
+def _interval_rows(run_dir) -> pd.DataFrame:
+    """One row per (field, method, column) of a REMIND or recovery metric with the 95 % interval the run's files give:
+    e05's `remind_ci_<field>.csv` (multi-class, original inputs, AUC in %) and e10's `robustness_<field>.csv`."""
+    remind = {m.source[1]: c for c, m in SCORECARD_METRICS.items() if m.source[0] == "remind"}
+    robust = {m.source[1]: c for c, m in SCORECARD_METRICS.items() if m.source[0] == "robustness"}
+    parts = []
+    for p in sorted(report_dir(run_dir).glob("remind_ci_*.csv")):
+        t = pd.read_csv(p)
+        t = t[(t.input == "orig") & (t.comparison == "multi") & t.detector.isin(list(remind))]
+        parts.append(pd.DataFrame({"field": p.stem.removeprefix("remind_ci_"), "method": t.model,
+                                   "column": t.detector.map(remind), "value": t.auc, "lo": t.auc_lo, "hi": t.auc_hi}))
+    for p in sorted(report_dir(run_dir).glob("robustness_*.csv")):
+        t = robustness_csv(run_dir, p.stem.removeprefix("robustness_"))
+        t = t[t.test.isin(list(robust))]
+        parts.append(pd.DataFrame({"field": t.field, "method": t.method, "column": t.test.map(robust),
+                                   "value": t.value, "lo": t.lo, "hi": t.hi}))
+    cols = ["field", "method", "column", "value", "lo", "hi"]
+    return pd.concat([x for x in parts if len(x)], ignore_index=True) if any(len(x) for x in parts) else (
+        pd.DataFrame(columns=cols))
+
+def file_intervals(run_dirs: list[Path]) -> pd.DataFrame | None:
+    """Per (field, method), `<column>_ci` ("[lo, hi]") for each REMIND and recovery metric whose interval every run
+    wrote. One run: that interval. Several: around the seeds' mean, with the larger standard error of the runs' own
+    intervals combined and the seeds' spread; blank where a run lacks it. None when no run has the files."""
+    from math import sqrt
+    tables = [_interval_rows(d) for d in run_dirs]
+    if all(t.empty for t in tables): return None
+    k, q = len(tables), NormalDist().inv_cdf(0.975)         # z_{0.975}, as `z` below
+    t = pd.concat([x.assign(run=i) for i, x in enumerate(tables)], ignore_index=True)
+    def one(g: pd.DataFrame) -> str:
+        g = g.dropna(subset=["value", "lo", "hi"])
+        if g.run.nunique() < k: return ""
+        if k == 1: lo, hi = g.lo.iloc[0], g.hi.iloc[0]
+        else:
+            own = sqrt(sum(((b - a) / (2 * q)) ** 2 for a, b in zip(g.lo, g.hi))) / k
+            se = max(own, g.value.std(ddof=1) / sqrt(k))
+            lo, hi = g.value.mean() - q * se, g.value.mean() + q * se
+        return f"[{lo:.4g}, {hi:.4g}]"
+    ci = t.groupby(["field", "method", "column"], sort=False)[["value", "lo", "hi", "run"]].apply(one)
+    return ci.unstack("column").add_suffix("_ci").fillna("")
+
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #e7f70ca5
 def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per method × forget field.
@@ -545,6 +588,7 @@ def scorecard(run_dirs: list[Path]) -> pd.DataFrame:
     card = card.join(paper[[f"{c}_paper" for c in ours if f"{c}_paper" in paper]], how="left")
     card["direction_mismatch"] = direction_mismatch(card)
     if (r := localization_readings(run_dirs)) is not None: card = card.join(r, how="left")
+    if (r := file_intervals(run_dirs)) is not None: card = card.join(r, how="left")
     if (p := operating_point_column(run_dirs)) is not None: card = card.join(p, how="left")
     card = card.reset_index()
     if (f := attack_fired_columns(run_dirs)) is not None: card = card.join(f, on="field")

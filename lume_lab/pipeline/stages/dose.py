@@ -22,7 +22,7 @@ from ...unlearn.registry import get_spec
 # %% auto #0
 __all__ = ['DOSE_METHOD', 'DOSE_VERSION', 'MEASURE_COLUMNS', 'FACT_COLUMNS', 'SUMMARY_MEASURES', 'DosePoint', 'dose_points',
            'dose_fields', 'check_dose_grid', 'dose_mask', 'dose_stage', 'stage_dose_unlearn', 'dose_operating_point',
-           'dose_source', 'model_measures', 'dose_table', 'method_table', 'dose_summary']
+           'dose_source', 'model_measures', 'dose_table', 'method_table', 'dose_summary', 'dose_tradeoff']
 
 # %% ../../../nbs/pipeline/stages/11_dose.ipynb #6cf26e7a
 DOSE_METHOD = "oracle_grad"   # whose spec and hyperparameters every point runs
@@ -267,3 +267,17 @@ def dose_summary(table: pd.DataFrame) -> pd.DataFrame:
         facts_cols.append("operating_point")
     out = facts.join(wide[cols]).join(sd[[f"{m}_sd" for m in cols]])
     return out[facts_cols + [c for m in cols for c in (m, f"{m}_sd")]].reset_index()
+
+# %% ../../../nbs/pipeline/stages/11_dose.ipynb #86479c62
+def dose_tradeoff(store: RunStore, points: list[DosePoint], field: str):
+    """The dose points' trade-off figure on `field` (their stages done): each one's `trajectory.csv`, its operating
+    point's step starred, the never-trained level; None when no point recorded a trajectory (no rule)."""
+    from lume_lab.analysis.trajectory import tradeoff_figure
+    dirs = {p.label: (p, store.path(dose_stage(p, field))) for p in points}
+    tabs = {m: pd.read_csv(d / "trajectory.csv") for m, (_, d) in dirs.items() if (d / "trajectory.csv").is_file()}
+    if not tabs: return None
+    ops = {m: dose_operating_point(store, dirs[m][0], field) for m in tabs}
+    marks = {m: op["step"] for m, op in ops.items() if op.get("step") is not None}
+    level = next((t.holdout_nll.iloc[0] for t in tabs.values() if "holdout_nll" in t), None)
+    return tradeoff_figure(tabs, marks, level,
+                           title=f"{field}: forget against retain along each dose point's trajectory")

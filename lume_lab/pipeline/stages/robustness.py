@@ -362,12 +362,12 @@ def budget_text(b: dict) -> str:
 
 def _budget_cells(store: RunStore, field: str, attack: str) -> dict:
     """The budget behind a relearning `attack` (test name `relearn_<attack>`) and how it was set: `fixed`
-    (calibration off), `chosen` (the smallest rung that reached the goal) or `NOT_FIRED_AT_CAP`; None for the others."""
-    from lume_lab.analysis.controls import NOT_FIRED_AT_CAP
+    (calibration off), `chosen` (the smallest rung that reached the goal), else the calibration's note
+    (`NOT_FIRED_AT_CAP`, or `NOTHING_TO_RECOVER`); None for the others."""
     if not attack.startswith("relearn_"): return {"budget": None, "calibration": None}
     b = chosen_budget(store, field, attack.removeprefix("relearn_"))
     if b is None: return {"budget": budget_text(fixed_budget(store.config)), "calibration": "fixed"}
-    return {"budget": budget_text(b), "calibration": "chosen" if b["reached"] else NOT_FIRED_AT_CAP}
+    return {"budget": budget_text(b), "calibration": "chosen" if b["reached"] else b["note"]}
 
 def control_table(store: RunStore, field: str) -> pd.DataFrame:
     """One row per attack of `field` (`CONTROL_COLUMNS`): fired, its recovery on the positive control, its gain above
@@ -429,6 +429,8 @@ def stage_relearn_budget(store: RunStore, field: str) -> dict:
             target = {"forget": [e for e in sp["forget"] if e["profile_id"] in set(ids)]}
             em = lambda s: float(_per_profile(s).reindex(ids).mean())
             def recover(rung, rows=rows, target=target, em=em):
+                # nothing to recover on the positive control at any budget (NaN): no training
+                if math.isnan(recovery(em(ref), em(sup), em(sup), min_drop=r.min_drop)): return math.nan
                 # a fresh copy per rung: the full fine-tune trains the model it is given
                 attacked, _ = relearn(copy.deepcopy(model), tok, budget_rows(rows, rung["rows"], c.seed), c, rung)
                 after = example_scores(attacked, tok, target, c.testbed.max_new_tokens)
@@ -438,7 +440,8 @@ def stage_relearn_budget(store: RunStore, field: str) -> dict:
         pd.DataFrame(table, columns=BUDGET_COLUMNS).to_csv(out / "budget.csv", index=False)
         (out / "chosen.json").write_text(json.dumps(chosen, indent=1))
     deps = _deps(pos) + ["pii", none.result_stage("robust_scores"), pos.result_stage("robust_scores")]
-    d = store.stage(f"relearn_budget_{field}", fn, reads=_budget_reads(), deps=deps)
+    # version 2: a positive control with nothing to recover ends the walk at its first rung (`NOTHING_TO_RECOVER`)
+    d = store.stage(f"relearn_budget_{field}", fn, reads=_budget_reads(), deps=deps, version=2)
     return json.loads((d / "chosen.json").read_text())
 
 def relearn_budget_table(store: RunStore, field: str) -> pd.DataFrame:
