@@ -2337,6 +2337,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                       'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.method_source': ( 'pipeline/stages/unlearn.html#method_source',
                                                                                                       'lume_lab/pipeline/stages/unlearn.py'),
+                                                  'lume_lab.pipeline.stages.unlearn.min_forget_people': ( 'pipeline/stages/unlearn.html#min_forget_people',
+                                                                                                          'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.operating_point_label': ( 'pipeline/stages/unlearn.html#operating_point_label',
                                                                                                               'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.operating_points': ( 'pipeline/stages/unlearn.html#operating_points',

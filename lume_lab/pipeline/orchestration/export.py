@@ -32,15 +32,16 @@ def check_testbed_done(store: RunStore) -> None:
                           f"build it first with `lume-lab run --run-id {store.run_id} --only e00 e01 e02`")
 
 def usable_fields(store: RunStore) -> list[str]:
-    """The forget fields of the run with non-empty forget and retain sets (stage `forget_fields`, or the same rule on
-    the testbed)."""
+    """The forget fields of the run with non-empty forget and retain sets and forget people enough for its rule (stage
+    `forget_fields`, or the same rule on the testbed)."""
     if store.is_done("forget_fields"):
         return json.loads((store.path("forget_fields") / "fields.json").read_text())["usable"]
     from lume_lab.inject.testbed import load_testbed
-    from lume_lab.pipeline.stages.unlearn import usable_forget_fields
+    from lume_lab.pipeline.stages.unlearn import min_forget_people, usable_forget_fields
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return usable_forget_fields(load_testbed(store.path("testbed")), list(store.config.unlearn.forget_fields))[0]
+        return usable_forget_fields(load_testbed(store.path("testbed")), list(store.config.unlearn.forget_fields),
+                                    min_forget_people(store.config))[0]
 
 def resolve_fields(store: RunStore, fields=None) -> list[str]:
     """`fields` (default: every usable forget field), each checked to be one the run unlearns;

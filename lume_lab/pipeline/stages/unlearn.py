@@ -23,12 +23,12 @@ from ..orchestration.launch import launched_stage
 # %% auto #0
 __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
            'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
-           'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'usable_forget_fields',
-           'stage_forget_fields', 'schedule_steps', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
-           'run_to_operating_point', 'stage_unlearn', 'operating_point_label', 'operating_points', 'load_unlearned',
-           'load_method_stage', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source',
-           'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
-           'localization_source']
+           'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
+           'usable_forget_fields', 'stage_forget_fields', 'schedule_steps', 'trajectory_splits',
+           'run_at_operating_point', 'trajectory_keys', 'run_to_operating_point', 'stage_unlearn',
+           'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
+           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
+           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -77,43 +77,55 @@ def unlearn_name(method: str, field: str, control: bool = False) -> str:
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #cbc9ce08
 class EmptySplitWarning(StageWarning):
-    "A forget field is skipped: its testbed forget or retain set holds no memorized profile."
+    """A forget field is skipped: its testbed forget or retain set holds no memorized profile, or its forget set fewer
+    people than the operating-point rule needs."""
 
-def usable_forget_fields(testbed, fields: list[str]) -> tuple[list[str], list[dict]]:
-    """(usable, skipped) of `fields` on a testbed DatasetDict:
-    a field is skipped, with an `EmptySplitWarning`, when its forget or retain set is empty."""
+def min_forget_people(cfg) -> int:
+    """The fewest memorized forget people a field needs: 2 under an operating-point rule (`unlearn.operating_point`),
+    which chooses the point on a share of them and reports on the rest (`analysis.trajectory.choosing_split`);
+    else 1."""
+    return 2 if cfg.unlearn.operating_point else 1
+
+def usable_forget_fields(testbed, fields: list[str], min_forget: int = 1) -> tuple[list[str], list[dict]]:
+    """(usable, skipped) of `fields` on a testbed DatasetDict: a field is skipped, with an `EmptySplitWarning`, when
+    its forget or retain set is empty, or its forget set holds fewer than `min_forget` people (`min_forget_people`)."""
     from lume_lab.inject.testbed import field_split_names, field_splits, split_size
     usable, skipped = [], []
     for f in fields:
         names, sp = field_split_names(f), field_splits(testbed, f)
         sizes = {k: split_size(sp[k])["n_profiles"] for k in ("forget", "retain")}
         empty = [k for k, n in sizes.items() if n == 0]
-        if not empty: usable.append(f); continue
-        skipped.append({"field": f, "empty": empty, **sizes})
+        too_few = not empty and sizes["forget"] < min_forget
+        if not empty and not too_few: usable.append(f); continue
+        skipped.append({"field": f, "empty": empty, **sizes, **({"min_forget": min_forget} if too_few else {})})
+        why = (f"the testbed's {' and '.join(names[k] for k in empty)} set is empty" if empty else
+               f"its forget set holds {sizes['forget']} memorized profile, and the operating-point rule "
+               f"(unlearn.operating_point) needs at least {min_forget}: a share of the people to choose the point on, "
+               "the rest to report on")
         warnings.warn(EmptySplitWarning(
-            f"SKIPPED forget field {f!r}: the testbed's {' and '.join(names[k] for k in empty)} set is empty "
-            f"(forget {sizes['forget']} / retain {sizes['retain']} memorized profiles); no unlearning, evaluation or "
-            f"localization runs on it (see testbed/extraction_rates.csv)", field=f, empty=empty, **sizes), stacklevel=2)
+            f"SKIPPED forget field {f!r}: {why} (forget {sizes['forget']} / retain {sizes['retain']} memorized "
+            "profiles); no unlearning, evaluation or localization runs on it (see testbed/extraction_rates.csv)",
+            field=f, empty=empty, **sizes), stacklevel=2)
     return usable, skipped
 
 def stage_forget_fields(store: RunStore) -> list[str]:
-    """The fields of `unlearn.forget_fields` with non-empty forget and retain sets (stage `forget_fields`);
-    fails when there is none."""
+    """The fields of `unlearn.forget_fields` with non-empty forget and retain sets, and forget people enough for the
+    run's rule (`min_forget_people`; stage `forget_fields`); fails when there is none."""
     c, tb = store.config, stage_testbed(store)
+    need = min_forget_people(c)
     def fn(out):
-        usable, skipped = usable_forget_fields(tb, list(c.unlearn.forget_fields))
+        usable, skipped = usable_forget_fields(tb, list(c.unlearn.forget_fields), need)
         if not usable:
             raise ValueError(
                 f"no usable forget field: every field of unlearn.forget_fields {list(c.unlearn.forget_fields)} has an "
-                f"empty forget or retain set ({skipped}); inject longer, choose fields the model memorized "
-                f"(testbed/extraction_rates.csv), or set testbed.require_memorized=false"
+                f"empty forget or retain set, or under {need} forget people ({skipped}); inject longer, choose fields "
+                f"the model memorized (testbed/extraction_rates.csv), or set testbed.require_memorized=false"
             )
         (out / "fields.json").write_text(json.dumps({"usable": usable, "skipped": skipped}, indent=1))
-    return json.loads(
-        (
-            store.stage("forget_fields", fn, reads=["unlearn.forget_fields"], deps=["testbed"]) / "fields.json"
-        ).read_text()
-    )["usable"]
+    # the minimum is an input only where the rule raises it: a run without a rule keeps its key
+    d = store.stage("forget_fields", fn, reads=["unlearn.forget_fields"], deps=["testbed"],
+                    inputs={"min_forget": need} if need > 1 else None)
+    return json.loads((d / "fields.json").read_text())["usable"]
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #11201b9e
 # 2: the run stops at the operating point and writes trajectory.csv, operating_point.json (1: the whole schedule)
