@@ -166,8 +166,12 @@ def _injection_section(rep: Path) -> list:
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #09da7167
 def _unlearning_section(rep: Path) -> list:
-    "e03: forget / retain / utility per method (Fig. 4a) and the training logs."
-    blocks = [
+    """e03: the forget fields it skipped (`skipped_fields.csv`: not judged, and why), forget / retain / utility per
+    method (Fig. 4a) and the training logs."""
+    sk = pd.read_csv(rep / "skipped_fields.csv") if (rep / "skipped_fields.csv").is_file() else pd.DataFrame()
+    blocks = [banner(f"{r.field} is not unlearned or judged: {r.why} (forget {r.forget} / retain {r.retain} memorized "
+                     "profiles).") for r in sk.itertuples()]
+    blocks += [
         b
         for f in fields_in(rep.parent, "unlearning_")
         if f != "logs"
@@ -581,7 +585,7 @@ register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
 register_section("Unlearning (Fig. 4a)", ("e03",),
                  ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png", "operating_points_*.csv",
-                  "tradeoff_*.png"),
+                  "tradeoff_*.png", "skipped_fields.csv"),
                  _unlearning_section)
 register_section("Localization precision (Fig. 4b)", ("e04",),
                  ("localization_summary.csv", "localization_pieces.csv", "localization_*.png"),

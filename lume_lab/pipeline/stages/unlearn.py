@@ -24,7 +24,7 @@ from ..orchestration.launch import launched_stage
 __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
            'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
            'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
-           'usable_forget_fields', 'stage_forget_fields', 'schedule_steps', 'trajectory_splits',
+           'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps', 'trajectory_splits',
            'run_at_operating_point', 'trajectory_keys', 'run_to_operating_point', 'stage_unlearn',
            'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
            'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
@@ -126,6 +126,17 @@ def stage_forget_fields(store: RunStore) -> list[str]:
     d = store.stage("forget_fields", fn, reads=["unlearn.forget_fields"], deps=["testbed"],
                     inputs={"min_forget": need} if need > 1 else None)
     return json.loads((d / "fields.json").read_text())["usable"]
+
+def skipped_fields_table(store: RunStore) -> pd.DataFrame:
+    """The forget fields `stage_forget_fields` skipped, one row each: field, forget and retain memorized profiles, and
+    why, in words (e03 writes it as `skipped_fields.csv`; the report says each one is not judged)."""
+    stage_forget_fields(store)
+    rows = json.loads((store.path("forget_fields") / "fields.json").read_text())["skipped"]
+    why = lambda s: (f"its {' and '.join(s['empty'])} set is empty" if s["empty"] else
+                     f"its forget set holds {s['forget']} memorized profile, under the {s['min_forget']} the "
+                     "operating-point rule needs (a share to choose the point on, the rest to report on)")
+    return pd.DataFrame([{"field": s["field"], "forget": s["forget"], "retain": s["retain"], "why": why(s)}
+                         for s in rows], columns=["field", "forget", "retain", "why"])
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #11201b9e
 # 2: the run stops at the operating point and writes trajectory.csv, operating_point.json (1: the whole schedule)
