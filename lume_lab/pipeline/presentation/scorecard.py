@@ -545,9 +545,9 @@ def _interval_rows(run_dir) -> pd.DataFrame:
         t = t[t.test.isin(list(robust))]
         parts.append(pd.DataFrame({"field": t.field, "method": t.method, "column": t.test.map(robust),
                                    "value": t.value, "lo": t.lo, "hi": t.hi}))
+    parts = [x for x in parts if len(x)]
     cols = ["field", "method", "column", "value", "lo", "hi"]
-    return pd.concat([x for x in parts if len(x)], ignore_index=True) if any(len(x) for x in parts) else (
-        pd.DataFrame(columns=cols))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 def file_intervals(run_dirs: list[Path]) -> pd.DataFrame | None:
     """Per (field, method), `<column>_ci` ("[lo, hi]") for each REMIND and recovery metric whose interval every run
