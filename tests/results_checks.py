@@ -153,10 +153,16 @@ def _scorecard_columns(run_dirs) -> list[str]:
 
 
 def check_interval_cell(label: str, cell: str, row) -> None:
-    """A localization interval "[lo, hi]" with lo <= hi in [0, 1], or blank; its reading the one that interval gives
-    (lower bound above 0.5: localized; upper below: anti-localized; else cannot tell)."""
+    """An interval "[lo, hi]" with lo <= hi, or blank. A localization interval (a reading beside it) lies in [0, 1],
+    and its reading is the one that interval gives (lower bound above 0.5: localized; upper below: anti-localized;
+    else cannot tell); REMIND's and the recoveries' (e05, e10) have no reading."""
     head = label.removesuffix(" 95% CI").removesuffix(" reading")
     ci, reading = row.get(f"{head} 95% CI", ""), row.get(f"{head} reading", "")
+    if f"{head} reading" not in row.index:
+        if not ci: return
+        m = re.fullmatch(r"\[(-?\d+(?:\.\d+)?), (-?\d+(?:\.\d+)?)\]", ci)
+        assert m and float(m.group(1)) <= float(m.group(2)), (label, ci)
+        return
     if not ci: assert reading in ("", "not applicable"), (label, ci, reading); return
     m = re.fullmatch(r"\[(\d\.\d{3}), (\d\.\d{3})\]", ci)
     assert m, (label, ci)
@@ -428,8 +434,8 @@ def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
 
 def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
     """Every cell of a dose-response table (field, run) is its dose_summary_<field>.csv cell:
-    the point (p and r, or an older sweep's kind and level), its mask's size, precision and recall, each measure's
-    mean ± sd."""
+    the point (p and r, or an older sweep's kind and level), its mask's size, precision and recall, where it was
+    judged (operating point), each measure's mean ± sd."""
     labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
     want = {
         (p.stem.removeprefix("dose_summary_"), l)
@@ -447,6 +453,9 @@ def check_dose_tables(tables: list, run_dirs: list[Path]) -> int:
         for i, ((_, row), (_, src)) in enumerate(zip(t.iterrows(), s.iterrows())):
             at = (heads, *(v[i] for v in point.values()))
             for c in t.columns[2:]:
+                if c == "operating point":            # where the point was judged, in words: the summary's text
+                    assert row[c] == ("" if pd.isna(src.get("operating_point")) else src["operating_point"]), (at, c)
+                    checked += 1; continue
                 col = c if c in facts else DOSE_CELLS.get(c)
                 assert col is not None, f"column {c!r} of the dose table is not one the check knows"
                 tokens = row[c].split(" ± ") if row[c] else []

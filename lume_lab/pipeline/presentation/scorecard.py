@@ -566,7 +566,7 @@ def file_intervals(run_dirs: list[Path]) -> pd.DataFrame | None:
             own = sqrt(sum(((b - a) / (2 * q)) ** 2 for a, b in zip(g.lo, g.hi))) / k
             se = max(own, g.value.std(ddof=1) / sqrt(k))
             lo, hi = g.value.mean() - q * se, g.value.mean() + q * se
-        return f"[{lo:.4g}, {hi:.4g}]"
+        return f"[{round(lo, 4):g}, {round(hi, 4):g}]"          # plain decimals: never 1e-05
     ci = t.groupby(["field", "method", "column"], sort=False)[["value", "lo", "hi", "run"]].apply(one)
     return ci.unstack("column").add_suffix("_ci").fillna("")
 
