@@ -2353,6 +2353,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                      'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.schedule_steps': ( 'pipeline/stages/unlearn.html#schedule_steps',
                                                                                                        'lume_lab/pipeline/stages/unlearn.py'),
+                                                  'lume_lab.pipeline.stages.unlearn.skip_reason': ( 'pipeline/stages/unlearn.html#skip_reason',
+                                                                                                    'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.skipped_fields_table': ( 'pipeline/stages/unlearn.html#skipped_fields_table',
                                                                                                              'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.stage_evaluate': ( 'pipeline/stages/unlearn.html#stage_evaluate',

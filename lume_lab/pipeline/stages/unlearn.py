@@ -24,8 +24,8 @@ from ..orchestration.launch import launched_stage
 __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
            'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
            'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
-           'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps', 'trajectory_splits',
-           'run_at_operating_point', 'trajectory_keys', 'run_to_operating_point', 'stage_unlearn',
+           'skip_reason', 'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps',
+           'trajectory_splits', 'run_at_operating_point', 'trajectory_keys', 'run_to_operating_point', 'stage_unlearn',
            'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
            'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
            'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
@@ -86,6 +86,14 @@ def min_forget_people(cfg) -> int:
     else 1."""
     return 2 if cfg.unlearn.operating_point else 1
 
+def skip_reason(entry: dict, names: dict | None = None) -> str:
+    """Why a field was skipped, in words, from its `usable_forget_fields` entry; `names`: split kind -> the testbed's
+    split name, to name the empty sets by it."""
+    if entry["empty"]: return f"its {' and '.join((names or {}).get(k, k) for k in entry['empty'])} set is empty"
+    return (f"its forget set holds {entry['forget']} memorized profile, and the operating-point rule "
+            f"(unlearn.operating_point) needs at least {entry['min_forget']}: a share of the people to choose the "
+            "point on, the rest to report on")
+
 def usable_forget_fields(testbed, fields: list[str], min_forget: int = 1) -> tuple[list[str], list[dict]]:
     """(usable, skipped) of `fields` on a testbed DatasetDict: a field is skipped, with an `EmptySplitWarning`, when
     its forget or retain set is empty, or its forget set holds fewer than `min_forget` people (`min_forget_people`)."""
@@ -98,12 +106,9 @@ def usable_forget_fields(testbed, fields: list[str], min_forget: int = 1) -> tup
         too_few = not empty and sizes["forget"] < min_forget
         if not empty and not too_few: usable.append(f); continue
         skipped.append({"field": f, "empty": empty, **sizes, **({"min_forget": min_forget} if too_few else {})})
-        why = (f"the testbed's {' and '.join(names[k] for k in empty)} set is empty" if empty else
-               f"its forget set holds {sizes['forget']} memorized profile, and the operating-point rule "
-               f"(unlearn.operating_point) needs at least {min_forget}: a share of the people to choose the point on, "
-               "the rest to report on")
         warnings.warn(EmptySplitWarning(
-            f"SKIPPED forget field {f!r}: {why} (forget {sizes['forget']} / retain {sizes['retain']} memorized "
+            f"SKIPPED forget field {f!r}: {skip_reason(skipped[-1], names)} "
+            f"(forget {sizes['forget']} / retain {sizes['retain']} memorized "
             "profiles); no unlearning, evaluation or localization runs on it (see testbed/extraction_rates.csv)",
             field=f, empty=empty, **sizes), stacklevel=2)
     return usable, skipped
@@ -132,11 +137,8 @@ def skipped_fields_table(store: RunStore) -> pd.DataFrame:
     why, in words (e03 writes it as `skipped_fields.csv`; the report says each one is not judged)."""
     stage_forget_fields(store)
     rows = json.loads((store.path("forget_fields") / "fields.json").read_text())["skipped"]
-    why = lambda s: (f"its {' and '.join(s['empty'])} set is empty" if s["empty"] else
-                     f"its forget set holds {s['forget']} memorized profile, under the {s['min_forget']} the "
-                     "operating-point rule needs (a share to choose the point on, the rest to report on)")
-    return pd.DataFrame([{"field": s["field"], "forget": s["forget"], "retain": s["retain"], "why": why(s)}
-                         for s in rows], columns=["field", "forget", "retain", "why"])
+    cols = ["field", "forget", "retain"]
+    return pd.DataFrame([{**{k: s[k] for k in cols}, "why": skip_reason(s)} for s in rows], columns=[*cols, "why"])
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #11201b9e
 # 2: the run stops at the operating point and writes trajectory.csv, operating_point.json (1: the whole schedule)
