@@ -450,7 +450,8 @@ def test_remind_intervals_on_the_page(tmp_path):
     got = card[card.field == "phone_number"].set_index("method").remind_auc_rf_ci
     both = [m for m in got.index if m in rf.index]          # the scorecard's methods (REMIND also scores `base`, ...)
     assert len(both) >= 3 and "none" in both
-    assert {m: got[m] for m in both} == {m: f"[{rf.remind_lo[m]:.4g}, {rf.remind_hi[m]:.4g}]" for m in both}
+    bounds = {m: [float(x) for x in got[m].strip("[]").split(",")] for m in both}   # "[lo, hi]", plain decimals
+    assert bounds == {m: pytest.approx([rf.remind_lo[m], rf.remind_hi[m]], abs=1e-4) for m in both}
     cells = R.verdict_cells(card).merge(card[["field", "method"]], left_on="row", right_index=True)
     judged = cells[(cells.column == "remind_auc_rf") & (cells.field == "phone_number") & (cells.method != "none")]
     assert len(judged) == len(both) - 1 and S.NO_INTERVAL not in set(judged.verdict) and (judged.se > 0).all()
