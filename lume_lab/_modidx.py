@@ -1651,6 +1651,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                   'lume_lab/pipeline/presentation/report.py'),
                                                        'lume_lab.pipeline.presentation.report.reproduce_command': ( 'pipeline/presentation/report.html#reproduce_command',
                                                                                                                     'lume_lab/pipeline/presentation/report.py'),
+                                                       'lume_lab.pipeline.presentation.report.skipped_banners': ( 'pipeline/presentation/report.html#skipped_banners',
+                                                                                                                  'lume_lab/pipeline/presentation/report.py'),
                                                        'lume_lab.pipeline.presentation.report.small_splits': ( 'pipeline/presentation/report.html#small_splits',
                                                                                                                'lume_lab/pipeline/presentation/report.py'),
                                                        'lume_lab.pipeline.presentation.report.stage_family': ( 'pipeline/presentation/report.html#stage_family',

@@ -210,19 +210,22 @@ def test_page_of_a_run_without_outputs_says_so(tmp_path):
 
 
 def test_a_skipped_field_is_named_with_its_reason(tmp_path):
-    """e03's skipped_fields.csv: each field it did not unlearn gets a banner in the Unlearning section saying so and
-    why; without the file (or with it empty) there is none."""
+    """e03's skipped_fields.csv: each field it did not unlearn gets a banner saying so and why, in the Unlearning
+    section and under the verdict's headline (the first screen); without the file (or with it empty) there is none."""
     run = _copy_run(tmp_path / "mini")
     why = "its forget set holds 1 memorized profile, under the 2 the operating-point rule needs"
     pd.DataFrame({"field": ["birth_city"], "forget": [1], "retain": [4], "why": [why]}).to_csv(
         run / "report" / "skipped_fields.csv", index=False)
-    sec = h2_sections(R.write_report([run]).read_text())["Unlearning (Fig. 4a)"]
-    found = re.findall(r'<div class="banner"[^>]*>([^<]+)</div>', sec)
-    assert [html.unescape(b) for b in found] == [
-        f"birth_city is not unlearned or judged: {why} (forget 1 / retain 4 memorized profiles)."]
+    secs = h2_sections(R.write_report([run]).read_text())
+    said = f"birth_city is not unlearned or judged: {why} (forget 1 / retain 4 memorized profiles)."
+    for name in ("Unlearning (Fig. 4a)", "Verdict"):
+        found = re.findall(r'<div class="banner"[^>]*>([^<]+)</div>', secs[name])
+        assert said in [html.unescape(b) for b in found], name
+    assert len(re.findall(r'<div class="banner"', secs["Unlearning (Fig. 4a)"])) == 1
     none = pd.DataFrame(columns=["field", "forget", "retain", "why"])
     none.to_csv(run / "report" / "skipped_fields.csv", index=False)
-    assert 'class="banner"' not in h2_sections(R.write_report([run]).read_text())["Unlearning (Fig. 4a)"]
+    secs = h2_sections(R.write_report([run]).read_text())
+    assert 'class="banner"' not in secs["Unlearning (Fig. 4a)"] and "not unlearned or judged" not in secs["Verdict"]
 
 
 def _set_split_sizes(run: Path, forget: int, retain: int):

@@ -24,12 +24,12 @@ from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, rep
 __all__ = ['LONG_TABLE', 'LOCALIZATION_NOTE', 'LUME_COLUMNS', 'PAGE_SECTIONS', 'PAGE_FILES', 'ARROWS', 'SMALL_SPLIT',
            'TESTBED_FLOOR', 'COSTLY_POINTS', 'HEADLINE_COLUMNS', 'SHARE_COLUMNS', 'EMPTY_NOTE', 'SCORECARD_NOTE', 'CSS',
            'fmt_num', 'did_not_fire', 'format_scorecard', 'heading', 'paragraph', 'banner', 'table', 'figure',
-           'preformatted', 'details', 'collapsed', 'fields_in', 'localization_headline', 'remind_separation',
-           'jaccard_empty', 'dose_summary', 'Section', 'register_section', 'report_patterns', 'write_report_file',
-           'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls', 'headline', 'card_interval',
-           'value_se', 'verdict_cells', 'verdict_table', 'verdict_footer', 'verdict_figure', 'reproduce_command',
-           'stage_family', 'stage_times', 'threads_text', 'report_blocks', 'inline_html', 'render_html', 'md_table',
-           'render_markdown', 'read_html_tables', 'write_report']
+           'preformatted', 'details', 'collapsed', 'fields_in', 'skipped_banners', 'localization_headline',
+           'remind_separation', 'jaccard_empty', 'dose_summary', 'Section', 'register_section', 'report_patterns',
+           'write_report_file', 'verdict_marks', 'small_splits', 'empty_testbeds', 'attack_controls', 'headline',
+           'card_interval', 'value_se', 'verdict_cells', 'verdict_table', 'verdict_footer', 'verdict_figure',
+           'reproduce_command', 'stage_family', 'stage_times', 'threads_text', 'report_blocks', 'inline_html',
+           'render_html', 'md_table', 'render_markdown', 'read_html_tables', 'write_report']
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #78763394
 def fmt_num(v, digits: int) -> str:
@@ -165,12 +165,16 @@ def _injection_section(rep: Path) -> list:
     return blocks
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #09da7167
-def _unlearning_section(rep: Path) -> list:
-    """e03: the forget fields it skipped (`skipped_fields.csv`: not judged, and why), forget / retain / utility per
-    method (Fig. 4a) and the training logs."""
+def skipped_banners(rep: Path) -> list:
+    "A banner per forget field e03 skipped (`skipped_fields.csv`: not unlearned or judged, and why); none without any."
     sk = pd.read_csv(rep / "skipped_fields.csv") if (rep / "skipped_fields.csv").is_file() else pd.DataFrame()
-    blocks = [banner(f"{r.field} is not unlearned or judged: {r.why} (forget {r.forget} / retain {r.retain} memorized "
-                     "profiles).") for r in sk.itertuples()]
+    return [banner(f"{r.field} is not unlearned or judged: {r.why} (forget {r.forget} / retain {r.retain} memorized "
+                   "profiles).") for r in sk.itertuples()]
+
+def _unlearning_section(rep: Path) -> list:
+    """e03: the forget fields it skipped (`skipped_banners`), forget / retain / utility per method (Fig. 4a) and the
+    training logs."""
+    blocks = skipped_banners(rep)
     blocks += [
         b
         for f in fields_in(rep.parent, "unlearning_")
@@ -1076,8 +1080,11 @@ def _not_yet(stems: list[str]) -> tuple:
         "pending",
     )
 
-def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls: pd.DataFrame | None = None) -> list:
-    "Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come."
+def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls: pd.DataFrame | None = None,
+                     skipped: list | None = None) -> list:
+    """Verdict figure, table and legend; for a run under way, the verdict columns whose experiments are still to come.
+    `skipped`: the banners of the forget fields e03 did not judge (`skipped_banners`), under the headline, so the first
+    screen says which fields the verdict leaves out."""
     M = SCORECARD_METRICS
     late = [c for c in verdict_columns() if c not in card and M[c].experiment in waiting]
     if not len(card): return [heading(2, "Verdict"), _not_yet([waiting["e03"]])] if "e03" in waiting else []
@@ -1090,7 +1097,7 @@ def _verdict_section(card: pd.DataFrame, out_dir: Path, waiting: dict, controls:
     empty = empty_testbeds(card)
     words = headline(card, controls)     # the page's opening sentences, before any figure
     withheld = ([heading(2, "Verdict")] + ([paragraph(" ".join(words), "headline")] if words else [])
-                + [banner(s) for s in empty.values()])
+                + [banner(s) for s in empty.values()] + list(skipped or []))
     card = card[~card.field.isin(list(empty))]
     if not len(card): return withheld
     png, (t, cls) = verdict_figure(card), verdict_table(card)
@@ -1150,7 +1157,7 @@ def report_blocks(
     ]
     blocks += (
         _uncommitted_banner(run_dirs) + _test_size_banner(cfg["preset"]) + _split_banner(card)
-        + _verdict_section(card, Path(out_dir or rep), waiting, attack_controls(rep))
+        + _verdict_section(card, Path(out_dir or rep), waiting, attack_controls(rep), skipped_banners(rep))
         + _scorecard_section(card, waiting)
     )
     sections, shown = [], False
