@@ -12,7 +12,7 @@ from ..models.ops import eval_mode, model_device, n_answer_tokens, pad_batch, pa
 from ..models.ops import token_logprobs
 
 # %% auto #0
-__all__ = ['GENERAL_SOURCE', 'continuation_logprobs', 'mc_scores', 'mc_accuracy', 'perplexity', 'prose_paragraphs',
+__all__ = ['MAX_LOGITS', 'GENERAL_SOURCE', 'continuation_logprobs', 'mc_scores', 'mc_accuracy', 'perplexity', 'prose_paragraphs',
            'general_passages', 'general_texts', 'general_digest', 'heldout_texts', 'heldout_kinds', 'utility_scores',
            'utility_table', 'utility_delta', 'lm_eval_available', 'lm_eval_scores']
 
@@ -30,11 +30,15 @@ def _max_length(model, max_length):
     return max_length or getattr(getattr(model, "config", None), "max_position_embeddings", None) or 2048
 
 # %% ../../nbs/metrics/05_utility.ipynb #42fb4aaa
+MAX_LOGITS = 2**26      # logits one forward may hold (256 MB in fp32): a batch of long rows over a large vocabulary
+
 @torch.no_grad()
 def continuation_logprobs(model, pairs: list[tuple[list, list]], batch_size: int = 16, pad_id: int = 0,
-                          max_length: int | None = None) -> list[tuple[float, int]]:
+                          max_length: int | None = None, max_logits: int = MAX_LOGITS) -> list[tuple[float, int]]:
     """(sum log-prob, n tokens) of each continuation given its context; pairs of token-id lists;
-    length-sorted batches, right padding."""
+    length-sorted batches, right padding. A batch holds at most `batch_size` rows, and fewer where rows × width ×
+    vocabulary (`model.config.vocab_size`) would pass `max_logits`: SmolLM2's 49,152-token vocabulary over 16 rows of
+    a few hundred tokens is gigabytes of logits, and as much again for their log-softmax."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     L, seqs, labels = _max_length(model, max_length), [], []
@@ -48,9 +52,12 @@ def continuation_logprobs(model, pairs: list[tuple[list, list]], batch_size: int
         seqs.append(inp); labels.append([-100] * (len(nxt) - k) + nxt[-k:])
     dev, out = model_device(model), [None] * len(pairs)
     order = sorted(range(len(pairs)), key=lambda i: (-len(seqs[i]), i))
+    V, b = getattr(getattr(model, "config", None), "vocab_size", None), 0
     with eval_mode(model):
-        for b in range(0, len(order), batch_size):
-            idx = order[b:b + batch_size]
+        while b < len(order):
+            width = len(seqs[order[b]])                  # the longest row left: the batch's width
+            rows = min(batch_size, max(1, max_logits // (width * V))) if V else batch_size
+            idx, b = order[b:b + rows], b + rows
             x = to_device(pad_batch([seqs[i] for i in idx], pad_id, "right", labels=[labels[i] for i in idx]), dev)
             logits = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).logits
             lp, _ = token_logprobs(logits, x["labels"], shift=False)
