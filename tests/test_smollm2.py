@@ -21,6 +21,9 @@ PARAGRAPH = ("The museum opens at nine in the morning and closes at five in the 
 SMOKE_SETS = [
     "world.n_public_people=8",
     "world.utility_texts=8",
+    # general English on 4 passages, not the preset's 100: the same code path; at 100 it was half the test's time
+    # (eight utility evaluations of ~50 s each on 2 cores)
+    "world.general_texts=4",
     "world.n_cities=40",
     "world.n_mc_questions=6",
     "world.facts_per_relation=8",
@@ -120,6 +123,11 @@ def test_smollm2_preset_smoke_chain(tmp_path, request):
     report = run / "report"
     assert {"masked", "unmasked"} == set(pd.read_csv(report / "extraction_rates.csv").model)
     metrics = pd.read_csv(report / "unlearning_metrics.csv")
+    # utility outside the injected world, on the passages asked for
+    t2 = pd.read_csv(report / "table2_phone_number.csv")
+    general = t2[(t2.split == "utility") & (t2.metric == "general_ppl")]
+    assert len(general) == 1 and general.n_rows.item() == 4, general
+    assert (general[["none", *set(metrics.method) - {"none"}]] > 1).all(axis=None), general   # perplexities, finite
     assert set(metrics.method) == {"none", "oracle_grad", "alphaedit", "grad_diff"}
     loc = pd.read_csv(report / "localization_summary.csv")
     assert set(loc.method) == {"oracle_grad", "alphaedit", "grad_diff"} and loc.auc.between(0, 1).all()
