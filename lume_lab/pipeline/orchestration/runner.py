@@ -262,14 +262,18 @@ class StageWatcher(threading.Thread):
         except (OSError, ValueError): return {}                     # not written yet, or replaced while read: next poll
 
     def _done(self) -> set:
+        "(stage, finished, seconds, the run it was adopted from or None) of every done stage"
         st = self._stages()
-        return {(k, v.get("finished"), v.get("seconds")) for k, v in st.items() if v.get("status") == "done"}
+        return {(k, v.get("finished"), v.get("seconds"), v.get("reused_from"))
+                for k, v in st.items() if v.get("status") == "done"}
 
     def poll(self) -> None:
         done = self._done()
-        for k, _, s in sorted(done - self.seen, key=lambda x: str(x[1])):
-            self.out(f"    · {k} in {duration(s)} · elapsed {duration(self.clock() - self.t0)}")
-            self.last_line = self.clock(); self.computed += 1
+        for k, _, s, adopted in sorted(done - self.seen, key=lambda x: str(x[1])):
+            how = f"adopted from {adopted}" if adopted else f"in {duration(s)}"
+            self.out(f"    · {k} {how} · elapsed {duration(self.clock() - self.t0)}")
+            # an adopted stage was computed elsewhere: it says nothing about this machine's pace
+            self.last_line = self.clock(); self.computed += not adopted
         self.seen |= done
         if self.clock() - self.last_line >= self.quiet: self.beat()
 
