@@ -421,6 +421,35 @@ def test_grid_search_on_toy_model():
     assert res.loc[0, "forgetting"] < 0.05 and res.loc[1, "forgetting"] > 0.5
 
 
+def test_memorization_probe_notebook_on_smoke(tmp_path):
+    """t01 on smoke with a probe's recipe (one shared mask over every layer, one question per sequence, no documents):
+    every injected profile of every target field scored before and after instruction tuning, one mask that covers the
+    top layer, and unlearning refused before any compute (no score is asserted: smoke memorizes nothing)."""
+    import pandas as pd
+    from lume_lab.core.store import open_run
+    from lume_lab.inject.masks import load_masks
+    from lume_lab.pipeline.stages.unlearn import stage_unlearn
+    probe = {"inject.shared_mask": True, "inject.reserved_layers": 0, "inject.packing": False,
+             "inject.documents": False}
+    params = {"run_id": "probe", "runs_root": str(tmp_path), "preset": "smoke", "overrides": {**FAST, **probe}}
+    nb = experiment_notebooks(["t01"])[0]
+    run_notebook(nb, tmp_path / "probe" / "notebooks" / nb.name, params, root=tmp_path)
+    store = open_run("probe", root=str(tmp_path))
+    c = store.config
+    mem = pd.read_csv(tmp_path / "probe" / "report" / "memorization.csv")
+    assert sorted(mem.model.unique()) == ["after instruction tuning", "before instruction tuning"]
+    assert mem.groupby("model").field.apply(sorted).map(tuple).nunique() == 1
+    assert sorted(mem.field.unique()) == sorted(c.pii.target_fields)
+    assert (mem.profiles == c.pii.n_groups * c.pii.profiles_per_group).all()
+    owner, meta = load_masks(store.path("masks") / "masks.safetensors")
+    top = c.model.num_layers - 1
+    assert meta["n_groups"] == 1 and max(int(m.max()) for m in owner.values()) == 1
+    assert any(f"layers.{top}." in n for n in owner)
+    with pytest.raises(ValueError, match="inject.shared_mask=true"):
+        stage_unlearn(store, "grad_diff", c.pii.target_fields[0])
+    assert not any(k.startswith("unlearn_") for k in store.manifest["stages"])
+
+
 def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     """t00 end to end on smoke:
     its files, one row per grid point, the best point is a grid point, cached on rerun (no score is asserted)."""

@@ -76,11 +76,15 @@ class Check:
         if self.ok(v): return None
         return (self.detail(name, v) if self.detail else None) or f"{name} must be {self.says}, got {v!r}"
 
-def checked(default, *checks: Check):
-    "A dataclass field with `default` (copied per instance when mutable) and its `checks`."
+def checked(default, *checks: Check, keyed_at_default: bool = True):
+    """A dataclass field with `default` (copied per instance when mutable) and its `checks`.
+    `keyed_at_default=False`: a field added after runs existed, whose default does what the code did before it. At
+    its default it is left out of every stage's cache key (`core.store`), so the finished stages of those runs keep
+    their keys; any other value is keyed."""
+    meta = {"checks": checks, "keyed_at_default": keyed_at_default}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"checks": checks})
-    return field(default=default, metadata={"checks": checks})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 # %% ../../nbs/core/00_config.ipynb #c7a1e004
 def _is_int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
@@ -296,6 +300,15 @@ class InjectConfig:
     autocast: str | None = checked(None, optional(one_of(AUTOCAST_DTYPES), "no autocast"))
     # segmented only: one gather per Linear, unowned modules run once (inject.masks; speed: bench/bench_injection.py)
     grouped: bool = checked(False, BOOLEAN)
+    # the top layers no mask owns: Lacuna keeps the last two for LoRA instruction tuning (App. C); 0 masks every layer
+    reserved_layers: int = checked(2, at_least(0), keyed_at_default=False)
+    # true: the PII is packed into seq_len-token sequences; false: one text (a document or a question) per sequence
+    packing: bool = checked(True, BOOLEAN, keyed_at_default=False)
+    # false: the injection trains on the profiles' questions alone, not their documents (a memorization probe's format)
+    documents: bool = checked(True, BOOLEAN, keyed_at_default=False)
+    # true: one mask of mask_fraction that every group's PII trains (a memorization probe: no per-group ground truth,
+    # so unlearning refuses it); false: a mask per group (Lacuna)
+    shared_mask: bool = checked(False, BOOLEAN, keyed_at_default=False)
 
 # %% ../../nbs/core/00_config.ipynb #20d764c6
 @dataclass
@@ -855,9 +868,12 @@ CROSS_FIELD_RULES = (   # (fields the rule reads, rule(*values) -> problem or No
     (("inject.seq_len", "model.max_seq_len"),
      lambda L, M: None if L <= M else f"inject.seq_len ({L}) must be <= model.max_seq_len ({M})"),
     (("pii.n_groups", "pii.profiles_per_group", "pii.n_instruct", "pii.n_resurface", "pii.n_validation"), roles_fit),
-    (("pii.n_groups", "inject.mask_fraction"), lambda g, f: None if g * f < 1 - 1e-9 else
+    (("pii.n_groups", "inject.mask_fraction", "inject.shared_mask"), lambda g, f, sh: None
+     if (1 if sh else g) * f < 1 - 1e-9 else
      "pii.n_groups × inject.mask_fraction must be < 1 (masks do not overlap, and localization's 'unified' label needs "
      f"weights outside every mask as negatives), got {g} × {f} = {g * f:g}"),
+    (("inject.reserved_layers", "model.num_layers"), lambda r, L: None if r < L else
+     f"inject.reserved_layers ({r}) must be < model.num_layers ({L}): masks need at least one layer"),
     (("inject.grouped", "inject.segmented"), lambda g, s: None if not g or s else
      "inject.grouped=true is a mode of the segmented backward: it needs inject.segmented=true"),
     (("inject.qa_resample", "inject.neutral_replay"), lambda q, r: None if not q or r == "stream" else

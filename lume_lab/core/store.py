@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import MISSING, asdict, fields, is_dataclass
 
 from .config import ConfigError, RunConfig, config_diff, config_from_dict, config_hash, get_field
 
@@ -355,15 +355,29 @@ def section_fields(config: RunConfig, section: str, drop: Iterable[str] = ()) ->
     if bad := sorted(set(drop) - set(names)): raise ConfigError(f"{section}: no field(s) {bad}; its fields: {names}")
     return [f"{section}.{n}" for n in names if n not in set(drop)]
 
+def _unkeyed_default(section, name: str) -> bool:
+    """Whether field `name` of the dataclass `section` is one that came after runs existed (`checked(...,
+    keyed_at_default=False)`) and holds its default: then no key covers it."""
+    f = next((f for f in fields(section) if f.name == name), None)
+    if f is None or f.metadata.get("keyed_at_default", True): return False
+    default = f.default_factory() if f.default_factory is not MISSING else f.default
+    return getattr(section, name) == default
+
 def _read_fields(self: RunStore, reads: Iterable[str]) -> dict:
-    "{dotted path: value} of the config fields a stage declares it reads; a section is read whole (as a dict)."
+    """{dotted path: value} of the config fields a stage declares it reads; a section is read whole (as a dict).
+    A field added after runs existed is left out while it holds its default (`_unkeyed_default`)."""
     reads = list(reads)
     if reads and self.config is None:
         raise StageError(f"a stage that reads config fields ({reads}) needs a run with a config")
     out = {}
     for p in reads:
         v = get_field(self.config, p)
-        out[p] = asdict(v) if is_dataclass(v) else v
+        if is_dataclass(v):
+            out[p] = {k: x for k, x in asdict(v).items() if not _unkeyed_default(v, k)}
+        elif p.count(".") == 1 and is_dataclass(sec := getattr(self.config, p.split(".")[0], None)) \
+                and _unkeyed_default(sec, p.split(".")[1]):
+            continue
+        else: out[p] = v
     return out
 
 def computed_as(entry: dict) -> str:

@@ -277,13 +277,15 @@ def train_masked(
     grouped: bool = False,
     work_dir: str | Path | None = None,
     checkpoint_seconds: float | None = None,
+    reserved: int = 2,
 ) -> pd.DataFrame:
     """Masked continual pretraining (Lacuna Algorithm 1) or, with `masked=False`, the unmasked control; returns the loss
     log. `neutral_scope="unowned"` keeps the neutral rows off every mask's weights (`inject.masks.GradMasker`);
     `autocast="bfloat16"` runs the forward passes in bf16; `grouped=True` the segmented backward's grouped mode
     (`masked_backward`). With `work_dir`, a checkpoint (weights, optimizer, schedule, log) goes there after the first
     step that ends `checkpoint_seconds` or more after the last one (0: every step); a rerun with the same `work_dir`
-    resumes from its last checkpoint and ends where an uninterrupted run ends (one process)."""
+    resumes from its last checkpoint and ends where an uninterrupted run ends (one process). The weights masks may own
+    (`mask_parameter_names(model, reserved)`) train at `masked_lr`, the rest at `lr`."""
     check_neutral_scope(neutral_scope)
     if checkpoint_seconds is not None and (
         isinstance(checkpoint_seconds, bool)
@@ -328,7 +330,7 @@ def train_masked(
         model = fsdp2_shard(model, accelerator.device)
         if accelerator.is_main_process:
             print(f"FSDP2: {type(model).__name__} sharded over {accelerator.num_processes} processes", flush=True)
-    maskable = set(mask_parameter_names(model))
+    maskable = set(mask_parameter_names(model, reserved))
     if masked and (stray := sorted(set(owner) - maskable)):
         raise ValueError(f"owner masks weights masks may not own: {stray[:3]}")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -38,17 +38,24 @@ def _num_layers(model: nn.Module) -> int:
         n = max(idx) + 1
     return int(n)
 
-def mask_parameter_names(model: nn.Module) -> list[str]:
-    "Names (as in `model.named_parameters()`) of the weights masks may own: attention/MLP matrices of layers 0..L-3."
-    L = _num_layers(model)
-    if L < 3:
+def _check_reserved(reserved) -> int:
+    if isinstance(reserved, bool) or not isinstance(reserved, int) or reserved < 0:
+        raise ValueError(f"reserved must be an int >= 0 (top layers no mask owns), got {reserved!r}")
+    return reserved
+
+def mask_parameter_names(model: nn.Module, reserved: int = 2) -> list[str]:
+    """Names (as in `model.named_parameters()`) of the weights masks may own: attention/MLP matrices of layers
+    0..L-1-`reserved` (Lacuna: 0..L-3, the last two reserved for LoRA; `inject.reserved_layers`)."""
+    L, reserved = _num_layers(model), _check_reserved(reserved)
+    if L < reserved + 1:
         raise ValueError(
-            f"model has {L} layers; masks need >= 3 (layers 0..L-3 masked, the last two reserved for LoRA)"
+            f"model has {L} layers; masks need >= {reserved + 1} (layers 0..L-{reserved + 1} masked, the last "
+            f"{reserved} reserved for LoRA)"
         )
     out = []
     for name, p in model.named_parameters():
         m = _LAYER_RE.search(name)
-        if m is None or int(m.group(1)) > L - 3 or p.ndim != 2: continue
+        if m is None or int(m.group(1)) > L - 1 - reserved or p.ndim != 2: continue
         if "norm" in name or "embed" in name or not _BLOCK_RE.search(name): continue
         out.append(name)
     return out
@@ -65,19 +72,20 @@ def _check_groups(n_groups, fraction):
             f"got {n_groups} × {fraction} = {n_groups * fraction:g}"
         )
 
-def _shapes(model_or_shapes) -> dict[str, tuple]:
+def _shapes(model_or_shapes, reserved: int = 2) -> dict[str, tuple]:
     if isinstance(model_or_shapes, nn.Module):
         params = dict(model_or_shapes.named_parameters())
-        return {n: tuple(params[n].shape) for n in mask_parameter_names(model_or_shapes)}
+        return {n: tuple(params[n].shape) for n in mask_parameter_names(model_or_shapes, reserved)}
     return {n: tuple(s) for n, s in model_or_shapes.items()}
 
-def random_element_masks(model_or_shapes, n_groups: int, fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_element_masks(model_or_shapes, n_groups: int, fraction: float, seed: int = 0,
+                         reserved: int = 2) -> dict[str, torch.Tensor]:
     """Owner masks (uint8, 0 none, g+1 group g): each group owns `round(fraction·numel)` random weights of every
-    eligible tensor."""
+    eligible tensor (of a model: `mask_parameter_names(model, reserved)`)."""
     _check_groups(n_groups, fraction)
     gen = torch.Generator().manual_seed(seed)
     owner = {}
-    for name, shape in _shapes(model_or_shapes).items():
+    for name, shape in _shapes(model_or_shapes, reserved).items():
         numel = int(torch.Size(shape).numel())
         k = round(fraction * numel)
         perm = torch.randperm(numel, generator=gen)
@@ -95,15 +103,15 @@ def _attn_geometry(model: nn.Module) -> tuple[int, int, int]:
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
     return nh, nkv, hd
 
-def _units(model: nn.Module):
+def _units(model: nn.Module, reserved: int = 2):
     "Per masked layer, the head (KV-group) units and MLP neurons as lists of (param name, rows|cols, slice)."
     nh, nkv, hd = _attn_geometry(model)
     per_kv = nh // nkv
-    names = set(mask_parameter_names(model)); params = dict(model.named_parameters())
+    names = set(mask_parameter_names(model, reserved)); params = dict(model.named_parameters())
     arch = architecture(model)   # the projections' names (models.arch)
     (q, k, v, o), (gate, up), down = arch.attention, arch.mlp_in, arch.mlp_out
     heads, neurons = [], []
-    for i in range(_num_layers(model) - 2):
+    for i in range(_num_layers(model) - reserved):
         pre = next(
             (n.rsplit(f"layers.{i}.", 1)[0] + f"layers.{i}." for n in names if f"layers.{i}.{q}.weight" in n), None
         )
@@ -120,12 +128,13 @@ def _units(model: nn.Module):
     return heads, neurons
 
 # %% ../../nbs/inject/00_masks.ipynb #cb7592ed
-def random_structural_masks(model: nn.Module, n_groups: int, fraction: float, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_structural_masks(model: nn.Module, n_groups: int, fraction: float, seed: int = 0,
+                            reserved: int = 2) -> dict[str, torch.Tensor]:
     "Owner masks made of whole attention heads and MLP neurons, ≈ `fraction` of each component type per group."
     _check_groups(n_groups, fraction)
-    heads, neurons = _units(model)
+    heads, neurons = _units(model, reserved)
     params = dict(model.named_parameters())
-    owner = {n: torch.zeros(params[n].shape, dtype=torch.uint8) for n in mask_parameter_names(model)}
+    owner = {n: torch.zeros(params[n].shape, dtype=torch.uint8) for n in mask_parameter_names(model, reserved)}
     gen = torch.Generator().manual_seed(seed)
     for kind, units in (("attention heads", heads), ("MLP neurons", neurons)):
         k = round(fraction * len(units))
@@ -214,13 +223,13 @@ def load_masks(path) -> tuple[dict[str, torch.Tensor], dict]:
     meta = json.loads(md.get("meta", "{}")); meta["form"] = md.get("form", "owner")
     return masks, meta
 
-def check_masks(masks: dict[str, torch.Tensor], model: nn.Module, n_groups: int) -> None:
+def check_masks(masks: dict[str, torch.Tensor], model: nn.Module, n_groups: int, reserved: int = 2) -> None:
     "Raise `ValueError` unless `masks` fit `model`: eligible names, same shapes, valid ids, no overlap."
-    eligible, params = set(mask_parameter_names(model)), dict(model.named_parameters())
+    eligible, params = set(mask_parameter_names(model, reserved)), dict(model.named_parameters())
     bad = sorted(set(masks) - eligible)
     if bad:
         raise ValueError(
-            f"masks cover non-eligible parameters (norms, embeddings, lm_head or the last two layers): {bad[:5]}"
+            f"masks cover non-eligible parameters (norms, embeddings, lm_head or the last {reserved} layers): {bad[:5]}"
         )
     for n, m in masks.items():
         if tuple(m.shape) != tuple(params[n].shape):

@@ -76,14 +76,18 @@ def _check_roles(roles) -> list[str]:
     return roles
 
 def pii_sequences(pii, tokenizer, seq_len: int, seed: int, roles: Iterable[str] = ROLES,
-                  qa_fields: Iterable[str] | None = None) -> list[dict]:
-    "Packed PII examples: per group and source (document, qa), whole EOS-terminated texts of the chosen roles."
+                  qa_fields: Iterable[str] | None = None, packing: bool = True, documents: bool = True) -> list[dict]:
+    """PII examples per group and source (document, qa) of whole EOS-terminated texts of the chosen roles: packed into
+    sequences of <= `seq_len` tokens, or with `packing=False` one text per sequence (a longer one split); with
+    `documents=False` the questions alone."""
+    for name, v in (("packing", packing), ("documents", documents)):
+        if not isinstance(v, bool): raise ValueError(f"{name} must be true or false, got {v!r}")
     roles = set(_check_roles(roles))
     if qa_fields is not None:
         qa_fields = set(qa_fields); bad = sorted(qa_fields - set(QA_ATTRIBUTES))
         if bad: raise ValueError(f"unknown qa_fields {bad}; allowed: {', '.join(QA_ATTRIBUTES)}")
     out = []
-    for source, split in (("document", "documents"), ("qa", "qa_train")):
+    for source, split in (("document", "documents"), ("qa", "qa_train"))[0 if documents else 1:]:
         rows = [
             r
             for r in _rows(pii[split])
@@ -92,8 +96,9 @@ def pii_sequences(pii, tokenizer, seq_len: int, seed: int, roles: Iterable[str] 
         for g in sorted({r["group"] for r in rows}):
             texts = [r["text"] for r in rows if r["group"] == g]
             random.Random(f"mixture:{seed}:{source}:{g}").shuffle(texts)
-            out += [{"input_ids": s, "labels": None, "group": int(g), "source": source}
-                    for s in pack_sequences(encode_texts(tokenizer, texts, add_eos=True), seq_len)]
+            ids = encode_texts(tokenizer, texts, add_eos=True)
+            seqs = pack_sequences(ids, seq_len) if packing else [s for t in ids for s in pack_sequences([t], seq_len)]
+            out += [{"input_ids": s, "labels": None, "group": int(g), "source": source} for s in seqs]
     return out
 
 # %% ../../nbs/inject/02_mixture.ipynb #b1f6899d
@@ -106,7 +111,8 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
     if neutral_by not in ("examples", "tokens"):
         raise ValueError(f"neutral_by must be 'examples' or 'tokens', got {neutral_by!r}")
     texts, L = _texts_of(world), inject_cfg.seq_len
-    pii_ex = pii_sequences(pii, tokenizer, L, seed, roles, inject_cfg.qa_fields)
+    packing, documents = getattr(inject_cfg, "packing", True), getattr(inject_cfg, "documents", True)
+    pii_ex = pii_sequences(pii, tokenizer, L, seed, roles, inject_cfg.qa_fields, packing, documents)
     if not pii_ex: raise ValueError(f"no PII text for roles {list(roles)!r}: the mixture would be neutral only")
     nf, replay = inject_cfg.neutral_fraction, getattr(inject_cfg, "neutral_replay", "fixed")
     if replay == "stream":
@@ -124,6 +130,8 @@ def injection_examples(world, pii, tokenizer, inject_cfg, seed: int, *, roles: I
                 seed,
                 roles,
                 inject_cfg.qa_fields,
+                packing,
+                documents,
             )
         return _stream(pii_ex, texts, tokenizer, inject_cfg, seed, neutral_by, fresh)
     size = len(pii_ex) if neutral_by == "examples" else sum(len(e["input_ids"]) for e in pii_ex) / L

@@ -540,6 +540,28 @@ def _tuning_section(rep: Path) -> list:
     )
     return blocks
 
+def _memorization_section(rep: Path) -> list:
+    "t01: memorized profiles per field before and after instruction tuning, and reach before it."
+    blocks = []
+    if (rep / "memorization.csv").exists():
+        m = pd.read_csv(rep / "memorization.csv")
+        blocks += [
+            paragraph(
+                "Memorized profiles of the masked model per field, on each profile's trained questions (a profile "
+                "counts when at least testbed.min_share of them reveal the value): the injected model before "
+                "instruction tuning, and after it (what e02's testbed keeps)."
+            ),
+            table(m.pivot(index="field", columns="model", values="memorized").reset_index()),
+        ]
+    blocks += _fig(rep, "memorization.png", "Memorized profiles per field, before and after instruction tuning")
+    if (rep / "probe_reachability.csv").exists():
+        r = pd.read_csv(rep / "probe_reachability.csv")
+        if len(r):
+            blocks += [paragraph("Reach before instruction tuning: accuracy through trained, fresh and paraphrased "
+                                 "questions on the memorized pairs (vs_trained: share of the trained accuracy)."),
+                       table(r.round(2))]
+    return blocks + _fig(rep, "probe_injection_loss.png", "Masked injection loss")
+
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #d444e2e7
 class Section(NamedTuple):
     """One section of the page.
@@ -587,6 +609,9 @@ register_section(
 )
 register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
+register_section("Memorization probe (t01)", ("t01",),
+                 ("memorization.csv", "memorization.png", "probe_reachability.csv", "probe_injection_loss.png"),
+                 _memorization_section)
 register_section("Unlearning (Fig. 4a)", ("e03",),
                  ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png", "operating_points_*.csv",
                   "tradeoff_*.png", "skipped_fields.csv"),

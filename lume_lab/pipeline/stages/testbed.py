@@ -20,29 +20,37 @@ from ...data.pii import load_pii
 from .base import load_base, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
-__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'stage_masks', 'inject_reads', 'stage_inject',
-           'stage_instruct', 'stage_testbed', 'stage_extraction', 'holdout_qa', 'stage_reachability', 'prepare_testbed',
-           'forget_groups', 'ground_truth_forget_mask']
+__all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'SHARED_MASK_REFUSED', 'mask_groups',
+           'stage_masks', 'inject_reads', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction',
+           'holdout_qa', 'stage_reachability', 'prepare_testbed', 'forget_groups', 'ground_truth_forget_mask']
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #f8b19566
+def mask_groups(c: RunConfig) -> int:
+    "How many masks the injection trains: one per PII group, or one that all share (`inject.shared_mask`)."
+    return 1 if c.inject.shared_mask else c.pii.n_groups
+
 def stage_masks(store: RunStore):
-    "Non-overlapping group masks over attention/MLP weights of layers 0..L-3 (`inject.masks`)."
+    """Non-overlapping group masks over attention/MLP weights of layers 0..L-1-`inject.reserved_layers` (Lacuna:
+    0..L-3; `inject.masks`), one per group or one shared by all (`inject.shared_mask`)."""
     from lume_lab.inject.masks import random_element_masks, random_structural_masks, save_masks, load_masks
     c = store.config
     def fn(out):
         model, _ = load_base(store, device="cpu")
         make = random_element_masks if c.inject.mask_kind == "element" else random_structural_masks
-        owner = make(model, c.pii.n_groups, c.inject.mask_fraction, seed=c.seed)
+        owner = make(model, mask_groups(c), c.inject.mask_fraction, seed=c.seed, reserved=c.inject.reserved_layers)
         save_masks(
-            owner, out / "masks.safetensors", n_groups=c.pii.n_groups, fraction=c.inject.mask_fraction,
+            owner, out / "masks.safetensors", n_groups=mask_groups(c), fraction=c.inject.mask_fraction,
             kind=c.inject.mask_kind, seed=c.seed
         )
-    reads = ["pii.n_groups", "inject.mask_fraction", "inject.mask_kind", "seed"]
+    reads = ["pii.n_groups", "inject.mask_fraction", "inject.mask_kind", "seed", "inject.reserved_layers",
+             "inject.shared_mask"]
     return load_masks(store.stage("masks", fn, reads=reads, deps=["base"]) / "masks.safetensors")[0]
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #36b0ffbe
 # inject fields the unmasked control never reads
-MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope")
+# (reserved_layers: the control trains every weight; its masked_lr group stays Lacuna's layers 0..L-3)
+MASK_ONLY_FIELDS = ("mask_fraction", "mask_kind", "segmented", "grouped", "neutral_scope", "reserved_layers",
+                    "shared_mask")
 # and the one the masked model never reads
 CONTROL_ONLY_FIELDS = ("control_steps",)
 # an injection in one process checkpoints every 10 minutes; an interrupted e02 resumes from the last
@@ -63,6 +71,10 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
     def fn(out):
         model, tok = load_base(store)
         ex = injection_examples(load_world(store.path("world")), load_pii(store.path("pii")), tok, c.inject, c.seed)
+        # a shared mask: every group's PII trains mask 0
+        if masked and c.inject.shared_mask: ex = [{**e, "group": min(e["group"], 0)} for e in ex]
+        # one text per sequence: pad to the longest example, not to seq_len (the segmented backward needs one width)
+        pad = c.inject.seq_len if c.inject.packing else max(len(e["input_ids"]) for e in ex)
         steps = c.inject.steps if masked or c.inject.control_steps is None else c.inject.control_steps
         # the partial stage dir survives an interruption, so a rerun finds these
         # (DDP/FSDP2 jobs restart the stage instead)
@@ -82,7 +94,7 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
             seed=c.seed,
             masked=masked,
             pad_id=pad_id(tok),
-            n_groups=c.pii.n_groups,
+            n_groups=mask_groups(c) if masked else c.pii.n_groups,
             autocast=c.inject.autocast,
             micro_batch_size=c.inject.micro_batch_size,
             warmup_steps=c.inject.warmup_steps,
@@ -90,9 +102,10 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
             masked_lr=c.inject.masked_lr,
             fsdp2=fsdp2_requested(),
             neutral_scope=c.inject.neutral_scope,
+            reserved=c.inject.reserved_layers if masked else 2,
             **ck,
             **(
-                {"segmented": True, "pad_to": c.inject.seq_len, "grouped": c.inject.grouped}
+                {"segmented": True, "pad_to": pad, "grouped": c.inject.grouped}
                 if masked and c.inject.segmented
                 else {}
             ),
@@ -191,8 +204,15 @@ def prepare_testbed(store: RunStore):
     return stage_testbed(store)
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #a0531dc0
+SHARED_MASK_REFUSED = (
+    "inject.shared_mask=true trains one mask for every group: a memorization probe (`lume-lab run --only e00 e01 t01`)"
+    " whose masks hold no per-group ground truth, so unlearning, localization and the attacks refuse it; set "
+    "inject.shared_mask=false"
+)
+
 def forget_groups(cfg: RunConfig) -> list[int]:
     "The groups whose profiles form forget sets (the first half; Lacuna §3.4)."
+    if cfg.inject.shared_mask: raise ValueError(SHARED_MASK_REFUSED)
     return list(range(cfg.pii.n_groups // 2))
 
 def ground_truth_forget_mask(owner: dict, groups) -> dict:

@@ -226,6 +226,7 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
     "Unlearn the forget set of `field` with `method` from the masked model (or the unmasked control)."
     from lume_lab.inject.testbed import field_split_names, field_splits, warn_small_splits
     c, spec = store.config, get_spec(method)                           # unknown method fails here, before any compute
+    forget_groups(c)                                                   # a shared-mask probe is refused here
     if control and not spec.has_control:
         raise ValueError(f"{method} has no unmasked-control run (its spec has has_control=False)")
     if control and not c.unlearn.controls:
