@@ -15,7 +15,7 @@ from ..metrics.evaluate import OPERATING_POINT_COLUMNS, OperatingPoint, operatin
 from ..metrics.memorization import memorization_scores
 
 # %% auto #0
-__all__ = ['choosing_split', 'split_metrics', 'Trajectory', 'tradeoff_figure']
+__all__ = ['TRADEOFF_AXES', 'choosing_split', 'split_metrics', 'Trajectory', 'tradeoff_panel', 'tradeoff_figure']
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #ebed24fa
 def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 / 3, seed: int = 0) -> tuple[list, list]:
@@ -106,27 +106,40 @@ class Trajectory:
                 col: (p.row or {}).get(col, math.nan), "stopped_at": self.stopped_at, "note": p.note}
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #7c77b192
+TRADEOFF_AXES = {"report_em": "forget EM, reporting people (%)",
+                 "report_nll": "forget answer NLL, reporting people (nats/token)"}
+
+def _trajectory_rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
+    rows = [t.assign(method=m) for m, t in tables.items() if len(t) and {"report_em", "retain_em"} <= set(t)]
+    return pd.concat(rows, ignore_index=True) if rows else None
+
+def tradeoff_panel(ax, tables: dict[str, pd.DataFrame], points: dict[str, int | None] | None = None,
+                   x: str = "report_em", legend: bool = True):
+    """One panel of `tradeoff_figure` on `ax`: retain EM against `x` (a `TRADEOFF_AXES` column) along each method's
+    trajectory, the selected step of each method (`points`) starred. False when no trajectory has the columns."""
+    import seaborn as sns
+    if x not in TRADEOFF_AXES: raise ValueError(f"x must be one of {', '.join(TRADEOFF_AXES)}, got {x!r}")
+    df = _trajectory_rows(tables)
+    if df is None: return False
+    sns.lineplot(df, x=x, y="retain_em", hue="method", sort=False, marker="o", markersize=3, ax=ax, errorbar=None,
+                 legend=legend)
+    for m, step in (points or {}).items():
+        sel = df[(df.method == m) & (df.step == step)]
+        if len(sel): ax.scatter(sel[x], sel.retain_em, marker="*", s=160, color="black", zorder=5)
+    ax.set(xlabel=TRADEOFF_AXES[x], ylabel="retain EM (%)")
+    return True
+
 def tradeoff_figure(tables: dict[str, pd.DataFrame], points: dict[str, int | None] | None = None,
                     level: float | None = None, title: str = ""):
     """Forget vs retain along each method's trajectory (`tables`: method -> `Trajectory.table`, with `report_*` and
     `retain_em` columns); `points`: method -> the selected step (starred); `level`: the held-out NLL (dashed)."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
-    rows = [t.assign(method=m) for m, t in tables.items() if len(t) and {"report_em", "retain_em"} <= set(t)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    if not rows:
+    if _trajectory_rows(tables) is None:
         for ax in axes: ax.set_axis_off()
         fig.suptitle(f"{title}: no trajectory recorded" if title else "no trajectory recorded")
         return fig
-    df = pd.concat(rows, ignore_index=True)
-    for ax, x, xlabel in ((axes[0], "report_em", "forget EM, reporting people (%)"),
-                          (axes[1], "report_nll", "forget answer NLL, reporting people (nats/token)")):
-        sns.lineplot(df, x=x, y="retain_em", hue="method", sort=False, marker="o", markersize=3, ax=ax,
-                     errorbar=None, legend=ax is axes[0])
-        for m, step in (points or {}).items():
-            sel = df[(df.method == m) & (df.step == step)]
-            if len(sel): ax.scatter(sel[x], sel.retain_em, marker="*", s=160, color="black", zorder=5)
-        ax.set(xlabel=xlabel, ylabel="retain EM (%)")
+    for ax, x in zip(axes, TRADEOFF_AXES): tradeoff_panel(ax, tables, points, x, legend=ax is axes[0])
     if level is not None and np.isfinite(level):
         axes[1].axvline(level, ls="--", color="grey")
         axes[1].annotate("never-trained level", (level, axes[1].get_ylim()[0]), rotation=90, va="bottom", ha="right",

@@ -12,7 +12,7 @@ import pandas as pd
 import yaml
 
 from ...core.config import config_diff, dotted_leaves
-from ...core.store import atomic_write_text, machine_info, repo_root, stage_compute
+from ...core.store import atomic_write_bytes, atomic_write_text, machine_info, repo_root, stage_compute
 from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table,
                                                    remind_separation, reproduce_command, stage_times)
 from .report import threads_text
@@ -29,7 +29,8 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
            'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'remind_interval_lines',
            'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table',
-           'robustness_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
+           'robustness_lines', 'attack_control_table', 'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures',
+           'tradeoff_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
            'group_labels', 'config_difference_table', 'compare_lines', 'headline_lines', 'page_headline',
            'write_results_index', 'results_page', 'scorecard_csv_name', 'scorecard_csv', 'write_results',
            'add_results_arguments', 'results_main', 'main']
@@ -549,6 +550,96 @@ def _split_profiles(run_dir) -> dict:
     p = Path(run_dir) / "testbed" / "testbed.json"
     return {c["split"]: c["profiles"] for c in json.loads(p.read_text()).get("counts", [])} if p.is_file() else {}
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #4674bfe5
+def attack_control_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
+    """One row per attack and run of e10's `attack_controls_<field>.csv`: whether the attack fired on its positive
+    control; the positive control's forget EM before suppression, suppressed and after the attack, with the recovery;
+    the never-injected floor (negative control) before and after the same attack; the gain above the floor (EM
+    points), the profiles, the budget and the note."""
+    rows = []
+    for d, label in zip(run_dirs, run_labels(run_dirs)):
+        t = _report_csv(d, f"attack_controls_{field}.csv")
+        if t is None: continue
+        for r in t.itertuples():
+            em = lambda *v: " → ".join(fmt_num(x, 1) for x in v)
+            rows.append({"attack": r.attack, "run": label, "fired": "fired" if bool(r.fired) else "did not fire",
+                         "positive control EM: before → suppressed → attacked": em(r.em_before, r.em_suppressed,
+                                                                                   r.em_after),
+                         "recovery": fmt_num(r.recovery, 2), "floor EM: before → attacked": em(r.floor_before,
+                                                                                              r.floor_after),
+                         "gain above floor": fmt_num(r.gain_above_floor, 1), "n": str(int(r.n)),
+                         "budget": "" if pd.isna(r.budget) else str(r.budget),
+                         "note": "" if pd.isna(r.note) else str(r.note)})
+    t = pd.DataFrame(rows)
+    return t.sort_values(["attack", "run"], kind="stable").reset_index(drop=True) if len(t) else t
+
+def attack_control_lines(run_dirs: list[Path]) -> list[str]:
+    "The attack-controls section (e10), one table per field; nothing when no run has e10's control table."
+    fields = fields_in(run_dirs, "attack_controls_", "csv")
+    if not fields: return []
+    lines = [
+        "## Attack controls",
+        "From e10's `attack_controls_<field>.csv`, one row per attack and run. Positive control: the testbed model "
+        "suppressed the way the attack's paper says it undoes (forget EM before → suppressed → after the attack; "
+        "recovery 0 none, 1 all). Negative control: the never-injected model, attacked the same way on the same "
+        "people: its gain is format learning, the floor. An attack fired when its positive control gained enough "
+        "above that floor; where it did not, its recovery cells in the scorecard read 'did not fire', never 0.",
+    ]
+    for f in fields: lines += [f"### {f}", md_table(attack_control_table(run_dirs, f))]
+    return lines
+
+def _run_trajectories(run_dir, field: str) -> tuple[dict, dict, float | None]:
+    """(method → trajectory table, method → selected step, the never-trained level) of `field` in one run (e03's
+    `operating_points_<field>.csv` and each method's `trajectory.csv`)."""
+    from lume_lab.pipeline.stages.unlearn import unlearn_name
+    ops = _report_csv(run_dir, f"operating_points_{field}.csv")
+    if ops is None: return {}, {}, None
+    tables = {}
+    for m in ops.method:
+        p = Path(run_dir) / unlearn_name(m, field) / "trajectory.csv"
+        if p.is_file(): tables[m] = pd.read_csv(p)
+    points = {r.method: int(r.step) for r in ops.itertuples() if r.method in tables and pd.notna(r.step)}
+    level = next((float(t.holdout_nll.iloc[0]) for t in tables.values() if "holdout_nll" in t), None)
+    return tables, points, level
+
+def tradeoff_png_name(name: str, field: str) -> str:
+    "The figure beside the results page `name` that holds `field`'s trade-off curves."
+    return f"{name}_tradeoff_{field}.png"
+
+def tradeoff_figures(run_dirs: list[Path]) -> dict:
+    """field → a figure of every run's trajectories (one panel per run: retain EM against the reporting people's
+    forget EM, the selected point of each method starred); only fields some run recorded trajectories for."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from lume_lab.analysis.trajectory import tradeoff_panel
+    out = {}
+    for f in fields_in(run_dirs, "operating_points_", "csv"):
+        runs = [(label, *_run_trajectories(d, f)) for d, label in zip(run_dirs, run_labels(run_dirs))]
+        runs = [r for r in runs if r[1]]
+        if not runs: continue
+        fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 4), sharey=True, squeeze=False,
+                                 constrained_layout=True)
+        for ax, (label, tables, points, _) in zip(axes[0], runs):
+            tradeoff_panel(ax, tables, points, "report_em", legend=ax is axes[0][-1]); ax.set_title(label)
+        axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
+        fig.suptitle(f"{f}: retain against forget along each trajectory (★ selected)", fontsize=10)
+        out[f] = fig
+    return out
+
+def tradeoff_lines(run_dirs: list[Path], name: str) -> list[str]:
+    "The trade-off section: a link to each field's figure (`write_results` writes them beside the page)."
+    fields = [f for f in fields_in(run_dirs, "operating_points_", "csv")
+              if any(_run_trajectories(d, f)[0] for d in run_dirs)]
+    if not fields: return []
+    return [
+        "## Trade-off along the trajectories",
+        "From e03: each method's trajectory (retain EM against the forget EM of the reporting people, at every "
+        "evaluation point), one panel per run, the point each method is judged at starred (its `operating point` "
+        "in the scorecard). A method whose star sits far left of the others forgot more than they did.",
+        *[f"![{f}: trade-off]({tradeoff_png_name(name, f)})" for f in fields],
+    ]
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #77d18007
 def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per run and target field (the config's order): the injection (model, mask %, masked steps, its seconds),
@@ -737,7 +828,9 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     cards = [scorecard_lines(g, csv) for g in groups]
     empty = [NO_SCORECARD_BANNER] if all(c[1].startswith("**No scorecard") for c in cards) else []
     if len(groups) == 1:
-        card, stress = cards[0], [*robustness_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
+        card = cards[0]
+        stress = [*tradeoff_lines(dirs, name), *robustness_lines(dirs), *attack_control_lines(dirs),
+                  *remind_interval_lines(dirs), *dose_lines(dirs)]
     else:
         card, stress = compare_lines(groups, cards), []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
@@ -770,6 +863,14 @@ def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", com
     full scorecard `<name>_scorecard.csv` beside it, atomically. Returns the page's path."""
     # everything read and rendered before anything is written
     page, csv = results_page(run_dirs, name, command), scorecard_csv(run_dirs)
+    kind, dirs = results_sources(run_dirs)
+    figs = tradeoff_figures(dirs) if kind != "sweep" and len(config_groups(dirs)) == 1 else {}
+    pngs = {}
+    import io, matplotlib.pyplot as plt
+    for f, fig in figs.items():
+        buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=100, metadata={"Software": None}); plt.close(fig)
+        pngs[tradeoff_png_name(name, f)] = buf.getvalue()
+    for fname, data in pngs.items(): atomic_write_bytes(Path(out_dir) / fname, data)
     if csv is not None: atomic_write_text(Path(out_dir) / scorecard_csv_name(name), csv)
     path = atomic_write_text(Path(out_dir) / f"{name}.md", page)
     write_results_index(out_dir)
