@@ -399,6 +399,33 @@ def check_remind_interval_tables(tables: list, run_dirs: list[Path]) -> int:
     return checked
 
 
+def check_attack_control_tables(tables: list, run_dirs: list[Path]) -> int:
+    """Each row of an attack-controls table (field) is its run's row of attack_controls_<field>.csv: fired or 'did not
+    fire', the positive control's and the floor's forget EM, the recovery and the gain above the floor, n."""
+    labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
+    for heads, t in tables:
+        shown = {(r.attack, r.run) for r in t.itertuples()}
+        expected = set()
+        for label, d in labels.items():
+            p = Path(d) / "report" / f"attack_controls_{heads[1]}.csv"
+            if p.is_file(): expected |= {(a, label) for a in pd.read_csv(p).attack}
+        assert shown == expected, (heads, sorted(shown), sorted(expected))
+        for _, row in t.iterrows():
+            c = pd.read_csv(Path(labels[row.run]) / "report" / f"attack_controls_{heads[1]}.csv")
+            c = c[c.attack == row.attack].iloc[0]
+            where = (heads, row.attack, row.run)
+            assert row.fired == ("fired" if bool(c.fired) else "did not fire"), where
+            assert row.n == str(int(c.n)), where
+            pos = row["positive control EM: before → suppressed → attacked"].split(" → ")
+            flo = row["floor EM: before → attacked"].split(" → ")
+            for v, col in [*zip(pos, ("em_before", "em_suppressed", "em_after")),
+                           *zip(flo, ("floor_before", "floor_after")), (row.recovery, "recovery"),
+                           (row["gain above floor"], "gain_above_floor")]:
+                if v == "": assert pd.isna(c[col]), (where, col)
+                else: assert_shown(v, c[col], (where, col)); checked += 1
+    return checked
+
+
 def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
     """Each cell of a quantized-EM table (field) is the mean ± sample std over the runs of a robustness row.
     The rows: robustness_<field>.csv's forget_em / quant<b>_forget_em / q4_1_off<o>_forget_em."""
@@ -607,12 +634,15 @@ def assert_results_match_csvs(page, run_dirs) -> int:
             assert len(card) + len(remind) + len(dose) + len(quant) == len(g_tables), [h for h, _ in g_tables]
     if len(groups) == 1: tables = [t for t in tables if t[0][0] not in GROUPED]
     testbed = [t for t in tables if t[0][0] == "Testbed"]
+    controls = [t for t in tables if t[0][0] == "Attack controls"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
     headline = [t for heads, t in tables if heads == ("Headline",)]
     assert len(headline) <= 1 and (not headline or len(groups) == 1), "one headline table, over one config"
-    assert len(headline) + len(testbed) + len(experiments) + len(stages) == len(tables), [h for h, _ in tables]
-    checked += sum(check_headline_table(t, dirs) for t in headline)
+    assert len(headline) + len(testbed) + len(controls) + len(experiments) + len(stages) == len(tables), [
+        h for h, _ in tables
+    ]
+    checked += sum(check_headline_table(t, dirs) for t in headline) + check_attack_control_tables(controls, dirs)
     checked += check_testbed_tables(testbed, dirs)
     return (
         checked

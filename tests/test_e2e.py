@@ -257,6 +257,7 @@ def test_smoke_run_end_to_end_then_cached(tmp_path, monkeypatch):
         ("Testbed", "Memorization and reach"),
         ("Testbed", "Utility around the injection"),
         ("Quantized forget EM", field),
+        ("Attack controls", field),
         ("REMIND intervals", field),
         ("Dose-response", field, run.name),
         ("Experiment times",),
