@@ -110,7 +110,7 @@ def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: 
         finally: watch.stop()
         seconds = time.perf_counter() - t
         store.record_experiment(nb.stem, seconds)
-        print("  " + track.finished(nb.stem, seconds, computed=watch.computed > 0), flush=True)
+        print("  " + track.finished(nb.stem, seconds, computed=watch.whole()), flush=True)
         if not nb.stem.startswith(REPORT_EXPERIMENT): _rewrite_page(store, names[i + 1:])
         if on_experiment: on_experiment(nb.stem, store)
     print(run_status(run_id, root).to_string(index=False))

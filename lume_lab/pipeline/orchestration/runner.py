@@ -236,7 +236,8 @@ class ChainProgress:
                 + (f" + {', '.join(unmeasured)} (unmeasured)" if unmeasured else ""))
 
     def finished(self, name: str, seconds: float, computed: bool = True) -> str:
-        "The line for experiment `name`, done in `seconds`; `computed`: whether any of its stages ran (not cached)."
+        """The line for experiment `name`, done in `seconds`; `computed`: whether all of its stages ran here (none
+        cached or adopted), so that its time measures the pace (`StageWatcher.whole`)."""
         self.done.append(name); self.took[name] = seconds
         if computed: self.computed.add(name)
         elapsed = self.clock() - self.t0
@@ -254,12 +255,22 @@ class StageWatcher(threading.Thread):
         self.manifest, self.t0, self.every, self.out, self.clock, self._halt = (
             Path(manifest), t0, every, out, clock, threading.Event()
         )
-        self.seen, self.quiet, self.last_line, self.computed = self._done(), quiet, clock(), 0
+        self.seen, self.quiet, self.last_line, self.computed, self.adopted = self._done(), quiet, clock(), 0, 0
+        self.hits0 = self._hits()
         self.since = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(seconds=5)   # older "running": a dead run
 
     def _stages(self) -> dict:
         try: return json.loads(self.manifest.read_text()).get("stages", {})
         except (OSError, ValueError): return {}                     # not written yet, or replaced while read: next poll
+
+    def _hits(self) -> dict:
+        return {k: v.get("cache_hits", 0) for k, v in self._stages().items()}
+
+    def whole(self) -> bool:
+        """Whether every stage the experiment used was computed while this watcher ran: none adopted, none a cache
+        hit. Only such an experiment's time measures this machine's pace against its expected cost."""
+        hits = self._hits()
+        return self.computed > 0 and not self.adopted and all(hits.get(k, 0) <= n for k, n in self.hits0.items())
 
     def _done(self) -> set:
         "(stage, finished, seconds, the run it was adopted from or None) of every done stage"
@@ -273,7 +284,7 @@ class StageWatcher(threading.Thread):
             how = f"adopted from {adopted}" if adopted else f"in {duration(s)}"
             self.out(f"    · {k} {how} · elapsed {duration(self.clock() - self.t0)}")
             # an adopted stage was computed elsewhere: it says nothing about this machine's pace
-            self.last_line = self.clock(); self.computed += not adopted
+            self.last_line = self.clock(); self.computed += not adopted; self.adopted += bool(adopted)
         self.seen |= done
         if self.clock() - self.last_line >= self.quiet: self.beat()
 
