@@ -1736,6 +1736,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                      'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.experiment_table': ( 'pipeline/presentation/results.html#experiment_table',
                                                                                                                      'lume_lab/pipeline/presentation/results.py'),
+                                                        'lume_lab.pipeline.presentation.results.field_section': ( 'pipeline/presentation/results.html#field_section',
+                                                                                                                  'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.group_labels': ( 'pipeline/presentation/results.html#group_labels',
                                                                                                                  'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results.header_lines': ( 'pipeline/presentation/results.html#header_lines',

@@ -27,13 +27,13 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
            'seeds_command', 'threads_line', 'uncommitted_lines', 'header_lines', 'read_markdown_tables',
            'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
-           'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'remind_interval_lines',
-           'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines', 'quantized_em_label', 'quantized_em_table',
-           'robustness_lines', 'attack_control_table', 'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures',
-           'tradeoff_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'config_groups',
-           'group_labels', 'config_difference_table', 'compare_lines', 'headline_lines', 'page_headline',
-           'write_results_index', 'results_page', 'scorecard_csv_name', 'scorecard_csv', 'write_results',
-           'add_results_arguments', 'results_main', 'main']
+           'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'field_section',
+           'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
+           'quantized_em_label', 'quantized_em_table', 'robustness_lines', 'attack_control_table',
+           'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures', 'tradeoff_lines', 'testbed_table',
+           'injection_utility_table', 'testbed_lines', 'config_groups', 'group_labels', 'config_difference_table',
+           'compare_lines', 'headline_lines', 'page_headline', 'write_results_index', 'results_page',
+           'scorecard_csv_name', 'scorecard_csv', 'write_results', 'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -409,19 +409,24 @@ def remind_interval_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
                          **{col: int(v.get(verdict, 0)) for verdict, col in REMIND_VERDICTS.items()}})
     return pd.DataFrame(rows)
 
+def field_section(run_dirs: list[Path], prefix: str, heading: str, intro: str, table) -> list[str]:
+    """A page section of one table per field, `table(run_dirs, field)`, over the fields some run's report holds a
+    `<prefix><field>.csv` for and whose table has rows; nothing when there is none."""
+    tables = {f: table(run_dirs, f) for f in fields_in(run_dirs, prefix, "csv")}
+    tables = {f: t for f, t in tables.items() if len(t)}
+    if not tables: return []
+    return [f"## {heading}", intro, *(x for f, t in tables.items() for x in (f"### {f}", md_table(t)))]
+
 def remind_interval_lines(run_dirs: list[Path]) -> list[str]:
     "The REMIND-interval section, one table per field; nothing when no run has e05's interval files."
-    fields = fields_in(run_dirs, "remind_separation_", "csv")
-    if not fields: return []
-    lines = [
-        "## REMIND intervals",
+    return field_section(
+        run_dirs, "remind_separation_", "REMIND intervals",
         "From e05's `remind_separation_<field>.csv`, multi-class AUC on the original inputs: per run and classifier, "
         "the models REMIND scored (the model before unlearning among them), on how many REMIND's AUC is above the "
         "best fair baseline's, and how their 95 % intervals (bootstrap over profiles) read. Only a separated "
         "interval is a reading; an overlap says nothing either way.",
-    ]
-    for f in fields: lines += [f"### {f}", md_table(remind_interval_table(run_dirs, f))]
-    return lines
+        remind_interval_table,
+    )
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #ed383526
 # of dose_summary_<field>.csv
@@ -521,19 +526,16 @@ def quantized_em_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
 
 def robustness_lines(run_dirs: list[Path]) -> list[str]:
     "The quantized-EM section (e10), one table per field; nothing when no run has e10's table with EM rows."
-    fields = [f for f in fields_in(run_dirs, "robustness_", "csv") if len(quantized_em_table(run_dirs, f))]
-    if not fields: return []
-    lines = [
-        "## Quantized forget EM",
+    return field_section(
+        run_dirs, "robustness_", "Quantized forget EM",
         "From e10's `robustness_<field>.csv`: forget EM (%) of each model at full precision and after RTN "
         "quantization at each bit width; `none` is the model before unlearning, the most a quantization attack can "
         "bring back. The RTN recoveries themselves are scorecard columns. Where the run sets "
         "`robustness.q4_1_offsets` (a model that shipped in GGUF's Q4_1), 'Q4_1 from column o' re-applies that "
         "format with its 32-weight blocks starting at column o: o = 0 is the grid the model shipped on, so the gap "
         "between offsets is what snapping back to that grid brings back.",
-    ]
-    for f in fields: lines += [f"### {f}", md_table(quantized_em_table(run_dirs, f))]
-    return lines
+        quantized_em_table,
+    )
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #a37a3ccb
 def _model_label(cfg: dict) -> str:
@@ -575,18 +577,15 @@ def attack_control_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
 
 def attack_control_lines(run_dirs: list[Path]) -> list[str]:
     "The attack-controls section (e10), one table per field; nothing when no run has e10's control table."
-    fields = fields_in(run_dirs, "attack_controls_", "csv")
-    if not fields: return []
-    lines = [
-        "## Attack controls",
+    return field_section(
+        run_dirs, "attack_controls_", "Attack controls",
         "From e10's `attack_controls_<field>.csv`, one row per attack and run. Positive control: the testbed model "
         "suppressed the way the attack's paper says it undoes (forget EM before → suppressed → after the attack; "
         "recovery 0 none, 1 all). Negative control: the never-injected model, attacked the same way on the same "
         "people: its gain is format learning, the floor. An attack fired when its positive control gained enough "
         "above that floor; where it did not, its recovery cells in the scorecard read 'did not fire', never 0.",
-    ]
-    for f in fields: lines += [f"### {f}", md_table(attack_control_table(run_dirs, f))]
-    return lines
+        attack_control_table,
+    )
 
 def _run_trajectories(run_dir, field: str) -> tuple[dict, dict, float | None]:
     """(method → trajectory table, method → selected step, the never-trained level) of `field` in one run (e03's
