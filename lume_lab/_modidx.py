@@ -1382,6 +1382,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                         'lume_lab/pipeline/orchestration/sweep.py'),
                                                        'lume_lab.pipeline.orchestration.sweep.aggregate_sweep': ( 'pipeline/orchestration/sweep.html#aggregate_sweep',
                                                                                                                   'lume_lab/pipeline/orchestration/sweep.py'),
+                                                       'lume_lab.pipeline.orchestration.sweep.collect_finished': ( 'pipeline/orchestration/sweep.html#collect_finished',
+                                                                                                                   'lume_lab/pipeline/orchestration/sweep.py'),
                                                        'lume_lab.pipeline.orchestration.sweep.collect_sweep': ( 'pipeline/orchestration/sweep.html#collect_sweep',
                                                                                                                 'lume_lab/pipeline/orchestration/sweep.py'),
                                                        'lume_lab.pipeline.orchestration.sweep.describe_sweep': ( 'pipeline/orchestration/sweep.html#describe_sweep',

@@ -69,6 +69,13 @@ def test_smoke_sweep_killed_after_first_point_resumes_without_redoing_it(tmp_pat
     assert len(finished) < len(names)                                   # killed mid-sweep
     kept = {p.name: (sweep.dir / p.name / "manifest.json").read_bytes() for p in finished}
     assert not (sweep.dir / "points.csv").exists()                      # the killed driver never got to its summary
+    # `--collect` reads a sweep mid-way and runs nothing: the finished points 'done', their rows in sweep.csv, the
+    # others 'not run' (the killed driver's job is gone)
+    assert main(["sweep", str(spec), "--runs-root", str(root), "--collect"]) == 0
+    got = pd.read_csv(sweep.dir / "points.csv").set_index("point").status.to_dict()
+    assert got == {n: "done" if n in kept else "not run" for n in names}, got
+    assert sorted(pd.read_csv(sweep.dir / "sweep.csv").point.unique()) == sorted(kept)
+    assert all((sweep.dir / n / "manifest.json").read_bytes() == b for n, b in kept.items())
 
     t0 = time.time()
     assert main(["sweep", str(spec), "--runs-root", str(root), "--workers", "2"]) == 0

@@ -16,8 +16,8 @@ from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration,
                                                     experiment_notebooks, plan_text, run_notebook)
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
 from ..presentation.results import add_results_arguments, results_main
-from .sweep import (describe_sweep, load_sweep, parse_seeds, run_seeds, run_sweep,
-                                                   seeds_spec)
+from .sweep import (collect_finished, describe_sweep, load_sweep, parse_seeds,
+                                                   run_seeds, run_sweep, seeds_spec)
 from .export import export_run
 from .score import add_export_arguments, add_score_arguments, score_main
 
@@ -197,6 +197,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="where sweeps live (default: <repo>/runs); the sweep is <runs-root>/<name>/")
     w.add_argument("--dry-run", action="store_true",
                    help="validate, print the points and the executor's parameters; submit nothing")
+    w.add_argument("--collect", action="store_true",
+                   help="write points.csv and sweep.csv from the points finished so far; run nothing")
     w.add_argument("--reuse", nargs="+", default=None, metavar="RUN",
                    help="runs whose finished stages the points may adopt (besides each other's), e.g. --reuse mini")
     w.add_argument("--allow-dirty", action="store_true", help=ALLOW_DIRTY_HELP)
@@ -279,6 +281,7 @@ def _main(argv: list[str] | None = None) -> int:
         elif a.cmd == "sweep":
             sweep = load_sweep(a.spec, a.runs_root, a.workers, a.reuse)
             if a.dry_run: print(describe_sweep(sweep)); return 0
+            if a.collect: collect_finished(sweep); return 0
             check_clean_tree(a.allow_dirty)
             return int((run_sweep(sweep, run_pipeline).status == "failed").any())
         elif a.workers is not None and a.seeds is None:

@@ -24,8 +24,8 @@ from .runner import experiment_notebooks
 __all__ = ['SPEC_KEYS', 'DEFAULT_COLLECT', 'EXECUTOR_KINDS', 'PLOT_KEYS', 'read_spec', 'sweep_points', 'point_name',
            'executor_options', 'ExecutorSpec', 'executor_spec', 'Point', 'Sweep', 'load_sweep', 'experiments_done',
            'point_done', 'PointBusy', 'point_lock', 'point_busy', 'run_point', 'point_kwargs', 'make_executor',
-           'run_sweep', 'collect_sweep', 'plot_sweep', 'aggregate_sweep', 'parse_seeds', 'seeds_spec',
-           'aggregate_seed_report', 'run_seeds', 'describe_sweep']
+           'run_sweep', 'collect_finished', 'collect_sweep', 'plot_sweep', 'aggregate_sweep', 'parse_seeds',
+           'seeds_spec', 'aggregate_seed_report', 'run_seeds', 'describe_sweep']
 
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #f640bc8d
 SPEC_KEYS = ("name", "preset", "set", "grid", "points", "seeds", "only", "collect", "plot", "executor", "reuse")
@@ -528,6 +528,25 @@ def run_sweep(sweep: Sweep, run_fn: Callable, poll_s: float | None = None) -> pd
         print("rerun the same command to retry the failed points and collect the running ones")
     return table
 
+def collect_finished(sweep: Sweep) -> pd.DataFrame:
+    """`lume-lab sweep --collect`: the summary (`points.csv`) and the aggregate (`sweep.csv`, `sweep.png`) of the points
+    finished so far, running nothing: a sweep that runs for days can be read while it runs. A finished point reads
+    'done' with the seconds its run recorded, one a live job holds 'running', any other 'not run'."""
+    jobs = _read_jobs(sweep)
+    def state(p):
+        d = sweep.dir / p.name
+        if point_done(sweep, p):
+            exps = json.loads((d / "manifest.json").read_text()).get("experiments", {})
+            return "done", float(sum(e.get("seconds", 0.0) for e in exps.values())), ""
+        busy = point_busy(sweep.dir, p.name) or p.name in jobs and _job_alive(jobs[p.name], sweep.dir / ".submitit")
+        return ("running", 0.0, "another process is running it") if busy else ("not run", 0.0, "")
+    table = _summary(sweep, {p.name: state(p) for p in sweep.points})
+    sweep.dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(sweep.dir / "points.csv", table.to_csv(index=False))
+    aggregate_sweep(sweep)
+    print(table.drop(columns=["error"]).to_string(index=False))
+    return table
+
 # %% ../../../nbs/pipeline/orchestration/03_sweep.ipynb #1262a57d
 def _cell(v): return json.dumps(v) if isinstance(v, (list, dict)) else v
 
@@ -563,6 +582,7 @@ def _plot_data(df: pd.DataFrame, sweep: Sweep) -> tuple[pd.DataFrame, dict]:
     meta = {"point", "seed", "source", *sweep.swept, *(k for p in sweep.points for k in p.overrides)}
     numeric = [c for c in df.select_dtypes("number") if c not in meta]
     x = pl.get("x", next((k for k in sweep.swept if k != "seed"), None))
+    if x is not None and x not in df: x = None       # no finished point set it yet (a ladder's first point): bars
     y = pl.get("y",
                next((c for c in ("rate", "value", "score", "auc") if c in numeric), numeric[0] if numeric else None))
     hue = pl.get("hue", next((c for c in ("model", "method") if c in df and df[c].nunique() > 1), None))
