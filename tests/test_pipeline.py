@@ -463,9 +463,11 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
         "grad_ascent": {"lr": [1e-6, 3e-3], "max_steps": [2]},
         "grad_diff": {"lr": [3e-3], "epochs": [1], "alpha": [1.0, 3.0]},
     }
+    # at an operating point (smoke's default has none): each grid point runs to it on the validation field
+    rule = {"rule": "never_trained", "min_points": 2}
     params = {
-        "run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "overrides": FAST, "methods": list(grids),
-        "grids": grids}
+        "run_id": "tune", "runs_root": str(tmp_path), "preset": "smoke", "methods": list(grids), "grids": grids,
+        "overrides": {**FAST, "unlearn.operating_point": rule, "unlearn.eval_points": 4}}
     nb = experiment_notebooks(["t00"])[0]
     run_notebook(nb, tmp_path / "tune" / "notebooks" / nb.name, params, root=tmp_path)
     report = tmp_path / "tune" / "report"
@@ -478,6 +480,14 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     # the guard and the steps ran
     assert {"ppl_before", "ppl_after", "ppl_ratio", "eligible", "steps"} <= set(grid.columns)
     assert (grid.ppl_ratio > 0).all() and grid.eligible.dtype == bool
+    # each point's trajectory and operating point are kept; one that did not reach it is never eligible
+    assert {"op_status", "op_step", "reached"} <= set(grid.columns)
+    assert set(grid.op_status) <= {"reached", "not reached", "crossed before the first point"}, grid.op_status
+    assert not (grid.eligible & ~grid.reached).any() and grid.score.equals(grid.retention)
+    for m, i in zip(grid.method, grid.point):
+        op = json.loads((tmp_path / "tune" / f"tune_{m}" / f"point_{i:02d}" / "operating_point.json").read_text())
+        assert op["status"] == grid.op_status[(grid.method == m) & (grid.point == i)].item() and op["point"] == i
+        assert (tmp_path / "tune" / f"tune_{m}" / f"point_{i:02d}" / "trajectory.csv").exists()
     best = json.loads((report / "tuning_best.json").read_text())
     assert set(best) == set(grids) and all(best[m] in grid_points(grids[m]) for m in grids)
     store = open_run("tune", root=str(tmp_path))                                      # the config the notebook wrote

@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/stages/03_tune.ipynb #bdc49329
 from __future__ import annotations
-import copy, itertools, math, random, time, warnings
+import copy, itertools, json, math, random, time, warnings
 from typing import Callable
 
 import pandas as pd
@@ -18,11 +18,12 @@ from ...unlearn.registry import get_spec
 from ..orchestration.config import method_hparams
 from .base import load_stage_model, stage_world
 from .testbed import stage_testbed
-from .unlearn import ensure_inputs, method_inputs, stage_forget_fields
+from .unlearn import (ensure_inputs, method_inputs, run_to_operating_point, stage_forget_fields,
+                                              trajectory_keys)
 
 # %% auto #0
-__all__ = ['TUNE_UTILITY_TEXTS', 'tuning_score', 'grid_points', 'matched_steps', 'grid_search', 'select_best',
-           'tune_utility_texts', 'stage_tune']
+__all__ = ['POINT_COLUMNS', 'REACHED', 'TUNE_UTILITY_TEXTS', 'TUNE_VERSION', 'tuning_score', 'grid_points', 'matched_steps',
+           'grid_search', 'select_best', 'tune_utility_texts', 'stage_tune']
 
 # %% ../../../nbs/pipeline/stages/03_tune.ipynb #35e24b5e
 def tuning_score(forget_before: float, forget_after: float, retain_before: float, retain_after: float) -> dict:
@@ -50,11 +51,19 @@ def _em(model, tokenizer, rows, batch_size: int = 16) -> float:
     "Mean teacher-forced exact memorization (`metrics.memorization`) of `model` on QA `rows`."
     return float(memorization_scores(model, tokenizer, rows, batch_size=batch_size)["em"].mean())
 
-def _score(before: dict, after: dict) -> dict:
-    "`tuning_score`, or NaNs where a validation split was not memorized before unlearning."
+def _score(before: dict, after: dict, at_point: bool = False) -> dict:
+    """`tuning_score`, or NaNs where a validation split was not memorized before unlearning. `at_point`: the model was
+    stopped at an operating point, where the rule has matched forgetting, so the score is the retention alone."""
     if before["forget"] > 0 and before["retain"] > 0:
-        return tuning_score(before["forget"], after["forget"], before["retain"], after["retain"])
+        s = tuning_score(before["forget"], after["forget"], before["retain"], after["retain"])
+        return {**s, "score": s["retention"]} if at_point else s
     return {"forgetting": math.nan, "retention": math.nan, "score": math.nan}
+
+# the operating point's summary (`analysis.trajectory.Trajectory.summary`) as grid columns
+POINT_COLUMNS = {"status": "op_status", "step": "op_step", "crossing_step": "op_crossing_step",
+                 "n_before": "op_n_before", "coarse": "op_coarse"}
+# statuses of a run that forgot down to the rule's level (the second: within the first interval, its point coarse)
+REACHED = ("reached", "crossed before the first point")
 
 def matched_steps(hp: dict, reference_rows: int | None) -> int | None:
     """`epochs × ⌈reference_rows / batch_size⌉` for resolved hyperparameters `hp` that count epochs;
@@ -75,11 +84,15 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
                 base: dict | None = None, seed: int = 0, method_kwargs: dict | None = None, batch_size: int = 16,
                 progress: bool = True, em_fn: Callable | None = None, require_memorized: bool = True,
                 utility_fn: Callable | None = None, max_ppl_ratio: float | None = None,
-                reference_rows: int | None = None) -> pd.DataFrame:
+                reference_rows: int | None = None, run: Callable | None = None) -> pd.DataFrame:
     """One row per grid point: hyperparameters, validation EM before/after, forgetting, retention, score, seconds.
     `utility_fn(model)` → a perplexity (lower is better) measured before and after: columns `ppl_before`, `ppl_after`,
     `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each
-    point trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows."""
+    point trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows.
+    `run(spec, model, hp, i) -> (unlearned model, point)` trains grid point `i` instead of `spec.run` on the splits;
+    a `point` (an operating point's summary dict, or None) adds the `POINT_COLUMNS` and `reached`, makes `score` the
+    retention at that point, and makes a point that did not reach it ineligible (a `single point` status, a method
+    without steps, is scored as without a rule)."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
     if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool)
@@ -103,39 +116,53 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     for i, pt in enumerate(progress_bar(points, f"tune {method}", disable=not progress)):
         model = model if i == 0 else make_model(); t0 = time.perf_counter()
         hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
-        unl, log = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
+        if run is None:
+            unl, _ = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
+            point = None
+        else: unl, point = run(spec, model, copy.deepcopy(hp), i)
         after = {"forget": em(unl, forget), "retain": em(unl, retain)}
-        util = {}
+        # a method with no stepping knob (`single point`: AlphaEdit, ULD) is judged at its end, as without a rule
+        judged = point is not None and point.get("status") != "single point"
+        util, at = {}, {}
+        if point is not None:
+            at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
+            at["reached"] = point.get("status") in REACHED if judged else None
         if utility_fn is not None:
             # a diverged model: never eligible
             ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
             util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
                     "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
+        if judged: util["eligible"] = util.get("eligible", True) and at["reached"]
         rows.append({"method": method, "point": i,
                      **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
                      # steps: matched, or the point's own
                      **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
                      "em_forget_before": before["forget"], "em_forget_after": after["forget"],
-                     "em_retain_before": before["retain"], "em_retain_after": after["retain"], **_score(before, after),
-                     **util, "seconds": time.perf_counter() - t0})
+                     "em_retain_before": before["retain"], "em_retain_after": after["retain"],
+                     **_score(before, after, judged), **at, **util, "seconds": time.perf_counter() - t0})
         del unl
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/pipeline/stages/03_tune.ipynb #354a1f18
 def select_best(results: pd.DataFrame, grid: dict) -> dict:
     """The hyperparameters of the highest-scoring *eligible* row of `grid_search` output (first one on ties); when no
-    scored row is eligible (every point broke the utility guard), the one with the smallest `ppl_ratio`; when no row is
-    scored (an unmemorized split), the first point."""
+    scored row is eligible (every point broke the utility guard, or none reached the operating point), the one with the
+    smallest `ppl_ratio` (among those that reached the point, if any did); when no row is scored (an unmemorized
+    split), the first point."""
     if results.empty: raise ValueError("no grid results to select from")
     scores = results["score"].astype(float)
     ok = results["eligible"].astype(bool) if "eligible" in results else pd.Series(True, index=results.index)
     if (scores.notna() & ok).any(): best = int(scores.where(ok).idxmax())
     elif scores.notna().any() and "ppl_ratio" in results:
         # NaN: a diverged model
-        best = int(results.loc[scores.notna(), "ppl_ratio"].astype(float).fillna(math.inf).idxmin())
+        pool = results[scores.notna()]
+        # a point that reached the operating point before one that did not
+        if "reached" in pool and pool.reached.astype(bool).any(): pool = pool[pool.reached.astype(bool)]
+        best = int(pool["ppl_ratio"].astype(float).fillna(math.inf).idxmin())
+        why = ("kept perplexity within the guard and reached the operating point" if "reached" in results
+               else "kept perplexity within the guard")
         warnings.warn(
-            f"no grid point kept perplexity within the guard (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); "
-            "taking the least damaging point"
+            f"no grid point {why} (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); taking the least damaging point"
         )
     else: best = results.index[0]
     return grid_points(grid)[int(results.loc[best, "point"])]
@@ -150,10 +177,17 @@ def tune_utility_texts(store: RunStore, n: int = TUNE_UTILITY_TEXTS) -> list[str
     texts = corpus_texts(load_world(store.path("world")))
     return random.Random(f"tune-utility:{store.config.seed}").sample(texts, min(n, len(texts)))
 
+# 2: under an operating-point rule each grid point runs to it and is scored there (1: at the schedule's end)
+TUNE_VERSION = 2
+
 def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.DataFrame:
     """Grid search of `method` on the validation split (`testbed.validation_fields`; App. G.2), cached; `grid` defaults
     to `spec.grid`. The utility guard (`unlearn.tune_max_ppl_ratio`) and matched steps (`unlearn.tune_match_steps`:
-    epochs counted on the first usable forget field's split) are the run config's."""
+    epochs counted on the first usable forget field's split) are the run config's. Under the run's operating-point rule
+    (`unlearn.operating_point`) every grid point runs to that point on the validation forget field's trajectory, as
+    e03's methods do on theirs (`pipeline.stages.unlearn.run_to_operating_point`: a third of the validation forget
+    people choose, the field's never-injected people set the level), and is scored by its retention there; each
+    point's `trajectory.csv` and `operating_point.json` are kept under `point_<i>/`."""
     c, spec = store.config, get_spec(method)                          # unknown method fails before any compute
     grid = grid if grid is not None else spec.grid
     grid_points(grid)                                                  # a malformed grid fails before any compute
@@ -161,22 +195,38 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
     tb = stage_testbed(store)
     ref = len(tb[f"forget_{stage_forget_fields(store)[0]}"]) if c.unlearn.tune_match_steps else None
     ratio = c.unlearn.tune_max_ppl_ratio
-    deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *ensure_inputs(store, method)]))
+    rule, vf = c.unlearn.operating_point, c.testbed.validation_fields[0]
+    forget, retain = tb["validation_forget"].to_list(), tb["validation_retain"].to_list()
+    if rule and len({r["profile_id"] for r in forget}) < 2:
+        raise ValueError(
+            f"tuning at the operating point (unlearn.operating_point) needs the validation forget split to hold at least "
+            f"2 people (a share of them chooses the point), it holds {len({r['profile_id'] for r in forget})}: raise "
+            "pii.n_validation, or set unlearn.operating_point=null to tune at the schedule's end"
+        )
+    t_reads, t_deps = trajectory_keys(rule)
+    deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *ensure_inputs(store, method), *t_deps]))
     def fn(out):
         tok = load_stage_model(store, "instruct_masked")[1]
         texts = tune_utility_texts(store)
+        inputs = method_inputs(store, method)
+        def at_point(spec, model, hp, i):
+            d = out / f"point_{i:02d}"; d.mkdir()
+            unl, _ = run_to_operating_point(store, spec, model, tok, vf, forget, retain, hp, d, seed=c.seed,
+                                            label={"method": method, "field": vf, "point": i}, **inputs)
+            return unl, json.loads((d / "operating_point.json").read_text())
         res = grid_search(
-            method, lambda: load_stage_model(store, "instruct_masked")[0], tok, tb["validation_forget"].to_list(),
-            tb["validation_retain"].to_list(), grid, base=fixed, seed=c.seed,
-            method_kwargs=method_inputs(store, method), require_memorized=c.testbed.require_memorized,
-            utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"], max_ppl_ratio=ratio, reference_rows=ref
+            method, lambda: load_stage_model(store, "instruct_masked")[0], tok, forget, retain, grid, base=fixed,
+            seed=c.seed, method_kwargs=inputs, require_memorized=c.testbed.require_memorized,
+            utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"], max_ppl_ratio=ratio, reference_rows=ref,
+            run=at_point if rule else None,
         )
         res.to_csv(out / "grid.csv", index=False)
     # the method's row is read but for the grid's keys; `ref` comes from the testbed's and forget_fields' files
     reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + ["seed", "testbed.require_memorized",
-                                                                "unlearn.tune_max_ppl_ratio"]
+                                                                "unlearn.tune_max_ppl_ratio", *t_reads]
     d = store.stage(
         f"tune_{method}", fn, reads=reads,
-        inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS}, deps=deps
+        inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS}, deps=deps,
+        version=TUNE_VERSION if rule else 1,
     )
     return pd.read_csv(d / "grid.csv")
