@@ -162,7 +162,8 @@ def select_best(results: pd.DataFrame, grid: dict) -> dict:
         why = ("kept perplexity within the guard and reached the operating point" if "reached" in results
                else "kept perplexity within the guard")
         warnings.warn(
-            f"no grid point {why} (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); taking the least damaging point"
+            f"no grid point {why} (smallest ratio {results.loc[best, 'ppl_ratio']:.3g}); "
+            "taking the least damaging point"
         )
     else: best = results.index[0]
     return grid_points(grid)[int(results.loc[best, "point"])]
@@ -197,11 +198,11 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
     ratio = c.unlearn.tune_max_ppl_ratio
     rule, vf = c.unlearn.operating_point, c.testbed.validation_fields[0]
     forget, retain = tb["validation_forget"].to_list(), tb["validation_retain"].to_list()
-    if rule and len({r["profile_id"] for r in forget}) < 2:
+    if rule and (people := len({r["profile_id"] for r in forget})) < 2:
         raise ValueError(
-            f"tuning at the operating point (unlearn.operating_point) needs the validation forget split to hold at least "
-            f"2 people (a share of them chooses the point), it holds {len({r['profile_id'] for r in forget})}: raise "
-            "pii.n_validation, or set unlearn.operating_point=null to tune at the schedule's end"
+            "tuning at the operating point (unlearn.operating_point) needs the validation forget split to hold at "
+            f"least 2 people (a share of them chooses the point), it holds {people}: raise pii.n_validation, or set "
+            "unlearn.operating_point=null to tune at the schedule's end"
         )
     t_reads, t_deps = trajectory_keys(rule)
     deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *ensure_inputs(store, method), *t_deps]))
