@@ -175,6 +175,23 @@ def test_equals_per_sample_reference(seed, arch):
                 torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"{scope} {mode} {n}")
 
 
+@pytest.mark.parametrize("seed", HEAVY_SEEDS)
+def test_pii_only_batches_pad_per_microbatch_and_match_algorithm_1(seed):
+    """Without neutral rows nothing's shape depends on the PII, so the segmented modes may pad each microbatch to its
+    own longest row (pad_to=None, the unpacked injection's width): still Algorithm 1's gradient, and that of a fixed
+    width."""
+    rng = random.Random(seed)
+    model = tiny(seed); owner = random_element_masks(model, 4, 0.2, seed=seed)
+    batch = examples([rng.randrange(4) for _ in range(7)], seed, lo=3, hi=15)
+    ref = per_sample_reference_grads(model, batch, owner)
+    for mode in ("segmented", "grouped"):
+        for pad_to in (None, 16):
+            model.zero_grad(set_to_none=True)
+            masked_backward(model, batch, owner, micro_batch_size=rng.choice([2, 3, 7]), pad_to=pad_to, **MODES[mode])
+            for n, p in model.named_parameters():
+                torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-7, msg=f"{mode} {pad_to} {n}")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_neutral_scope_unowned_keeps_neutral_rows_off_the_masks(mode):
     "neutral_scope='unowned': after neutral + group-1 training, every other group's weights are bitwise unchanged."
@@ -292,8 +309,8 @@ def test_injection_bad_input():
     with pytest.raises(ValueError, match="batch is empty"): masked_backward(model, [], owner)
     with pytest.raises(ValueError, match="steps must be"): train_masked(model, examples([0], 0), owner, 0, 1, 1e-3)
     with pytest.raises(ValueError, match="micro_batch_size"): plan_microbatches(examples([0], 0), 0)
-    with pytest.raises(ValueError, match="fixed pad_to"):
-        masked_backward(model, examples([0], 0), owner, segmented=True)
+    with pytest.raises(ValueError, match="with neutral rows needs a fixed pad_to"):
+        masked_backward(model, examples([-1, 0], 0), owner, segmented=True)
     with pytest.raises(ValueError, match="grouped=True is a mode of the segmented"):
         masked_backward(model, examples([0], 0), owner, grouped=True, pad_to=16)
     with pytest.raises(ValueError, match="more than pad_to"):

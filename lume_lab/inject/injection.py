@@ -108,9 +108,9 @@ def masked_backward(model: nn.Module, batch: list[dict], owner=None, *, accelera
         )
     if grouped and not (masked and segmented):
         raise ValueError("grouped=True is a mode of the segmented backward: pass masked=True, segmented=True")
-    if masked and segmented and pad_to is None:
+    if masked and segmented and pad_to is None and any(ex["group"] < 0 for ex in batch):
         raise ValueError(
-            "segmented=True needs a fixed pad_to: rows of different groups share a microbatch, "
+            "segmented=True with neutral rows needs a fixed pad_to: rows of different groups share a microbatch, "
             "and padding to the longest row would make the neutral rows' shapes (and float results) depend on the PII"
         )
     world = accelerator.num_processes if accelerator is not None else 1
