@@ -30,7 +30,7 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
 # lume_lab/presets/<name>.yaml, in this order
-PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "olmo2-1b", "olmo3-7b")
+PRESET_NAMES = ("mini", "smoke", "study", "smollm2", "smollm2-paper", "olmo2-1b", "olmo3-7b")
 TARGET_FIELDS = ("email_address", "birth_city", "phone_number", "drivers_license")
 CONTENT_TYPES = ("wiki", "social", "forum", "review", "marketplace")
 QA_ATTRIBUTES = ("gender", "pronouns", "age", "birth_date", "birth_city", "nationality", "address", "email_address",
