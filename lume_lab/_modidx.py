@@ -2354,6 +2354,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                       'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.evaluate_source': ( 'pipeline/stages/unlearn.html#evaluate_source',
                                                                                                         'lume_lab/pipeline/stages/unlearn.py'),
+                                                  'lume_lab.pipeline.stages.unlearn.first_per_person': ( 'pipeline/stages/unlearn.html#first_per_person',
+                                                                                                         'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.input_deps': ( 'pipeline/stages/unlearn.html#input_deps',
                                                                                                    'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.load_method_stage': ( 'pipeline/stages/unlearn.html#load_method_stage',

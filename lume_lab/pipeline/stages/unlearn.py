@@ -25,10 +25,11 @@ __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_
            'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
            'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
            'skip_reason', 'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps',
-           'trajectory_splits', 'run_at_operating_point', 'trajectory_keys', 'run_to_operating_point', 'stage_unlearn',
-           'operating_point_label', 'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource',
-           'method_source', 'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before',
-           'localization_sizes', 'localization_frames', 'stage_localization', 'localization_source']
+           'first_per_person', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
+           'run_to_operating_point', 'stage_unlearn', 'operating_point_label', 'operating_points', 'load_unlearned',
+           'load_method_stage', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source',
+           'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
+           'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -144,7 +145,8 @@ def skipped_fields_table(store: RunStore) -> pd.DataFrame:
 # 2: the run stops at the operating point and writes trajectory.csv, operating_point.json (1: the whole schedule)
 UNLEARN_VERSION = 2
 # the config fields a trajectory reads besides the method's hyperparameters and the seed
-TRAJECTORY_READS = ["unlearn.operating_point", "unlearn.eval_points", "remind.n_holdout", "pii.qa_per_field"]
+TRAJECTORY_READS = ["unlearn.operating_point", "unlearn.eval_points", "remind.n_holdout", "pii.qa_per_field",
+                    "unlearn.trajectory_questions"]
 
 def schedule_steps(n_forget: int, hp: dict) -> int | None:
     """Optimizer steps of a run's schedule as `unlearn_loop` counts them (`max_steps`, else epochs × batches of the
@@ -153,11 +155,23 @@ def schedule_steps(n_forget: int, hp: dict) -> int | None:
     if not ("epochs" in hp and "batch_size" in hp): return None
     return int(hp["epochs"]) * math.ceil(n_forget / hp["batch_size"])
 
-def trajectory_splits(forget: list[dict], retain: list[dict], holdout: list[dict], seed: int = 0) -> dict:
-    "The trajectory's splits: `choose` (a fixed third of the forget people), `report` (the rest), retain, holdout."
+def first_per_person(rows: list[dict], k: int | None, key: str = "profile_id") -> list[dict]:
+    "Each person's first `k` rows of `rows`, in their order (all of them when `k` is None)."
+    if k is None: return list(rows)
+    count, out = {}, []
+    for r in rows:
+        count[r[key]] = count.get(r[key], 0) + 1
+        if count[r[key]] <= k: out.append(r)
+    return out
+
+def trajectory_splits(forget: list[dict], retain: list[dict], holdout: list[dict], seed: int = 0,
+                      per_person: int | None = None) -> dict:
+    """The trajectory's splits: `choose` (a fixed third of the forget people), `report` (the rest), retain, holdout;
+    `per_person`: report and retain keep each person's first that many questions (`unlearn.trajectory_questions`)."""
     from lume_lab.analysis.trajectory import choosing_split
     choose, report = choosing_split(forget, "profile_id", seed=seed)
-    return {"choose": choose, "report": report, "retain": retain, "holdout": holdout}
+    return {"choose": choose, "report": first_per_person(report, per_person),
+            "retain": first_per_person(retain, per_person), "holdout": holdout}
 
 def _json_safe(d: dict) -> dict:
     "NaN and infinities as None (strict JSON), numpy scalars as Python numbers."
@@ -212,7 +226,8 @@ def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget
     `unlearn.eval_points` points: e03's methods and e11's dose points are judged by one rule on the same people."""
     from lume_lab.pipeline.stages.testbed import holdout_qa
     c, rule = store.config, store.config.unlearn.operating_point
-    splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed)
+    splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed,
+                               per_person=c.unlearn.trajectory_questions)
     utility = None
     if rule["rule"] == "matched_utility":
         from lume_lab.metrics.utility import utility_scores
