@@ -351,6 +351,11 @@ _METHOD_NAMES = Check(_METHODS_SAY,
                       else None)
 _HPARAMS = Check("a dict method -> {hyperparameter: value}", lambda v: isinstance(v, dict) and all(
     isinstance(m, str) and isinstance(h, dict) and all(isinstance(k, str) for k in h) for m, h in v.items()))
+_GRIDS = Check("a dict method -> {hyperparameter: [values]}, each list non-empty",
+               lambda v: isinstance(v, dict) and all(
+                   isinstance(m, str) and isinstance(g, dict) and g
+                   and all(isinstance(k, str) and isinstance(x, list) and x for k, x in g.items())
+                   for m, g in v.items()))
 
 # where on its trajectory each method is judged (`metrics.evaluate.operating_point`): rule -> {parameter: (what it must
 # be, check)}; every rule also takes `min_points` (an int >= 1, default 10), and `never_trained` its level, the held-out
@@ -400,6 +405,9 @@ class UnlearnConfig:
                                                              "no utility guard"))
     # t00: each point trains the steps its epochs give on the first forget field's split
     tune_match_steps: bool = checked(True, BOOLEAN)
+    # t00: method -> {hyperparameter: [values]}, the grid it searches instead of the method spec's (a preset whose
+    # steps are expensive searches fewer points)
+    tune_grids: dict = checked({}, _GRIDS, keyed_at_default=False)
     # default: the earliest point whose choosing-split answer NLL reaches the held-out level ("as if never trained")
     operating_point: dict | None = checked({"rule": "never_trained", "min_points": 10},
                                            optional(_OPERATING_POINT, "each method judged where its schedule ends"))

@@ -62,6 +62,15 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     for m in cfg.robustness.methods or []:
         try: get_spec(m)
         except ValueError as e: problems.append(f"robustness.methods: {e}")
+    # t00's grids: a method the run unlearns, every value a hyperparameter the method resolves
+    for m, grid in cfg.unlearn.tune_grids.items():
+        if m not in methods:
+            problems.append(f"unlearn.tune_grids sets {m!r}, which is not in unlearn.methods ({', '.join(methods)})")
+            continue
+        for k, vals in grid.items():
+            for v in vals:
+                try: get_spec(m).resolve({k: v})
+                except ValueError as e: problems.append(f"unlearn.tune_grids.{m}.{k}: {e}")
     for m in methods:
         try:
             spec = get_spec(m)
