@@ -211,7 +211,7 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
         texts = tune_utility_texts(store)
         inputs = method_inputs(store, method)
         def at_point(spec, model, hp, i):
-            d = out / f"point_{i:02d}"; d.mkdir()
+            d = out / f"point_{i:02d}"; d.mkdir(exist_ok=True)     # a rerun after an interruption overwrites
             unl, _ = run_to_operating_point(store, spec, model, tok, vf, forget, retain, hp, d, seed=c.seed,
                                             label={"method": method, "field": vf, "point": i}, **inputs)
             return unl, json.loads((d / "operating_point.json").read_text())
