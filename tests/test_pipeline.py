@@ -488,6 +488,9 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
         op = json.loads((tmp_path / "tune" / f"tune_{m}" / f"point_{i:02d}" / "operating_point.json").read_text())
         assert op["status"] == grid.op_status[(grid.method == m) & (grid.point == i)].item() and op["point"] == i
         assert (tmp_path / "tune" / f"tune_{m}" / f"point_{i:02d}" / "trajectory.csv").exists()
+        # the row an interrupted grid would resume from
+        kept = json.loads((tmp_path / "tune" / f"tune_{m}" / "rows" / f"point_{i:02d}.json").read_text())
+        assert kept["point"] == i and kept["op_status"] == op["status"]
     best = json.loads((report / "tuning_best.json").read_text())
     assert set(best) == set(grids) and all(best[m] in grid_points(grids[m]) for m in grids)
     store = open_run("tune", root=str(tmp_path))                                      # the config the notebook wrote

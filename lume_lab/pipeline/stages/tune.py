@@ -84,7 +84,8 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
                 base: dict | None = None, seed: int = 0, method_kwargs: dict | None = None, batch_size: int = 16,
                 progress: bool = True, em_fn: Callable | None = None, require_memorized: bool = True,
                 utility_fn: Callable | None = None, max_ppl_ratio: float | None = None,
-                reference_rows: int | None = None, run: Callable | None = None) -> pd.DataFrame:
+                reference_rows: int | None = None, run: Callable | None = None, done: dict | None = None,
+                on_row: Callable | None = None) -> pd.DataFrame:
     """One row per grid point: hyperparameters, validation EM before/after, forgetting, retention, score, seconds.
     `utility_fn(model)` → a perplexity (lower is better) measured before and after: columns `ppl_before`, `ppl_after`,
     `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each
@@ -92,7 +93,8 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     `run(spec, model, hp, i) -> (unlearned model, point)` trains grid point `i` instead of `spec.run` on the splits;
     a `point` (an operating point's summary dict, or None) adds the `POINT_COLUMNS` and `reached`, makes `score` the
     retention at that point, and makes a point that did not reach it ineligible (a `single point` status, a method
-    without steps, is scored as without a rule)."""
+    without steps, is scored as without a rule). Resuming: `done` maps point indices to rows already computed (they
+    are not run again), and `on_row(i, row)` is called as each new row is made."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
     if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool)
@@ -114,6 +116,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     ppl_before = None if utility_fn is None else float(utility_fn(model))
     rows = []
     for i, pt in enumerate(progress_bar(points, f"tune {method}", disable=not progress)):
+        if done and i in done: rows.append(done[i]); continue
         model = model if i == 0 else make_model(); t0 = time.perf_counter()
         hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
         if run is None:
@@ -140,6 +143,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
                      "em_forget_before": before["forget"], "em_forget_after": after["forget"],
                      "em_retain_before": before["retain"], "em_retain_after": after["retain"],
                      **_score(before, after, judged), **at, **util, "seconds": time.perf_counter() - t0})
+        if on_row is not None: on_row(i, rows[-1])
         del unl
     return pd.DataFrame(rows)
 
@@ -215,11 +219,19 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
             unl, _ = run_to_operating_point(store, spec, model, tok, vf, forget, retain, hp, d, seed=c.seed,
                                             label={"method": method, "field": vf, "point": i}, **inputs)
             return unl, json.loads((d / "operating_point.json").read_text())
+        # each finished point's row, kept in the stage's work directory: an interrupted grid resumes at its next point
+        # (the store clears that directory when the stage's key changes)
+        kept = out / "rows"; kept.mkdir(exist_ok=True)
+        done = {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in sorted(kept.glob("point_*.json"))}
+        def keep(i, row):
+            tmp = kept / f".point_{i:02d}.json"
+            plain = lambda v: v.item() if hasattr(v, "item") else str(v)      # numpy scalars as Python values
+            tmp.write_text(json.dumps(row, default=plain)); tmp.replace(kept / f"point_{i:02d}.json")
         res = grid_search(
             method, lambda: load_stage_model(store, "instruct_masked")[0], tok, forget, retain, grid, base=fixed,
             seed=c.seed, method_kwargs=inputs, require_memorized=c.testbed.require_memorized,
             utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"], max_ppl_ratio=ratio, reference_rows=ref,
-            run=at_point if rule else None,
+            run=at_point if rule else None, done=done, on_row=keep,
         )
         res.to_csv(out / "grid.csv", index=False)
     # the method's row is read but for the grid's keys; `ref` comes from the testbed's and forget_fields' files
