@@ -31,9 +31,10 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
            'quantized_em_label', 'quantized_em_table', 'robustness_lines', 'attack_control_table',
            'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures', 'tradeoff_lines', 'testbed_table',
-           'injection_utility_table', 'testbed_lines', 'config_groups', 'group_labels', 'config_difference_table',
-           'compare_lines', 'headline_lines', 'page_headline', 'write_results_index', 'results_page',
-           'scorecard_csv_name', 'scorecard_csv', 'write_results', 'add_results_arguments', 'results_main', 'main']
+           'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines', 'config_groups', 'group_labels',
+           'config_difference_table', 'compare_lines', 'headline_lines', 'page_headline', 'write_results_index',
+           'results_page', 'scorecard_csv_name', 'scorecard_csv', 'write_results', 'add_results_arguments',
+           'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -714,6 +715,39 @@ def testbed_lines(run_dirs: list[Path]) -> list[str]:
     u = injection_utility_table(run_dirs)
     return lines + (["### Utility around the injection", md_table(u)] if len(u) else [])
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #27339923
+def probe_table(run_dirs: list[Path]) -> pd.DataFrame:
+    """t01's rows (`memorization.csv`, `probe_reachability.csv`): per run, field and model, memorized / injected
+    profiles, and for the model before instruction tuning its reach. Empty without t01's files."""
+    rows = []
+    for d, label in zip(run_dirs, run_labels(run_dirs)):
+        m = _report_csv(d, "memorization.csv")
+        if m is None: continue
+        reach = _report_csv(d, "probe_reachability.csv")
+        for _, r in m.iterrows():
+            row = {"run": label, "field": r.field, "model": r.model,
+                   "memorized / profiles": f"{int(r.memorized)} / {int(r.profiles)}", "rate, %": fmt_num(r.rate, 1)}
+            for kind in ("fresh", "paraphrase"):
+                hit = (reach[(reach.field == r.field) & (reach.kind == kind)]
+                       if reach is not None and r.model == "before instruction tuning" else pd.DataFrame())
+                row[f"{kind}, % of trained"] = fmt_num(100 * hit.vs_trained.iloc[0], 0) if len(hit) else ""
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+def probe_lines(run_dirs: list[Path]) -> list[str]:
+    "The memorization probe's section (t01); nothing without its files."
+    t = probe_table(run_dirs)
+    if not len(t): return []
+    return [
+        "## Memorization probe (t01)",
+        "From t01: per run and target field, the masked model's memorized profiles among all those injected, on their "
+        "trained questions (greedy output, the value as a substring), before e02's LoRA instruction tuning and after "
+        "it (`memorization.csv`); for the model before instruction tuning, accuracy on fresh questions and on "
+        "paraphrases of what it memorized, as % of trained accuracy (`probe_reachability.csv`; blank after it: "
+        "not measured there).",
+        md_table(t),
+    ]
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #588c6d61
 def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
     "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
@@ -837,7 +871,8 @@ def results_page(paths, name: str, command: str | None = None) -> str:
         "\n\n".join(
             [f"# Results: {name}", *uncommitted_lines(dirs), *empty, note,
              "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
-             *(headline_lines(dirs, csv) if len(groups) == 1 else []), *card, *testbed_lines(dirs), *stress,
+             *(headline_lines(dirs, csv) if len(groups) == 1 else []), *card, *testbed_lines(dirs),
+             *probe_lines(dirs), *stress,
              *experiment_lines(dirs), *stage_lines(dirs)]
         )
         + "\n"
