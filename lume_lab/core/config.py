@@ -413,9 +413,9 @@ class UnlearnConfig:
                                            optional(_OPERATING_POINT, "each method judged where its schedule ends"))
     # evaluation points of the trajectory over a run's schedule: every max(1, steps // eval_points) optimizer steps
     eval_points: int = checked(20, POSITIVE)
-    # questions per person on the trajectory's report and retain splits (None: all); the choosing split, the held-out
-    # level and the evaluation at the chosen point keep every question. A large testbed's trajectory costs more than
-    # its unlearning on a CPU: this is the lever
+    # questions per person on the trajectory's report and retain splits, drawn with the seed (None: all); the choosing
+    # split, the held-out level, the evaluation at the chosen point, and retain under matched_retain_em keep every
+    # question. A large testbed's trajectory costs more than its unlearning on a CPU: this is the lever
     trajectory_questions: int | None = checked(None, optional(POSITIVE, "every question"), keyed_at_default=False)
 
 @dataclass

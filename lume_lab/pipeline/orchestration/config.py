@@ -69,7 +69,7 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
             continue
         for k, vals in grid.items():
             for v in vals:
-                try: get_spec(m).resolve({k: v})
+                try: get_spec(m).resolve({**rows.get(m, {}), **cfg.unlearn.hparams.get(m, {}), k: v})
                 except ValueError as e: problems.append(f"unlearn.tune_grids.{m}.{k}: {e}")
     for m in methods:
         try:

@@ -51,12 +51,14 @@ def _em(model, tokenizer, rows, batch_size: int = 16) -> float:
     "Mean teacher-forced exact memorization (`metrics.memorization`) of `model` on QA `rows`."
     return float(memorization_scores(model, tokenizer, rows, batch_size=batch_size)["em"].mean())
 
-def _score(before: dict, after: dict, at_point: bool = False) -> dict:
-    """`tuning_score`, or NaNs where a validation split was not memorized before unlearning. `at_point`: the model was
-    stopped at an operating point, where the rule has matched forgetting, so the score is the retention alone."""
+def _score(before: dict, after: dict, rule: str | None = None) -> dict:
+    """`tuning_score`, or NaNs where a validation split was not memorized before unlearning. `rule`: the model was
+    stopped at that rule's operating point, so the score is what the rule left free: the retention where
+    `never_trained` matched forgetting, the forgetting where a matched rule held retain EM or utility."""
     if before["forget"] > 0 and before["retain"] > 0:
         s = tuning_score(before["forget"], after["forget"], before["retain"], after["retain"])
-        return {**s, "score": s["retention"]} if at_point else s
+        if rule is None: return s
+        return {**s, "score": s["retention"] if rule == "never_trained" else s["forgetting"]}
     return {"forgetting": math.nan, "retention": math.nan, "score": math.nan}
 
 # the operating point's summary (`analysis.trajectory.Trajectory.summary`) as grid columns
@@ -91,10 +93,11 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each
     point trains `matched_steps` optimizer steps (column `steps`): its epochs counted on a split of that many rows.
     `run(spec, model, hp, i) -> (unlearned model, point)` trains grid point `i` instead of `spec.run` on the splits;
-    a `point` (an operating point's summary dict, or None) adds the `POINT_COLUMNS` and `reached`, makes `score` the
-    retention at that point, and makes a point that did not reach it ineligible (a `single point` status, a method
-    without steps, is scored as without a rule). Resuming: `done` maps point indices to rows already computed (they
-    are not run again), and `on_row(i, row)` is called as each new row is made."""
+    a `point` (an operating point's summary dict, or None) adds the `POINT_COLUMNS` and `reached`; under its rule
+    `never_trained` the score is the retention at that point and a point that did not reach it is ineligible, under a
+    matched rule (`matched_retain_em`, `matched_utility`) the score is the forgetting there (a `single point` status, a
+    method without steps, is scored as without a rule). Resuming: `done` maps point indices to rows already computed
+    (they are not run again), and `on_row(i, row)` is called as each new row is made."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
     if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool)
@@ -126,6 +129,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
         after = {"forget": em(unl, forget), "retain": em(unl, retain)}
         # a method with no stepping knob (`single point`: AlphaEdit, ULD) is judged at its end, as without a rule
         judged = point is not None and point.get("status") != "single point"
+        rule = point.get("rule", "never_trained") if judged else None
         util, at = {}, {}
         if point is not None:
             at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
@@ -135,17 +139,26 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
             ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
             util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
                     "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
-        if judged: util["eligible"] = util.get("eligible", True) and at["reached"]
+        # reaching the level is the condition under never_trained; under a matched rule a point that never spent its
+        # budget is judged at its schedule's end, and one that spent it at once kept its step-0 weights (forgot nothing)
+        if rule == "never_trained": util["eligible"] = util.get("eligible", True) and at["reached"]
         rows.append({"method": method, "point": i,
                      **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
                      # steps: matched, or the point's own
                      **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
                      "em_forget_before": before["forget"], "em_forget_after": after["forget"],
                      "em_retain_before": before["retain"], "em_retain_after": after["retain"],
-                     **_score(before, after, judged), **at, **util, "seconds": time.perf_counter() - t0})
+                     **_score(before, after, rule), **at, **util, "seconds": time.perf_counter() - t0})
         if on_row is not None: on_row(i, rows[-1])
         del unl
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if "op_status" in out and len(out) > 1 and (out.op_status == "crossed before the first point").all():
+        warnings.warn(
+            f"tune {method}: every grid point crossed before its first evaluation, so the operating point does not "
+            "tell them apart: the validation forget split may not be memorized, or the evaluation points are too "
+            "sparse (unlearn.eval_points)"
+        )
+    return out
 
 # %% ../../../nbs/pipeline/stages/03_tune.ipynb #354a1f18
 def select_best(results: pd.DataFrame, grid: dict) -> dict:

@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #638b00b5
 from __future__ import annotations
-import json, math, warnings
+import json, math, random, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -25,7 +25,7 @@ __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_
            'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
            'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
            'skip_reason', 'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps',
-           'first_per_person', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
+           'questions_per_person', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
            'run_to_operating_point', 'stage_unlearn', 'operating_point_label', 'operating_points', 'load_unlearned',
            'load_method_stage', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source',
            'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
@@ -155,23 +155,25 @@ def schedule_steps(n_forget: int, hp: dict) -> int | None:
     if not ("epochs" in hp and "batch_size" in hp): return None
     return int(hp["epochs"]) * math.ceil(n_forget / hp["batch_size"])
 
-def first_per_person(rows: list[dict], k: int | None, key: str = "profile_id") -> list[dict]:
-    "Each person's first `k` rows of `rows`, in their order (all of them when `k` is None)."
+def questions_per_person(rows: list[dict], k: int | None, seed: int = 0, key: str = "profile_id") -> list[dict]:
+    """`k` of each person's rows, drawn with `seed` (a split lists each person's questions in template order, so the
+    first `k` would always be the same templates), in their order in `rows`; all of them when `k` is None."""
     if k is None: return list(rows)
-    count, out = {}, []
-    for r in rows:
-        count[r[key]] = count.get(r[key], 0) + 1
-        if count[r[key]] <= k: out.append(r)
-    return out
+    by: dict = {}
+    for i, r in enumerate(rows): by.setdefault(r[key], []).append(i)
+    keep = {i for p, idx in by.items() for i in random.Random(f"trajectory:{seed}:{p}").sample(idx, min(k, len(idx)))}
+    return [r for i, r in enumerate(rows) if i in keep]
 
 def trajectory_splits(forget: list[dict], retain: list[dict], holdout: list[dict], seed: int = 0,
-                      per_person: int | None = None) -> dict:
+                      per_person: int | None = None, retain_whole: bool = False) -> dict:
     """The trajectory's splits: `choose` (a fixed third of the forget people), `report` (the rest), retain, holdout;
-    `per_person`: report and retain keep each person's first that many questions (`unlearn.trajectory_questions`)."""
+    `per_person`: report and retain keep that many questions of each person (`unlearn.trajectory_questions`), drawn
+    with `seed`; `retain_whole`: retain keeps every question (a rule that chooses the point on retain EM)."""
     from lume_lab.analysis.trajectory import choosing_split
     choose, report = choosing_split(forget, "profile_id", seed=seed)
-    return {"choose": choose, "report": first_per_person(report, per_person),
-            "retain": first_per_person(retain, per_person), "holdout": holdout}
+    return {"choose": choose, "report": questions_per_person(report, per_person, seed),
+            "retain": list(retain) if retain_whole else questions_per_person(retain, per_person, seed),
+            "holdout": holdout}
 
 def _json_safe(d: dict) -> dict:
     "NaN and infinities as None (strict JSON), numpy scalars as Python numbers."
@@ -226,8 +228,10 @@ def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget
     `unlearn.eval_points` points: e03's methods and e11's dose points are judged by one rule on the same people."""
     from lume_lab.pipeline.stages.testbed import holdout_qa
     c, rule = store.config, store.config.unlearn.operating_point
+    # matched_retain_em picks its point on the retain split: it keeps every question
     splits = trajectory_splits(forget, retain, holdout_qa(store, field)[1], seed=c.seed,
-                               per_person=c.unlearn.trajectory_questions)
+                               per_person=c.unlearn.trajectory_questions,
+                               retain_whole=rule["rule"] == "matched_retain_em")
     utility = None
     if rule["rule"] == "matched_utility":
         from lume_lab.metrics.utility import utility_scores
