@@ -134,6 +134,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
         if point is not None:
             at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
             at["reached"] = point.get("status") in REACHED if judged else None
+            at["op_rule"] = rule
         if utility_fn is not None:
             # a diverged model: never eligible
             ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
@@ -173,8 +174,10 @@ def select_best(results: pd.DataFrame, grid: dict) -> dict:
     elif scores.notna().any() and "ppl_ratio" in results:
         # NaN: a diverged model
         pool = results[scores.notna()]
-        # a point that reached the operating point before one that did not
-        if "reached" in pool and pool.reached.astype(bool).any(): pool = pool[pool.reached.astype(bool)]
+        # under never_trained, a point that reached the operating point before one that did not (under a matched rule
+        # reaching means the budget was spent: no merit)
+        if ("reached" in pool and (pool.get("op_rule") == "never_trained").all()
+                and pool.reached.astype(bool).any()): pool = pool[pool.reached.astype(bool)]
         best = int(pool["ppl_ratio"].astype(float).fillna(math.inf).idxmin())
         why = ("kept perplexity within the guard and reached the operating point" if "reached" in results
                else "kept perplexity within the guard")
@@ -204,7 +207,7 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
     epochs counted on the first usable forget field's split) are the run config's. Under the run's operating-point rule
     (`unlearn.operating_point`) every grid point runs to that point on the validation forget field's trajectory, as
     e03's methods do on theirs (`pipeline.stages.unlearn.run_to_operating_point`: a third of the validation forget
-    people choose, the field's never-injected people set the level), and is scored by its retention there; each
+    people choose, the field's never-injected people set the level), and is scored there (`grid_search`); each
     point's `trajectory.csv` and `operating_point.json` are kept under `point_<i>/`."""
     c, spec = store.config, get_spec(method)                          # unknown method fails before any compute
     grid = grid if grid is not None else spec.grid
