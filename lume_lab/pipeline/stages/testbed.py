@@ -74,8 +74,8 @@ def stage_inject(store: RunStore, masked: bool = True) -> Path:
         # a shared mask: every group's PII trains mask 0
         if masked and c.inject.shared_mask: ex = [{**e, "group": min(e["group"], 0)} for e in ex]
         # one text per sequence: pad to the longest example, not to seq_len (with neutral rows the segmented backward
-        # needs one width); with no neutral row, to each microbatch's longest (a quarter fewer tokens on SmolLM2's
-        # questions, the same gradient: right padding under the attention mask)
+        # needs one width); with no neutral row, to each microbatch's longest (fewer tokens, the same gradient: right
+        # padding under the attention mask)
         pad = (c.inject.seq_len if c.inject.packing
                else None if c.inject.neutral_fraction == 0 else max(len(e["input_ids"]) for e in ex))
         steps = c.inject.steps if masked or c.inject.control_steps is None else c.inject.control_steps
