@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #df59212b
 from __future__ import annotations
-import argparse, fnmatch, json, os, platform, re, shlex, sys
+import argparse, fnmatch, json, math, os, platform, re, shlex, sys
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +23,18 @@ from ..orchestration.sweep import read_spec
 
 # %% auto #0
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
-           'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec',
-           'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
-           'seeds_command', 'threads_line', 'uncommitted_lines', 'header_lines', 'read_markdown_tables',
-           'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
-           'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'field_section',
-           'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
+           'UTILITY_ROWS', 'TUNING_RESULT_COLUMNS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir',
+           'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources',
+           'run_machine', 'run_labels', 'seeds_command', 'threads_line', 'uncommitted_lines', 'header_lines',
+           'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
+           'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
+           'field_section', 'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
            'quantized_em_label', 'quantized_em_table', 'robustness_lines', 'attack_control_table',
            'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures', 'tradeoff_lines', 'testbed_table',
-           'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines', 'config_groups', 'group_labels',
-           'config_difference_table', 'compare_lines', 'headline_lines', 'page_headline', 'write_results_index',
-           'results_page', 'scorecard_csv_name', 'scorecard_csv', 'write_results', 'add_results_arguments',
-           'results_main', 'main']
+           'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines', 'tuning_table', 'tuning_lines',
+           'config_groups', 'group_labels', 'config_difference_table', 'compare_lines', 'headline_lines',
+           'page_headline', 'write_results_index', 'results_page', 'scorecard_csv_name', 'scorecard_csv',
+           'write_results', 'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -748,6 +748,65 @@ def probe_lines(run_dirs: list[Path]) -> list[str]:
         md_table(t),
     ]
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #9ed20035
+# tuning_grid.csv's columns that are not a grid value (`pipeline.stages.tune.grid_search`)
+TUNING_RESULT_COLUMNS = {"method", "point", "steps", "em_forget_before", "em_forget_after", "em_retain_before",
+                         "em_retain_after", "forgetting", "retention", "score", "reached", "op_rule", "ppl_before",
+                         "ppl_after", "ppl_ratio", "eligible", "seconds", "op_status", "op_step", "op_crossing_step",
+                         "op_n_before", "op_coarse"}
+
+def _same_value(a, b) -> bool:
+    "A grid value from tuning_best.json against the one tuning_grid.csv holds (lists were written as their str)."
+    if isinstance(a, (list, tuple)): return str(list(a)) == str(b) or str(tuple(a)) == str(b)
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        try: return math.isclose(float(a), float(b), rel_tol=1e-9)
+        except (TypeError, ValueError): return False
+    return str(a) == str(b)
+
+def tuning_table(run_dirs: list[Path]) -> pd.DataFrame:
+    """t00's grids (`tuning_grid.csv`, `tuning_best.json`): per run, method and grid point, its values, where it
+    stopped (the operating point), forget and retain EM before → after on the validation split, its score, the
+    perplexity ratio of the utility guard, whether it was eligible, and the point t00 chose. Empty without t00's
+    files."""
+    rows = []
+    for d, label in zip(run_dirs, run_labels(run_dirs)):
+        g = _report_csv(d, "tuning_grid.csv")
+        if g is None: continue
+        p = Path(d) / "report" / "tuning_best.json"
+        best = json.loads(p.read_text()) if p.is_file() else {}
+        values = [c for c in g.columns if c not in TUNING_RESULT_COLUMNS]
+        for _, r in g.iterrows():
+            mine = [c for c in values if pd.notna(r[c])]
+            chosen = r.method in best and all(_same_value(v, r.get(k)) for k, v in best[r.method].items())
+            op = r.get("op_status")
+            row = {"run": label, "method": r.method, "values": ", ".join(f"{c}={r[c]:g}" if isinstance(r[c], float)
+                                                                           else f"{c}={r[c]}" for c in mine)}
+            if isinstance(op, str):
+                at = r.get("op_step")
+                row["stopped"] = op + ("" if pd.isna(at) else f" @ step {int(at)}")
+            row |= {"forget EM, %": f"{fmt_num(100 * r.em_forget_before, 0)} → {fmt_num(100 * r.em_forget_after, 0)}",
+                    "retain EM, %": f"{fmt_num(100 * r.em_retain_before, 0)} → {fmt_num(100 * r.em_retain_after, 0)}",
+                    "score": fmt_num(r.score, 3), "ppl ratio": fmt_num(r.get("ppl_ratio", math.nan), 2),
+                    "eligible": "" if "eligible" not in g else ("yes" if bool(r.eligible) else "no"),
+                    "chosen": "✓" if chosen else ""}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+def tuning_lines(run_dirs: list[Path]) -> list[str]:
+    "The tuning section (t00); nothing without its files."
+    t = tuning_table(run_dirs)
+    if not len(t): return []
+    return [
+        "## Tuning (t00)",
+        "From t00: every grid point of every method, one unlearning run each from the testbed model on the validation "
+        "split (`tuning_grid.csv`): where the operating-point rule stopped it, forget and retain EM before → after, "
+        "the score it was ranked by (`pipeline.stages.tune.grid_search`), the perplexity ratio of the utility guard, "
+        "and whether it was eligible; ✓ marks the point t00 chose (`tuning_best.json`), the values a preset's "
+        "`unlearn.hparams.<method>` row takes.",
+        md_table(t),
+    ]
+
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #588c6d61
 def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
     "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
@@ -872,7 +931,7 @@ def results_page(paths, name: str, command: str | None = None) -> str:
             [f"# Results: {name}", *uncommitted_lines(dirs), *empty, note,
              "\n".join(header_lines(dirs, command) + [f"- **Runs**: {runs}"]),
              *(headline_lines(dirs, csv) if len(groups) == 1 else []), *card, *testbed_lines(dirs),
-             *probe_lines(dirs), *stress,
+             *probe_lines(dirs), *tuning_lines(dirs), *stress,
              *experiment_lines(dirs), *stage_lines(dirs)]
         )
         + "\n"
