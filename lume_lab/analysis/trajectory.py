@@ -40,10 +40,11 @@ class Trajectory:
     """Evaluate an unlearning run every `every` optimizer steps on `splits` (name → QA rows) and stop it at the point
     `rule` (`unlearn.operating_point`'s dict) picks, keeping that point's weights. `level`: the held-out answer NLL
     (default: the `holdout` split's at step 0); `utility(model) -> float` adds a `utility` column; `evaluate(model)
-    -> dict` replaces the split metrics (tests, or a cheaper proxy)."""
+    -> dict` replaces the split metrics (tests, or a cheaper proxy). `first_only`: splits scored at step 0 alone (the
+    `holdout` split by default: only its step-0 NLL, the level, is read; later rows leave its columns blank)."""
     def __init__(self, tokenizer, splits: dict[str, list[dict]], every: int, rule: dict | None = None,
                  level: float | None = None, utility: Callable | None = None, batch_size: int = 16,
-                 evaluate: Callable | None = None):
+                 evaluate: Callable | None = None, first_only: tuple[str, ...] = ("holdout",)):
         if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
             raise ValueError(f"every must be an int >= 1 (optimizer steps between points), got {every!r}")
         rule = dict(rule or {})
@@ -53,12 +54,13 @@ class Trajectory:
         if plain and level is None and "holdout" not in splits:
             raise ValueError("the never_trained rule needs the held-out level: give level= or a 'holdout' split")
         self.tok, self.splits, self.every, self.rule, self.level = tokenizer, dict(splits), every, rule, level
-        self.utility, self.batch_size, self._evaluate = utility, batch_size, evaluate
+        self.utility, self.batch_size, self._evaluate, self.first_only = utility, batch_size, evaluate, set(first_only)
         self.rows, self.point, self.stopped_at, self._kept = [], None, None, None
 
-    def evaluate(self, model) -> dict:
+    def evaluate(self, model, first: bool = True) -> dict:
+        "One row of metrics; `first=False` (a point after step 0) skips the `first_only` splits."
         if self._evaluate is not None: return dict(self._evaluate(model))
-        row = {f"{s}_{k}": v for s, rows in self.splits.items()
+        row = {f"{s}_{k}": v for s, rows in self.splits.items() if first or s not in self.first_only
                for k, v in split_metrics(model, self.tok, rows, self.batch_size).items()}
         if self.utility is not None: row["utility"] = float(self.utility(model))
         return row
@@ -72,7 +74,7 @@ class Trajectory:
     def __call__(self, model, step: int, last: bool = False) -> bool:
         "Evaluate at a point (every `every` steps, and the last); True: the rule's point is reached, stop here."
         if step % self.every and not last: return False
-        self.rows.append({"step": step, **self.evaluate(model)})
+        self.rows.append({"step": step, **self.evaluate(model, first=not self.rows)})
         if step == 0 and self.level is None and "holdout_nll" in self.rows[0]: self.level = self.rows[0]["holdout_nll"]
         if not self.rule: return False
         if step == 0: self._keep(model, 0); return False
