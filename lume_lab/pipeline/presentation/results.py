@@ -679,18 +679,24 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #cc1f01ad
-UTILITY_ROWS = {"heldout_perplexity": ("held-out perplexity", 1), "mc_acc": ("MC accuracy", 3)}
+# general-text perplexity: prose outside the injected world (`world.general_texts`), Table 2's utility; held-out
+# perplexity and MC accuracy: the injected world's own held-out texts and questions
+UTILITY_ROWS = {"general_perplexity": ("general-text perplexity", 1), "heldout_perplexity": ("held-out perplexity", 1),
+                "mc_acc": ("MC accuracy", 3)}
 
 def injection_utility_table(run_dirs: list[Path]) -> pd.DataFrame:
-    """One row per run with e02's `utility_injection.csv`.
-    Held-out perplexity and MC accuracy of the base and the masked model."""
+    """One row per run with e02's `utility_injection.csv`: each of `UTILITY_ROWS` for the base and the masked model.
+    A metric that none of the runs measured gets no column (a run without `world.general_texts` has no general-text
+    perplexity)."""
+    found = [(label, run_config(d), u.set_index(["model", "metric"]).value)
+             for d, label in zip(run_dirs, run_labels(run_dirs))
+             for u in [_report_csv(d, "utility_injection.csv")] if u is not None]
+    measured = {metric for *_, v in found for _, metric in v.index}
     rows = []
-    for d, label in zip(run_dirs, run_labels(run_dirs)):
-        u = _report_csv(d, "utility_injection.csv")
-        if u is None: continue
-        v = u.set_index(["model", "metric"]).value
-        row = {"run": label, "model": _model_label(run_config(d))}
+    for label, cfg, v in found:
+        row = {"run": label, "model": _model_label(cfg)}
         for metric, (name, k) in UTILITY_ROWS.items():
+            if metric not in measured: continue
             for model, when in (("base", "before"), ("masked", "after")):
                 row[f"{name}, {when} injection"] = fmt_num(v.get((model, metric), np.nan), k)
         rows.append(row)
