@@ -23,12 +23,12 @@ from ..orchestration.sweep import read_spec
 
 # %% auto #0
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
-           'UTILITY_ROWS', 'TUNING_RESULT_COLUMNS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir',
-           'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources',
-           'run_machine', 'run_labels', 'seeds_command', 'threads_line', 'uncommitted_lines', 'header_lines',
-           'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
-           'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
-           'field_section', 'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
+           'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec',
+           'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
+           'seeds_command', 'threads_line', 'uncommitted_lines', 'header_lines', 'read_markdown_tables',
+           'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
+           'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'field_section',
+           'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
            'quantized_em_label', 'quantized_em_table', 'robustness_lines', 'attack_control_table',
            'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures', 'tradeoff_lines', 'testbed_table',
            'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines', 'tuning_table', 'tuning_lines',
@@ -755,12 +755,6 @@ def probe_lines(run_dirs: list[Path]) -> list[str]:
     ]
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #9ed20035
-# tuning_grid.csv's columns that are not a grid value (`pipeline.stages.tune.grid_search`)
-TUNING_RESULT_COLUMNS = {"method", "point", "steps", "em_forget_before", "em_forget_after", "em_retain_before",
-                         "em_retain_after", "forgetting", "retention", "score", "reached", "op_rule", "ppl_before",
-                         "ppl_after", "ppl_ratio", "eligible", "seconds", "op_status", "op_step", "op_crossing_step",
-                         "op_n_before", "op_coarse"}
-
 def _same_value(a, b) -> bool:
     "A grid value from tuning_best.json against the one tuning_grid.csv holds (lists were written as their str)."
     if isinstance(a, (list, tuple)): return str(list(a)) == str(b) or str(tuple(a)) == str(b)
@@ -780,9 +774,8 @@ def tuning_table(run_dirs: list[Path]) -> pd.DataFrame:
         if g is None: continue
         p = Path(d) / "report" / "tuning_best.json"
         best = json.loads(p.read_text()) if p.is_file() else {}
-        values = [c for c in g.columns if c not in TUNING_RESULT_COLUMNS]
         for _, r in g.iterrows():
-            mine = [c for c in values if pd.notna(r[c])]
+            mine = [c for c in best.get(r.method, {}) if c in g and pd.notna(r[c])]   # the method's grid names
             chosen = r.method in best and all(_same_value(v, r.get(k)) for k, v in best[r.method].items())
             op = r.get("op_status")
             row = {"run": label, "method": r.method, "values": ", ".join(f"{c}={r[c]:g}" if isinstance(r[c], float)
