@@ -18,14 +18,14 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
            'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
            'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS',
-           'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked',
-           'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source',
-           'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig',
-           'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
+           'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'SCOPE_FIELDS', 'ConfigError', 'finite_number',
+           'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional',
+           'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig',
+           'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
            'AttributionConfig', 'ladder_fits', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig',
            'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate',
            'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves',
-           'config_diff']
+           'config_diff', 'value_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -991,3 +991,12 @@ def config_diff(a, b) -> list[str]:
     "Dotted names (into dict fields too) whose values differ between two configs or config dicts."
     da, db = dotted_leaves(a), dotted_leaves(b)
     return sorted(k for k in da.keys() | db.keys() if k not in da or k not in db or da[k] != db[k])
+
+# Fields that only choose which *extra* runs a run makes, each in stages of its own: two runs differing in them compute
+# the same values in every stage they share, so their seeds are one config to average (a page names the difference).
+# `unlearn.controls`: the unmasked-control unlearning runs, which only add e04's contrast score families.
+SCOPE_FIELDS = ("unlearn.controls",)
+
+def value_diff(a, b) -> list[str]:
+    "`config_diff` less `SCOPE_FIELDS` and `seed`: the fields whose difference changes a value two runs both compute."
+    return [k for k in config_diff(a, b) if k != "seed" and k not in SCOPE_FIELDS]

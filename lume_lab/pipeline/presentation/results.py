@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ...core.config import config_diff, dotted_leaves
+from ...core.config import SCOPE_FIELDS, config_diff, dotted_leaves, value_diff
 from ...core.store import atomic_write_bytes, atomic_write_text, machine_info, repo_root, stage_compute
 from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table,
                                                    remind_separation, reproduce_command, stage_times)
@@ -25,7 +25,7 @@ from ..orchestration.sweep import read_spec
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
            'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec',
            'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
-           'seeds_command', 'threads_line', 'uncommitted_lines', 'header_lines', 'read_markdown_tables',
+           'seeds_command', 'threads_line', 'scope_lines', 'uncommitted_lines', 'header_lines', 'read_markdown_tables',
            'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
            'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'field_section',
            'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
@@ -140,6 +140,20 @@ def threads_line(run_dirs: list[Path]) -> str:
     return ("- **Threads**, differing between the runs (their times are not comparable; float reductions may differ): "
             + "; ".join(f"{t}: {', '.join(labels)}" for t, labels in by.items()))
 
+def scope_lines(run_dirs: list[Path]) -> list[str]:
+    """A bullet per `SCOPE_FIELDS` field whose value differs between the runs: which runs have which value. Such runs
+    are averaged together; the extra runs the field switches on exist in some of them only."""
+    labels, leaves = run_labels(run_dirs), [dotted_leaves(resolved_config(d)) for d in run_dirs]
+    out = []
+    for k in SCOPE_FIELDS:
+        by: dict[str, list[str]] = {}
+        for label, lv in zip(labels, leaves): by.setdefault(json.dumps(lv.get(k)), []).append(label)
+        if len(by) > 1:
+            out.append(f"- **`{k}`**, differing between the runs (it only adds runs of its own; the values the runs "
+                       "share are averaged together, and what it adds comes from the runs that have it): "
+                       + "; ".join(f"{v}: {', '.join(ls)}" for v, ls in by.items()))
+    return out
+
 def uncommitted_lines(run_dirs: list[Path]) -> list[str]:
     """A warning for the top of a page when any of `run_dirs` was made from uncommitted code (its commit ends in
     `+dirty`, `core.store.git_commit`); none otherwise."""
@@ -173,7 +187,7 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
         f"- **Date**: {start[:10]}{' to ' + end[:10] if end[:10] != start[:10] else ''} (created {start}; last "
         f"experiment finished {end})",
         f"- **Machine**: {machine}; software {software}",
-        threads_line(run_dirs),
+        threads_line(run_dirs), *scope_lines(run_dirs),
         f"- **Seeds**: {', '.join(dict.fromkeys(str(run_config(d)['seed']) for d in run_dirs))}",
     ]
 
@@ -808,13 +822,14 @@ def tuning_lines(run_dirs: list[Path]) -> list[str]:
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #588c6d61
 def config_groups(run_dirs: list[Path]) -> list[list[Path]]:
-    "The runs grouped by config, seed aside, in order of first appearance: a scorecard averages within one group only."
+    """The runs grouped by config, seed and `SCOPE_FIELDS` aside (`core.config.value_diff`), in order of first
+    appearance: a scorecard averages within one group only."""
     # read once; a field added since a run was made: its preset's value
     cfgs = {d: resolved_config(d) for d in run_dirs}
     groups: list[list[Path]] = []
     for d in run_dirs:
         for g in groups:
-            if not [k for k in config_diff(cfgs[g[0]], cfgs[d]) if k != "seed"]: g.append(d); break
+            if not value_diff(cfgs[g[0]], cfgs[d]): g.append(d); break
         else: groups.append([d])
     return groups
 

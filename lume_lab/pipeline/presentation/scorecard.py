@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ...core.config import config_diff
+from ...core.config import value_diff
 
 # %% auto #0
 __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPLE_SIZES', 'BETTER', 'READERS', 'DIRECTION_CHECKS',
@@ -442,7 +442,7 @@ def direction_mismatch(card: pd.DataFrame, checks: dict = DIRECTION_CHECKS) -> p
 def _check_same_config(run_dirs: list[Path]) -> None:
     first = resolved_config(run_dirs[0])
     for d in run_dirs[1:]:
-        diff = [k for k in config_diff(first, resolved_config(d)) if k != "seed"]
+        diff = value_diff(first, resolved_config(d))          # seed and `SCOPE_FIELDS` aside
         if diff:
             raise ValueError(
                 f"{d} and {run_dirs[0]} differ in {', '.join(diff[:8])}: a scorecard averages seeds of one config only"
