@@ -300,6 +300,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                  'lume_lab/analysis/trajectory.py'),
                                               'lume_lab.analysis.trajectory.choosing_split': ( 'analysis/trajectory.html#choosing_split',
                                                                                                'lume_lab/analysis/trajectory.py'),
+                                              'lume_lab.analysis.trajectory.eval_schedule': ( 'analysis/trajectory.html#eval_schedule',
+                                                                                              'lume_lab/analysis/trajectory.py'),
                                               'lume_lab.analysis.trajectory.split_metrics': ( 'analysis/trajectory.html#split_metrics',
                                                                                               'lume_lab/analysis/trajectory.py'),
                                               'lume_lab.analysis.trajectory.tradeoff_figure': ( 'analysis/trajectory.html#tradeoff_figure',

@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.config import EVAL_SPACINGS
 from ..metrics.evaluate import OPERATING_POINT_COLUMNS, OperatingPoint, operating_point
 from ..metrics.memorization import memorization_scores
 
 # %% auto #0
-__all__ = ['TRADEOFF_AXES', 'choosing_split', 'split_metrics', 'Trajectory', 'tradeoff_panel', 'tradeoff_figure']
+__all__ = ['TRADEOFF_AXES', 'choosing_split', 'split_metrics', 'eval_schedule', 'Trajectory', 'tradeoff_panel', 'tradeoff_figure']
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #ebed24fa
 def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 / 3, seed: int = 0) -> tuple[list, list]:
@@ -36,17 +37,36 @@ def split_metrics(model, tokenizer, rows: list[dict], batch_size: int = 16) -> d
     return {"nll": float(-np.log(s.prob.clip(lower=1e-300)).mean()), "prob": 100 * float(s.prob.mean()),
             "em": 100 * float(s.em.mean())}
 
+def eval_schedule(total: int | None, points: int, spacing: str = "linear") -> int | tuple[int, ...]:
+    """Where a trajectory of `points` evaluations over a `total`-step schedule is scored. `linear`: every
+    max(1, total // points) steps, returned as that int. `log`: `points` steps spaced geometrically from step 1, one
+    per step while the spacing would be under one, returned as the sorted steps (0 and `total` included): dense early,
+    where a fast method crosses the level, so the rule's `min_points` before a crossing at step s need s ≥ about
+    `min_points`, not `min_points` × total / points."""
+    if spacing not in EVAL_SPACINGS: raise ValueError(f"spacing must be one of {EVAL_SPACINGS}, got {spacing!r}")
+    if not (isinstance(points, int) and points >= 1): raise ValueError(f"points must be an int >= 1, got {points!r}")
+    total = int(total or 0)
+    if spacing == "linear" or total <= 1: return max(1, total // points)
+    want, m = min(points, total), points
+    while len(s := np.unique(np.round(np.geomspace(1, total, m)).astype(int))) < want: m += 1
+    return tuple(sorted({0, total, *s.tolist()}))
+
 class Trajectory:
-    """Evaluate an unlearning run every `every` optimizer steps on `splits` (name → QA rows) and stop it at the point
+    """Evaluate an unlearning run every `every` optimizer steps (or at the steps `every` lists, `eval_schedule`) on
+    `splits` (name → QA rows) and stop it at the point
     `rule` (`unlearn.operating_point`'s dict) picks, keeping that point's weights. `level`: the held-out answer NLL
     (default: the `holdout` split's at step 0); `utility(model) -> float` adds a `utility` column; `evaluate(model)
     -> dict` replaces the split metrics (tests, or a cheaper proxy). `first_only`: splits scored at step 0 alone (the
     `holdout` split by default: only its step-0 NLL, the level, is read; later rows leave its columns blank)."""
-    def __init__(self, tokenizer, splits: dict[str, list[dict]], every: int, rule: dict | None = None,
+    def __init__(self, tokenizer, splits: dict[str, list[dict]], every: int | tuple[int, ...],
+                 rule: dict | None = None,
                  level: float | None = None, utility: Callable | None = None, batch_size: int = 16,
                  evaluate: Callable | None = None, first_only: tuple[str, ...] = ("holdout",)):
-        if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
-            raise ValueError(f"every must be an int >= 1 (optimizer steps between points), got {every!r}")
+        steps = isinstance(every, (tuple, list)) and 0 in every and all(isinstance(s, int) and s >= 0 for s in every)
+        if not (steps or (isinstance(every, int) and not isinstance(every, bool) and every >= 1)):
+            raise ValueError(f"every must be an int >= 1 (optimizer steps between points) or the steps to score at "
+                             f"(0 among them), got {every!r}")
+        self._at = frozenset(every) if steps else None
         rule = dict(rule or {})
         plain = bool(rule) and rule.get("rule", "never_trained") == "never_trained" and evaluate is None
         if plain and "choose" not in splits:
@@ -72,8 +92,8 @@ class Trajectory:
         self._kept = (step, {k: v.detach().clone() for k, v in model.state_dict().items()})
 
     def __call__(self, model, step: int, last: bool = False) -> bool:
-        "Evaluate at a point (every `every` steps, and the last); True: the rule's point is reached, stop here."
-        if step % self.every and not last: return False
+        "Evaluate at a point (every `every` steps or a listed step, and the last); True: the rule's point is reached."
+        if not last and (step not in self._at if self._at is not None else step % self.every): return False
         self.rows.append({"step": step, **self.evaluate(model, first=not self.rows)})
         if step == 0 and self.level is None and "holdout_nll" in self.rows[0]: self.level = self.rows[0]["holdout_nll"]
         if not self.rule: return False

@@ -13,19 +13,19 @@ import yaml
 
 # %% auto #0
 __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES',
-           'SCHEDULES', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES', 'LUME_TASKS',
-           'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS', 'RELEARN_MODES',
-           'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH',
-           'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS', 'PISTOL_METHODS', 'PISTOL_STUDIES',
-           'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS',
-           'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'SCOPE_FIELDS', 'ConfigError', 'finite_number',
-           'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of', 'optional',
-           'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig',
-           'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig',
-           'AttributionConfig', 'ladder_fits', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig',
-           'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate',
-           'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves',
-           'config_diff', 'value_diff']
+           'SCHEDULES', 'EVAL_SPACINGS', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES',
+           'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS',
+           'RELEARN_MODES', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES',
+           'MODEL_PATH', 'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS', 'PISTOL_METHODS',
+           'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS',
+           'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'SCOPE_FIELDS', 'ConfigError',
+           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
+           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
+           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
+           'ResurfaceConfig', 'AttributionConfig', 'ladder_fits', 'RobustnessConfig', 'DoseConfig', 'PistolConfig',
+           'LumeExpConfig', 'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits',
+           'validate', 'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
+           'dotted_leaves', 'config_diff', 'value_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -40,6 +40,7 @@ QA_ATTRIBUTES = ("gender", "pronouns", "age", "birth_date", "birth_city", "natio
 MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")   # learning-rate schedules (models.lm.lr_multiplier)
+EVAL_SPACINGS = ("linear", "log")         # unlearn.eval_spacing (analysis/09_trajectory)
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
 # inject.autocast: never float16, whose loss scaler would skip steps on PII gradients (a leak)
@@ -413,6 +414,9 @@ class UnlearnConfig:
                                            optional(_OPERATING_POINT, "each method judged where its schedule ends"))
     # evaluation points of the trajectory over a run's schedule: every max(1, steps // eval_points) optimizer steps
     eval_points: int = checked(20, POSITIVE)
+    # how they spread over it (`analysis.trajectory.eval_schedule`): `linear`, evenly; `log`, geometrically from step 1,
+    # one per step at first: a method that crosses the level in a few steps still has `min_points` before it
+    eval_spacing: str = checked("linear", one_of(EVAL_SPACINGS), keyed_at_default=False)
     # questions per person on the trajectory's report and retain splits, drawn with the seed (None: all); the choosing
     # split, the held-out level, the evaluation at the chosen point, and retain under matched_retain_em keep every
     # question. A large testbed's trajectory costs more than its unlearning on a CPU: this is the lever

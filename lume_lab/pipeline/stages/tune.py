@@ -157,7 +157,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
         warnings.warn(
             f"tune {method}: every grid point crossed before its first evaluation, so the operating point does not "
             "tell them apart: the validation forget split may not be memorized, or the evaluation points are too "
-            "sparse (unlearn.eval_points)"
+            "sparse (unlearn.eval_points; unlearn.eval_spacing='log' puts them early)"
         )
     return out
 

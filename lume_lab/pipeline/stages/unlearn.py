@@ -146,7 +146,7 @@ def skipped_fields_table(store: RunStore) -> pd.DataFrame:
 UNLEARN_VERSION = 2
 # the config fields a trajectory reads besides the method's hyperparameters and the seed
 TRAJECTORY_READS = ["unlearn.operating_point", "unlearn.eval_points", "remind.n_holdout", "pii.qa_per_field",
-                    "unlearn.trajectory_questions"]
+                    "unlearn.trajectory_questions", "unlearn.eval_spacing"]
 
 def schedule_steps(n_forget: int, hp: dict) -> int | None:
     """Optimizer steps of a run's schedule as `unlearn_loop` counts them (`max_steps`, else epochs × batches of the
@@ -184,16 +184,17 @@ def _json_safe(d: dict) -> dict:
 
 def run_at_operating_point(spec, model, tok, forget: list[dict], retain: list[dict], hp: dict, out: Path, *,
                            splits: dict, rule: dict, eval_points: int, seed: int = 0, utility: Callable | None = None,
-                           label: dict | None = None, **inputs):
+                           label: dict | None = None, eval_spacing: str = "linear", **inputs):
     """`spec.run(...)` under a `Trajectory` monitor on `splits` that stops at `rule`'s point (its weights kept);
     writes `trajectory.csv` and `operating_point.json` (with `label`, e.g. method and field) to `out`. A method that
     takes no optimizer step on the model runs as it is, and its point is `single point`. Returns `spec.run`'s
     `(result, log)`."""
-    from lume_lab.analysis.trajectory import Trajectory
+    from lume_lab.analysis.trajectory import Trajectory, eval_schedule
     from lume_lab.unlearn.base import monitored
     total = schedule_steps(len(forget), spec.resolve(hp))
-    every = max(1, (total or 0) // eval_points)
-    head = {**(label or {}), "every": every, "eval_points": eval_points, "schedule_steps": total}
+    every = eval_schedule(total, eval_points, eval_spacing)      # an int (linear), or the steps to score at (log)
+    head = {**(label or {}), "every": every if isinstance(every, int) else None, "eval_points": eval_points,
+            "eval_spacing": eval_spacing, "schedule_steps": total}
     rule = dict(rule)
     if rule["rule"] == "matched_retain_em": rule["target"] = 100 * rule["target"]   # the trajectory's EM is in %
     if not spec.changes_weights:   # ULD: unlearn_loop steps its assistant, not the model the splits are scored on
@@ -238,7 +239,8 @@ def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget
         world = load_world(store.path("world"))
         utility = lambda m: utility_scores(m, tok, world, max_heldout=c.world.utility_texts)["mc_acc"]
     return run_at_operating_point(spec, model, tok, forget, retain, hp, out, splits=splits, rule=rule,
-                                  eval_points=c.unlearn.eval_points, seed=seed, utility=utility, label=label, **inputs)
+                                  eval_points=c.unlearn.eval_points, eval_spacing=c.unlearn.eval_spacing, seed=seed,
+                                  utility=utility, label=label, **inputs)
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0e5a2af2
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
