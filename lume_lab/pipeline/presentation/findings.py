@@ -14,16 +14,17 @@ import pandas as pd
 from ...core.store import atomic_write_text
 from .report import fmt_num, md_table
 from .scorecard import KINDS, NO_INTERVAL, NO_RUN, NOT_TESTABLE, REFUTED, REPRODUCED
+from .scorecard import NO_CONTROL, UNFIRED
 from .scorecard import VERDICTS, claim_verdict, interval, mdd, se_from_interval, z
 from .results import _model_label, config_groups, group_labels, header_lines
 from .results import results_sources, run_labels
 from .scorecard import PAPER_TABLE2_OLMO2_1B, report_dir, robustness_csv, run_config
 
 # %% auto #0
-__all__ = ['REMIND_SKIP', 'GA_NPO', 'LOCALIZATION_MARGIN', 'CLAIMS', 'FINDINGS_NOTE', 'Estimate', 'share_diff', 'pooled',
-           'pooled_by_field', 'forget_em_drop', 'localization_auc', 'resurfacing_rise', 'remind_vs_baseline',
-           'recovery', 'pistol_degree_gap', 'lume_forget_reg', 'Claim', 'combine', 'testbed_text', 'findings_table',
-           'findings_page', 'write_findings', 'main']
+__all__ = ['REMIND_SKIP', 'GA_NPO', 'LOCALIZATION_MARGIN', 'CLAIMS', 'UNFIRED_HELP', 'FINDINGS_NOTE', 'Estimate', 'share_diff',
+           'pooled', 'pooled_by_field', 'forget_em_drop', 'localization_auc', 'resurfacing_rise', 'remind_vs_baseline',
+           'attack_fired', 'Unusable', 'recovery', 'pistol_degree_gap', 'lume_forget_reg', 'Claim', 'combine',
+           'testbed_text', 'findings_table', 'findings_page', 'write_findings', 'main']
 
 # %% ../../../nbs/pipeline/presentation/04_findings.ipynb #f2ed062c
 class Estimate(NamedTuple):
@@ -122,15 +123,33 @@ def remind_vs_baseline(run_dir) -> Estimate | None:
 
 GA_NPO = ("grad_ascent", "grad_diff", "npo", "simnpo")   # the GA and NPO families Zhang et al. and Hu et al. test
 
+def attack_fired(run_dir, field: str, attack: str) -> bool | None:
+    """Whether e10's `attack` (`quant4`, `relearn_forget_half`, ...) fired on its positive control on `field`, from
+    `attack_controls_<field>.csv`; None when the run has no such row (no control was built)."""
+    p = report_dir(run_dir) / f"attack_controls_{field}.csv"
+    t = pd.read_csv(p) if p.is_file() else pd.DataFrame(columns=["attack", "fired"])
+    t = t[t.attack == attack]
+    return bool(t.fired.iloc[0]) if len(t) else None
+
+class Unusable(NamedTuple):
+    "A run's recovery rows for a claim, none usable: the attack did not fire (`UNFIRED`) or had no control."
+    verdict: str                          # UNFIRED, or NO_CONTROL when no field had a positive control at all
+
 def recovery(test: str, methods: tuple = GA_NPO) -> Callable:
     """e10: `test`'s recovery (0: nothing back, 1: all back) from `robustness_<field>.csv`, its standard error from
-    the bootstrap interval (`lo`, `hi`), pooled over fields and `methods`."""
-    def read(run_dir) -> Estimate | None:
-        parts = []
+    the bootstrap interval (`lo`, `hi`), pooled over `methods` and the fields where the attack fired on its positive
+    control (`attack_fired`): elsewhere a recovery of 0 says nothing. `Unusable` when rows exist but no field counts."""
+    attack = test.removesuffix("_recovery")
+    def read(run_dir) -> Estimate | Unusable | None:
+        parts, seen = [], []
         for p in sorted(report_dir(run_dir).glob("robustness_*.csv")):
-            t = robustness_csv(run_dir, p.stem.removeprefix("robustness_"))
+            field = p.stem.removeprefix("robustness_")
+            t = robustness_csv(run_dir, field)
             t = t[(t.test == test) & t.method.isin(list(methods)) & t.value.notna()]
-            parts += [(r.field, Estimate(r.value, se_from_interval(r.lo, r.hi), r.n)) for _, r in t.iterrows()]
+            if not len(t): continue
+            seen.append(fired := attack_fired(run_dir, field, attack))
+            if fired: parts += [(field, Estimate(r.value, se_from_interval(r.lo, r.hi), r.n)) for _, r in t.iterrows()]
+        if seen and not parts: return Unusable(NO_CONTROL if all(f is None for f in seen) else UNFIRED)
         return pooled_by_field(parts)
     return read
 
@@ -239,14 +258,29 @@ def testbed_text(run_dirs: list[Path]) -> str:
                    + (f", forget {fields}" if fields else ""))
     return "; ".join(dict.fromkeys(out))
 
+UNFIRED_HELP = {
+    UNFIRED: "{e}'s attack_controls_<field>.csv: the attack brought nothing back even on its positive control, built "
+               "in the paper's regime, so a method's recovery here is no evidence either way; it needs a regime where "
+               "the attack fires (model, precision, budget)",
+    NO_CONTROL: "rerun {e} with this code: it builds each attack's positive and negative controls, and a recovery "
+                "counts only where its attack fired",
+}
+
 def findings_table(run_dirs: list[Path], claims: list[Claim] = CLAIMS) -> pd.DataFrame:
     "One row per claim: the paper's side, ours ± 95 % CI over `run_dirs`, n, seeds, testbed, MDD and the verdict."
     labels, tb, rows = run_labels(run_dirs), testbed_text(run_dirs), []
     for c in claims:
         got = [(l, e) for l, d in zip(labels, run_dirs) if (e := c.read(d)) is not None]
+        unfired = [x for _, x in got if isinstance(x, Unusable)]
+        got = [(l, x) for l, x in got if not isinstance(x, Unusable)]
         e = combine([x for _, x in got])
         paper = c.paper() if callable(c.paper) else c.paper
         row = {"claim": f"{c.source}: {c.claim}", "paper": paper, "ours (quantity)": c.quantity}
+        if e is None and unfired:
+            why = NO_CONTROL if all(u.verdict == NO_CONTROL for u in unfired) else UNFIRED
+            rows.append(row | {"ours ± 95 % CI": "", "n": "", "seeds": str(len(unfired)), "testbed": tb, "MDD": "",
+                               "verdict": why, "to test it": UNFIRED_HELP[why].format(e=c.experiment)})
+            continue
         if e is None:
             rows.append(row | {"ours ± 95 % CI": "", "n": "", "seeds": "0", "testbed": "", "MDD": "",
                                "verdict": NO_RUN, "to test it": f"run {c.experiment} (it writes {c.files})"})
@@ -268,7 +302,9 @@ FINDINGS_NOTE = (
     "95 % interval; MDD: the minimum detectable difference at that n (two-sided α = 0.05, power 0.8), from the same "
     "standard error. Verdict: reproduced if the interval lies wholly on the paper's side, refuted if wholly on the "
     "other, else 'not testable at this n'; 'not testable: no run' when the runs lack the experiment's CSVs, "
-    "'not testable: no interval' when those CSVs hold no interval."
+    "'not testable: no interval' when those CSVs hold no interval. An attack's recovery counts only on the fields "
+    "where the attack fired on its positive control: elsewhere the claim reads 'not testable: the attack did not "
+    "fire' (or 'no positive control', for a run made before the controls)."
 )
 
 def findings_page(paths, command: str | None = None, claims: list[Claim] = CLAIMS) -> str:

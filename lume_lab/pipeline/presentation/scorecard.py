@@ -16,12 +16,12 @@ from ...core.config import value_diff
 
 # %% auto #0
 __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPLE_SIZES', 'BETTER', 'READERS', 'DIRECTION_CHECKS',
-           'NOT_FIRED', 'REPRODUCED', 'REFUTED', 'NOT_TESTABLE', 'NO_RUN', 'NO_INTERVAL', 'VERDICTS', 'KINDS',
-           'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources', 'verdict_columns',
-           'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest', 'read_output_metrics',
-           'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv', 'read_robustness',
-           'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction', 'direction_mismatch',
-           'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
+           'NOT_FIRED', 'REPRODUCED', 'REFUTED', 'NOT_TESTABLE', 'NO_RUN', 'NO_INTERVAL', 'UNFIRED', 'NO_CONTROL',
+           'VERDICTS', 'KINDS', 'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources',
+           'verdict_columns', 'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest',
+           'read_output_metrics', 'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv',
+           'read_robustness', 'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction',
+           'direction_mismatch', 'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
            'attack_fired_columns', 'file_intervals', 'scorecard', 'toy_run', 'z', 'mdd', 'interval', 'se_from_interval',
            'claim_verdict']
 
@@ -644,7 +644,10 @@ def se_from_interval(lo: float, hi: float, alpha: float = 0.05) -> float:
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #7d1f2e32
 REPRODUCED, REFUTED, NOT_TESTABLE = "reproduced", "refuted", "not testable at this n"
 NO_RUN, NO_INTERVAL = "not testable: no run", "not testable: no interval"
-VERDICTS = (REPRODUCED, REFUTED, NOT_TESTABLE, NO_RUN, NO_INTERVAL)   # every value the verdict column may hold
+# an attack's recovery is evidence only where the attack fired on its positive control (e10's attack controls)
+UNFIRED, NO_CONTROL = "not testable: the attack did not fire", "not testable: no positive control"
+# every value the verdict column may hold
+VERDICTS = (REPRODUCED, REFUTED, NOT_TESTABLE, NO_RUN, NO_INTERVAL, UNFIRED, NO_CONTROL)
 KINDS = ("greater", "less", "within")
 
 def claim_verdict(estimate: float, lo: float, hi: float, paper: float | None = None, kind: str = "greater",
