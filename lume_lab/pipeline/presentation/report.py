@@ -787,8 +787,12 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
     ctl = None if controls is None or not len(controls) else controls[controls.field.isin(set(judged.field))]
     if out and ctl is not None and len(ctl):
         fired = ctl[ctl.fired.astype(str).str.lower() == "true"]
+        # several runs (a `run` column): each attack once, with the number of runs it fired in
+        runs = ctl["run"].nunique() if "run" in ctl else 1
+        k = fired.groupby(["field", "attack"], sort=False).size()
         out.append("Attacks that fired on their positive control: "
-                   + (", ".join(f"{a} ({f})" for f, a in zip(fired.field, fired.attack)) if len(fired) else "none")
+                   + (", ".join(f"{a} ({f}{'' if runs == 1 else f', {n} of {runs} runs'})" for (f, a), n in k.items())
+                      if len(fired) else "none")
                    + "; the others did not fire, so their recoveries prove nothing either way.")
     elif out and any(c.endswith("_recovery") and judged[c].notna().any() for c in card):
         out.append("No attack in this run has fired on a positive control yet, so its recoveries prove nothing "

@@ -878,9 +878,14 @@ def headline_lines(run_dirs: list[Path], csv: str | None = None) -> list[str]:
     """The page's opening sentences (`report.headline` on the runs' scorecard) under `## Headline`, then the report's
     verdict table (`report.verdict_table`: value [95 % interval], at most `report.HEADLINE_COLUMNS` columns) with its
     n and MDD lines (`report.verdict_footer`); `csv`: the file beside the page with every column. None without any."""
-    from lume_lab.pipeline.presentation.report import empty_testbeds, headline, verdict_footer, verdict_table
+    from lume_lab.pipeline.presentation.report import (attack_controls, empty_testbeds, headline, verdict_footer,
+                                                       verdict_table)
+    from lume_lab.pipeline.presentation.scorecard import report_dir
     card = scorecard(run_dirs)
-    words = headline(card) if len(card) else []
+    # e10's attack controls of every run, labelled by run: the headline names the attacks that fired
+    ctl = [c.assign(run=l) for l, d in zip(run_labels(run_dirs), run_dirs)
+           if (c := attack_controls(report_dir(d))) is not None]
+    words = headline(card, pd.concat(ctl, ignore_index=True) if ctl else None) if len(card) else []
     if not words: return []
     judged = card[~card.field.isin(list(empty_testbeds(card)))]
     if not any(c in judged and judged[c].notna().any() for c in verdict_columns()):
