@@ -32,9 +32,11 @@ def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 /
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #24e5ce57
 def split_metrics(model, tokenizer, rows: list[dict], batch_size: int = 16) -> dict[str, float]:
-    "Teacher-forced answer NLL (per token, mean over rows), Prob and token EM (both %) of `model` on QA `rows`."
+    """Teacher-forced answer NLL (per token; its mean over rows, and `nll_median`, their median: the rule's `median`
+    statistic), Prob and token EM (both %) of `model` on QA `rows`."""
     s = memorization_scores(model, tokenizer, rows, batch_size)
-    return {"nll": float(-np.log(s.prob.clip(lower=1e-300)).mean()), "prob": 100 * float(s.prob.mean()),
+    nll = -np.log(s.prob.clip(lower=1e-300))
+    return {"nll": float(nll.mean()), "nll_median": float(nll.median()), "prob": 100 * float(s.prob.mean()),
             "em": 100 * float(s.em.mean())}
 
 def eval_schedule(total: int | None, points: int, spacing: str = "linear") -> int | tuple[int, ...]:
@@ -69,6 +71,8 @@ class Trajectory:
         self._at = frozenset(every) if steps else None
         rule = dict(rule or {})
         plain = bool(rule) and rule.get("rule", "never_trained") == "never_trained" and evaluate is None
+        # the level's column: the held-out NLL's mean, or its median under the rule's `median` statistic
+        self._level_col = "holdout_nll" + ("_median" if rule.get("statistic") == "median" else "")
         if plain and "choose" not in splits:
             raise ValueError("the never_trained rule reads the choosing split: splits needs a 'choose' entry")
         if plain and level is None and "holdout" not in splits:
@@ -95,7 +99,8 @@ class Trajectory:
         "Evaluate at a point (every `every` steps or a listed step, and the last); True: the rule's point is reached."
         if not last and (step not in self._at if self._at is not None else step % self.every): return False
         self.rows.append({"step": step, **self.evaluate(model, first=not self.rows)})
-        if step == 0 and self.level is None and "holdout_nll" in self.rows[0]: self.level = self.rows[0]["holdout_nll"]
+        if step == 0 and self.level is None and self._level_col in self.rows[0]:
+            self.level = self.rows[0][self._level_col]
         if not self.rule: return False
         if step == 0: self._keep(model, 0); return False
         name = self.rule.get("rule", "never_trained")
@@ -122,7 +127,7 @@ class Trajectory:
         "The operating point in one row: rule, status, step, crossing, points before it, coarse, level, note."
         p = self.point
         if p is None: return {"rule": self.rule.get("rule") if self.rule else None, "status": "no rule"}
-        col = OPERATING_POINT_COLUMNS[p.rule]
+        col = OPERATING_POINT_COLUMNS[p.rule] + ("_median" if self.rule.get("statistic") == "median" else "")
         return {"rule": p.rule, "status": p.status, "step": p.step, "crossing_step": p.crossing_step,
                 "n_before": p.n_before, "coarse": p.coarse, "level": self.level,
                 col: (p.row or {}).get(col, math.nan), "stopped_at": self.stopped_at, "note": p.note}

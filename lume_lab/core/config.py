@@ -16,16 +16,16 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'SCHEDULES', 'EVAL_SPACINGS', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES',
            'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS',
            'RELEARN_MODES', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES',
-           'MODEL_PATH', 'UTILITY_TEXTS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS', 'PISTOL_METHODS',
-           'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS', 'PRESET_DESCRIPTIONS',
-           'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS', 'SCOPE_FIELDS', 'ConfigError',
-           'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction', 'in_range', 'one_of', 'subset_of',
-           'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig', 'PIIConfig', 'LumeConfig',
-           'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig', 'LocalizationConfig', 'RemindConfig',
-           'ResurfaceConfig', 'AttributionConfig', 'ladder_fits', 'RobustnessConfig', 'DoseConfig', 'PistolConfig',
-           'LumeExpConfig', 'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits',
-           'validate', 'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash',
-           'dotted_leaves', 'config_diff', 'value_diff']
+           'MODEL_PATH', 'UTILITY_TEXTS', 'NLL_STATISTICS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS',
+           'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS',
+           'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS',
+           'SCOPE_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
+           'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig',
+           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
+           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'ladder_fits',
+           'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'load_preset', 'get_field',
+           'set_fields', 'roles_fit', 'dose_grid_fits', 'validate', 'validate_section', 'make_config',
+           'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff', 'value_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -360,7 +360,9 @@ _GRIDS = Check("a dict method -> {hyperparameter: [values]}, each list non-empty
 
 # where on its trajectory each method is judged (`metrics.evaluate.operating_point`): rule -> {parameter: (what it must
 # be, check)}; every rule also takes `min_points` (an int >= 1, default 10), and `never_trained` its level, the held-out
-# answer NLL, from the run itself
+# answer NLL, from the run itself, and optionally `statistic` (NLL_STATISTICS: the choosing answers' mean NLL against
+# the held-out mean, the default, or their median against the held-out median)
+NLL_STATISTICS = ("mean", "median")
 OPERATING_POINT_RULES = {
     "never_trained": {},
     "matched_utility": {"target": ("a finite number, the utility to keep (on the trajectory's utility scale)",
@@ -375,9 +377,12 @@ def _operating_point_problem(name: str, v) -> str | None:
     if not isinstance(v, dict): return f"{name} must be a dict {{rule: one of {rules}, its parameters}}, got {v!r}"
     if (rule := v.get("rule")) not in OPERATING_POINT_RULES: return f"{name}.rule must be one of {rules}, got {rule!r}"
     params = OPERATING_POINT_RULES[rule]
-    if bad := sorted(set(v) - {"rule", "min_points", *params}):
+    optional_ = ["min_points", *(["statistic"] if rule == "never_trained" else [])]
+    if bad := sorted(set(v) - {"rule", *optional_, *params}):
         return (f"{name} has {', '.join(bad)}, not a parameter of rule {rule!r}; its parameters: "
-                f"{', '.join(['min_points', *params])}")
+                f"{', '.join([*optional_, *params])}")
+    if v.get("statistic", "mean") not in NLL_STATISTICS:
+        return f"{name}.statistic must be one of {', '.join(NLL_STATISTICS)}, got {v['statistic']!r}"
     if "min_points" in v and not (_is_int(v["min_points"]) and v["min_points"] >= 1):
         return f"{name}.min_points must be an int >= 1, got {v['min_points']!r}"
     for p, (says, ok) in params.items():

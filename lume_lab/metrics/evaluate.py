@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import math
 import pandas as pd
-from ..core.config import OPERATING_POINT_RULES
+from ..core.config import NLL_STATISTICS, OPERATING_POINT_RULES
 from .memorization import answer_token_stats, example_columns, memorization_scores
 from .ranking import ranking_scores
 from .rouge import deviation_score, rouge_scores
@@ -267,10 +267,13 @@ class OperatingPoint:
     note: str
 
 def operating_point(trajectory: pd.DataFrame, rule: str = "never_trained", level: float | None = None,
-                    target: float | None = None, min_points: int = 10, column: str | None = None) -> OperatingPoint:
+                    target: float | None = None, min_points: int = 10, column: str | None = None,
+                    statistic: str = "mean") -> OperatingPoint:
     """The operating point of `trajectory` (rows: evaluation points, a `step` column and metric columns) under `rule`
     (`core.config.OPERATING_POINT_RULES`). `level`: the held-out answer NLL (`never_trained`); `target`: the budget of
-    the matched rules; `column`: the metric column, default `OPERATING_POINT_COLUMNS[rule]`. The config's
+    the matched rules; `column`: the metric column, default `OPERATING_POINT_COLUMNS[rule]`; `statistic` (never_trained
+    only): `mean` reads `choose_nll`, `median` reads `choose_nll_median` (then `level` is the held-out median), a point
+    where over half the choosing answers are as unlikely as a never-seen person's. The config's
     `unlearn.operating_point` dict is a valid `**` argument."""
     if rule not in OPERATING_POINT_RULES:
         raise ValueError(f"rule must be one of {', '.join(OPERATING_POINT_RULES)}, got {rule!r}")
@@ -279,7 +282,12 @@ def operating_point(trajectory: pd.DataFrame, rule: str = "never_trained", level
         raise ValueError(f"rule {rule!r} needs {need}, a finite number, got {given!r}")
     if not (isinstance(min_points, int) and min_points >= 1):
         raise ValueError(f"min_points must be an int >= 1, got {min_points!r}")
-    col = column or OPERATING_POINT_COLUMNS[rule]
+    if statistic not in NLL_STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(NLL_STATISTICS)}, got {statistic!r}")
+    if statistic != "mean" and rule != "never_trained":
+        raise ValueError(f"statistic {statistic!r} is a parameter of rule 'never_trained' only, not of {rule!r}")
+    # never_trained, median: the choosing answers' median NLL against the held-out median (`level` is then that)
+    col = column or OPERATING_POINT_COLUMNS[rule] + ("_median" if statistic == "median" else "")
     if miss := [c for c in ("step", col) if c not in trajectory.columns]:
         raise ValueError(
             f"the trajectory has no column(s) {', '.join(miss)}; its columns: {', '.join(map(str, trajectory.columns))}"
