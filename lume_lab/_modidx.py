@@ -413,6 +413,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'lume_lab.core.store._read_fields': ('core/store.html#_read_fields', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._record_experiment': ( 'core/store.html#_record_experiment',
                                                                                  'lume_lab/core/store.py'),
+                                     'lume_lab.core.store._record_overrides': ( 'core/store.html#_record_overrides',
+                                                                                'lume_lab/core/store.py'),
                                      'lume_lab.core.store._reuse_stage': ('core/store.html#_reuse_stage', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._run_stage': ('core/store.html#_run_stage', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store._runs_in': ('core/store.html#_runs_in', 'lume_lab/core/store.py'),

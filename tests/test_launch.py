@@ -224,6 +224,7 @@ def test_study_preset_end_to_end_on_cpu_in_bf16(tmp_path):
     man = json.loads((run / "manifest.json").read_text())
     assert {v["status"] for v in man["stages"].values()} == {"done"}
     assert sorted(p.name for p in (run / "notebooks").glob("*.ipynb")) == sorted(p.name for p in experiment_notebooks())
+    assert man["overrides"] == json.loads(json.dumps(sizes))           # the --set overrides it was created with
     cfg = open_run("study", root=tmp_path).config
     assert cfg.preset == "study" and cfg.pii.n_groups == 6 and cfg.inject.mask_fraction == 0.13
     a = load_file(str(run / "instruct_masked" / "model" / "model.safetensors"))

@@ -345,7 +345,13 @@ def _reuse_stage(self: RunStore, name: str, h: str) -> bool:
     self._save()
     return True
 
+def _record_overrides(self: RunStore, overrides: dict) -> None:
+    """The `--set` overrides the run was created with, in the manifest as `overrides`, beside the commit it records at
+    creation: with that commit checked out they are its exact command, whatever the preset says later."""
+    self.manifest["overrides"] = dict(overrides); self._save()
+
 RunStore.set_reuse, RunStore._find_reusable, RunStore.reuse_stage = _set_reuse, _find_reusable, _reuse_stage
+RunStore.record_overrides = _record_overrides
 
 # %% ../../nbs/core/01_store.ipynb #46acc781
 def section_fields(config: RunConfig, section: str, drop: Iterable[str] = ()) -> list[str]:

@@ -93,7 +93,9 @@ def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: 
         check_checkpoint(cfg)
     set_launch_env(num_processes, launcher, fsdp2)          # inherited by the papermill kernels
     # creates the run, upgrades an older one, or refuses a different config
+    fresh = not (runs_root(root) / run_id / "config.json").exists()
     store = open_resolved(run_id, cfg, root)
+    if fresh: store.record_overrides(overrides or {})       # with the creation commit: the run's exact command
     # for this invocation's stages (the kernels read it from the manifest)
     store.set_reuse(reuse or [])
     params = {"run_id": run_id, "runs_root": str(runs_root(root))}

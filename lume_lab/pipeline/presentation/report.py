@@ -994,10 +994,16 @@ def _override_value(v) -> str:
     return json.dumps(v)
 
 def reproduce_command(run_dir) -> str:
-    "`lume-lab run --preset P --seed S --run-id ID [--set field=value ...]` that recreates the run's config."
+    """`lume-lab run --preset P --seed S --run-id ID [--set field=value ...]` that recreates the run's config: the
+    overrides the run was created with (its manifest's `overrides`, which pair with the commit it records), else, for
+    a run made before they were recorded, every field that differs from today's preset."""
     from lume_lab.core.config import make_config
     from lume_lab.pipeline.orchestration.config import resolve_config
+    from lume_lab.pipeline.presentation.scorecard import run_manifest
     cfg, run_dir = run_config(run_dir), Path(run_dir)
+    head = ["lume-lab", "run", "--preset", cfg["preset"], "--seed", str(cfg["seed"]), "--run-id", run_dir.name]
+    if (given := run_manifest(run_dir).get("overrides")) is not None:
+        return shlex.join(head + [x for k, v in given.items() for x in ("--set", f"{k}={_override_value(v)}")])
     ref = resolve_config(make_config(cfg["preset"], seed=cfg["seed"])).to_dict()
     def get(d, k):
         for part in k.split("."): d = d[part]
@@ -1006,9 +1012,7 @@ def reproduce_command(run_dir) -> str:
     for k in config_diff(ref, cfg):
         try: sets += ["--set", f"{k}={_override_value(get(cfg, k))}"]
         except (KeyError, TypeError): continue               # only in the preset's config: a --set cannot remove it
-    return shlex.join(
-        ["lume-lab", "run", "--preset", cfg["preset"], "--seed", str(cfg["seed"]), "--run-id", run_dir.name, *sets]
-    )
+    return shlex.join(head + sets)
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #75834591
 def stage_family(stage: str, cfg: dict) -> str:
