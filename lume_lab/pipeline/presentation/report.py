@@ -1003,7 +1003,7 @@ def reproduce_command(run_dir) -> str:
     cfg, run_dir = run_config(run_dir), Path(run_dir)
     head = ["lume-lab", "run", "--preset", cfg["preset"], "--seed", str(cfg["seed"]), "--run-id", run_dir.name]
     if (given := run_manifest(run_dir).get("overrides")) is not None:
-        return shlex.join(head + [x for k, v in given.items() for x in ("--set", f"{k}={_override_value(v)}")])
+        return shlex.join(head + [x for k, v in sorted(given.items()) for x in ("--set", f"{k}={_override_value(v)}")])
     ref = resolve_config(make_config(cfg["preset"], seed=cfg["seed"])).to_dict()
     def get(d, k):
         for part in k.split("."): d = d[part]
