@@ -656,14 +656,23 @@ GROUPED = ("Scorecard", "REMIND intervals", "Dose-response", "Quantized forget E
 
 
 def config_groups(dirs: list[Path]) -> list[list[Path]]:
-    """The runs grouped by config with the seed set aside: two runs are one config when the first's config.json, with
-    the second's seed, would reopen as the second (`pipeline.orchestration.config.same_config`, the check `lume-lab run`
+    """The runs grouped by config with the seed and the scope fields set aside: two runs are one config when the
+    first's config.json, with the second's seed and scope fields (`core.config.SCOPE_FIELDS`: they only add runs of
+    their own), would reopen as the second (`pipeline.orchestration.config.same_config`, the check `lume-lab run`
     makes)."""
-    from lume_lab.core.config import config_from_dict
+    import copy
+    from lume_lab.core.config import SCOPE_FIELDS, config_from_dict
     from lume_lab.pipeline.orchestration.config import same_config
-    one = lambda a, b: same_config(
-        config_from_dict({**run_config(a), "seed": run_config(b)["seed"]}), config_from_dict(run_config(b))
-    )
+
+    def as_b(a: dict, b: dict) -> dict:
+        out = copy.deepcopy({**a, "seed": b["seed"]})
+        for k in SCOPE_FIELDS:
+            sec, name = k.split(".")
+            if name in b.get(sec, {}): out.setdefault(sec, {})[name] = b[sec][name]
+            else: out.get(sec, {}).pop(name, None)
+        return out
+    def one(a: Path, b: Path) -> bool:
+        return same_config(config_from_dict(as_b(run_config(a), run_config(b))), config_from_dict(run_config(b)))
     groups: list[list[Path]] = []
     for d in dirs:
         for g in groups:

@@ -443,3 +443,10 @@ def test_runs_of_two_configs_get_one_scorecard_each(tmp_path):
     forged = " | ".join([b_cells[0], *[c.split(" ± ")[0] for c in a_cells[2:]]])   # b's row given a's means: caught
     assert forged != row(second)
     with pytest.raises(AssertionError): assert_results_match_csvs(page.replace(row(second), forged, 1), [a0, b, a1])
+    # a seed without control runs (`unlearn.controls`, a scope field) is averaged with the others; the checker agrees
+    c = _copy_run(tmp_path / "a_s2", 2, shift=1)
+    cfg = json.loads((c / "config.json").read_text()); cfg.setdefault("unlearn", {})["controls"] = False
+    (c / "config.json").write_text(json.dumps(cfg))
+    page = RS.results_page([a0, a1, c], "scope")
+    assert "## Configurations" not in page and "- **`unlearn.controls`**" in page
+    assert assert_results_match_csvs(page, [a0, a1, c]) > 500
