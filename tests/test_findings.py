@@ -43,6 +43,9 @@ def test_readers_give_the_verdict_their_interval_implies(tmp_path):
                   "test": ["quant4_recovery", "quant4_recovery", "relearn_forget_half_recovery", "quant4_recovery"],
                   "value": [0.5, 0.4, 0.0, -0.9], "lo": [0.4, 0.3, -0.1, -1.0], "hi": [0.6, 0.5, 0.1, -0.8],
                   "n": 14, "note": ""}).to_csv(rep / "robustness_phone_number.csv", index=False)
+    # both attacks fired on their positive control: their recoveries count (a claim reads none where they did not)
+    pd.DataFrame({"attack": ["quant4", "relearn_forget_half"], "fired": [True, True]}).to_csv(
+        rep / "attack_controls_phone_number.csv", index=False)
     pd.DataFrame({"model": ["none", "npo", "npo"], "input": "orig", "comparison": "multi", "classifier": "lr",
                   "remind_auc": [90.0, 60.0, 60.0], "remind_lo": [85.0, 55.0, 55.0], "remind_hi": [95.0, 65.0, 65.0],
                   "baseline": "loss", "baseline_auc": [50.0, 80.0, 80.0], "baseline_lo": [45.0, 75.0, 75.0],
