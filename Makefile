@@ -87,9 +87,10 @@ nbtest-fast: setup gguf
 	$(call nbtest_each,)
 
 # two pytest workers (pytest-xdist), one BLAS thread each, like nbtest; a file's tests stay in one worker
-# (module fixtures are shared), and the 15 slowest tests are listed at the end.
+# (module fixtures are shared), the longest files handed out first (tests/conftest.py's LONGEST_FIRST, with
+# --no-loadscope-reorder), and the 15 slowest tests are listed at the end.
 pytest: setup gguf tf4
-	$(TEST_ENV) $(BIN)/pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(TEST_ENV) $(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 test: check-export lint nbtest pytest
 

@@ -29,3 +29,16 @@ def tf4():
         msg = f"NOT TESTED: the export under transformers 4.51.3; pip cannot reach the package index ({e})"
         warnings.warn(msg)
         pytest.skip(msg)
+
+
+# `make test` runs two xdist workers, each taking a whole file at a time (`--dist loadfile`). By default xdist hands
+# out files with the most tests first, so a file with one long test (the end-to-end smoke run) is handed out last and
+# runs alone while the other worker idles. With `--no-loadscope-reorder` files go out in collection order: these, the
+# longest (the `--durations` list at the end of `make test`), first, so the short files fill in beside them.
+LONGEST_FIRST = ("test_e2e.py", "test_smollm2.py", "test_launch.py", "test_pipeline.py", "test_export_score.py",
+                 "test_sweep.py", "test_report.py", "test_gpu_campaign.py", "test_gpu_check.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))       # stable: a file's tests keep their order

@@ -202,6 +202,12 @@ def check_scorecard_tables(tables: list, run_dirs: list[Path]) -> int:
                 if label == "method": continue
                 if label.endswith((" 95% CI", " reading")):   # the localization headline's interval, as text
                     check_interval_cell(label, cell, row); checked += 1; continue
+                if label == "operating point":   # e03's point in words, each run's distinct one once, '; '-joined
+                    texts = [r.operating_point for d in run_dirs
+                             if (p := Path(d) / "report" / f"operating_points_{f}.csv").is_file()
+                             for r in pd.read_csv(p).itertuples() if r.method == row["method"]]
+                    assert cell == "; ".join(dict.fromkeys(map(str, texts))), (key, cell, texts); checked += 1
+                    continue
                 if cell == R.NOT_FIRED:   # e10's controls: that attack fired on no run's positive control
                     assert not_fired(run_dirs, f, labels.get(label)), (key, label); checked += 1; continue
                 cols = labels.get(label)
@@ -426,6 +432,44 @@ def check_attack_control_tables(tables: list, run_dirs: list[Path]) -> int:
     return checked
 
 
+def check_statistic_tables(tables: list, run_dirs: list[Path]) -> int:
+    """Each row of a mean-against-median table (field) is one run's method whose trajectory.csv holds both statistics;
+    per statistic, the first step after 0 where the choosing answers' NLL is at least the held-out level of step 0,
+    with the report and retain EM there, or 'not by step S' (the trajectory's last step) when there is none."""
+    labels, checked = dict(zip(run_labels(run_dirs), run_dirs)), 0
+    cols = {"mean": ("choose_nll", "holdout_nll"), "median": ("choose_nll_median", "holdout_nll_median")}
+    for heads, t in tables:
+        field, expected = heads[1], set()
+        for label, d in labels.items():
+            ops = Path(d) / "report" / f"operating_points_{field}.csv"
+            for m in (pd.read_csv(ops).method if ops.is_file() else []):
+                p = Path(d) / f"unlearn_{m}_{field}" / "trajectory.csv"
+                if p.is_file() and {"choose_nll_median", "holdout_nll_median"} <= set(pd.read_csv(p, nrows=0)):
+                    expected.add((label, m))
+        assert {(r.run, r.method) for r in t.itertuples()} == expected, (heads, t[["run", "method"]], expected)
+        for _, row in t.iterrows():
+            traj = pd.read_csv(Path(labels[row.run]) / f"unlearn_{row.method}_{field}" / "trajectory.csv")
+            own = (run_config(labels[row.run]).get("unlearn", {}).get("operating_point") or {}).get("statistic", "mean")
+            assert row["judged under"] == own, (heads, row.run, row.method)
+            for stat, (col, level_col) in cols.items():
+                level = traj.loc[traj.step == 0, level_col].iloc[0]
+                after = traj[(traj.step > 0) & traj[col].notna()].sort_values("step")
+                hit = after[after[col] >= level]
+                where = (heads, row.run, row.method, stat)
+                assert_shown(row[f"{stat}: level"], level, where)
+                if len(hit):
+                    at = hit.iloc[0]
+                    assert row[f"{stat}: crosses"] == f"step {int(at.step)}", where
+                    assert_shown(row[f"{stat}: forget EM"], at.report_em, where)
+                    assert_shown(row[f"{stat}: retain EM"], at.retain_em, where)
+                    checked += 3
+                else:
+                    assert row[f"{stat}: crosses"] == f"not by step {int(traj.step.max())}", where
+                    assert row[f"{stat}: forget EM"] == "" and row[f"{stat}: retain EM"] == "", where
+                checked += 1
+    return checked
+
+
 def check_quantized_em_tables(tables: list, run_dirs: list[Path]) -> int:
     """Each cell of a quantized-EM table (field) is the mean ± sample std over the runs of a robustness row.
     The rows: robustness_<field>.csv's forget_em / quant<b>_forget_em / q4_1_off<o>_forget_em."""
@@ -635,15 +679,17 @@ def assert_results_match_csvs(page, run_dirs) -> int:
     if len(groups) == 1: tables = [t for t in tables if t[0][0] not in GROUPED]
     testbed = [t for t in tables if t[0][0] == "Testbed"]
     controls = [t for t in tables if t[0][0] == "Attack controls"]
+    statistic = [t for t in tables if t[0][0] == "Operating point: mean against median"]
     stages = [t for heads, t in tables if heads == ("Stage times",)]
     experiments = [t for heads, t in tables if heads == ("Experiment times",)]
     headline = [t for heads, t in tables if heads == ("Headline",)]
     assert len(headline) <= 1 and (not headline or len(groups) == 1), "one headline table, over one config"
-    assert len(headline) + len(testbed) + len(controls) + len(experiments) + len(stages) == len(tables), [
+    assert len(headline) + len(testbed) + len(controls) + len(statistic) + len(experiments) + len(stages) == len(
+        tables), [
         h for h, _ in tables
     ]
     checked += sum(check_headline_table(t, dirs) for t in headline) + check_attack_control_tables(controls, dirs)
-    checked += check_testbed_tables(testbed, dirs)
+    checked += check_testbed_tables(testbed, dirs) + check_statistic_tables(statistic, dirs)
     return (
         checked
         + sum(check_stage_table(t, dirs) for t in stages)

@@ -2,7 +2,7 @@
 rounding, the header names command, commit, date, machine and seeds, runs without a scorecard say so, sweeps get one
 table over their points, and the page is written atomically, by `python -m lume_lab.pipeline.presentation.results` and
 `make results` too."""
-import json, re, shutil, subprocess, sys
+import json, math, re, shutil, subprocess, sys
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +131,31 @@ def test_checker_catches_a_wrong_number(tmp_path):
     stage = next(i for i, l in enumerate(lines) if l.startswith("| base |"))
     lines[stage] = "| base | 999.9 |"
     with pytest.raises(AssertionError): assert_results_match_csvs("\n".join(lines), [run])
+
+
+def test_mean_against_median_rows_are_the_trajectories(tmp_path):
+    """A run whose trajectories record the median NLL: its page shows, per method, where the mean and the median cross
+    their own levels, and the independent check recomputes each cell from trajectory.csv and fails on a changed one.
+    A trajectory with the mean alone is left out."""
+    run = _copy_run(tmp_path / "mini")
+    f, nan = "phone_number", math.nan
+    pd.DataFrame({"field": f, "method": ["npo", "simnpo"], "operating_point": ["reached @ step 2", "reached @ step 2"],
+                  "rule": "never_trained", "status": "reached", "step": [2, 2], "crossing_step": [2, 2],
+                  "n_before": [1, 1], "coarse": True, "every": 1, "note": ""}).to_csv(
+        run / "report" / f"operating_points_{f}.csv", index=False)
+    traj = {"step": range(5), "report_em": [90.0, 61.0, 32.0, 20.0, 10.0], "retain_em": [95.0, 94.0, 93.0, 92.0, 91.0],
+            "choose_nll": [0.1, 1.0, 3.0, 4.0, 5.0], "holdout_nll": [2.5, nan, nan, nan, nan]}
+    both = {**traj, "choose_nll_median": [0.05, 0.5, 1.0, 2.6, 4.0], "holdout_nll_median": [2.4, nan, nan, nan, nan]}
+    for m, t in (("npo", both), ("simnpo", traj)):
+        (run / f"unlearn_{m}_{f}").mkdir()
+        pd.DataFrame(t).to_csv(run / f"unlearn_{m}_{f}" / "trajectory.csv", index=False)
+    page = RS.results_page([run], "mini")
+    t = _tables(page)[("Operating point: mean against median", f)]
+    assert t[["run", "method", "mean: crosses", "median: crosses", "median: forget EM"]].values.tolist() == [
+        ["mini", "npo", "step 2", "step 3", "20.0"]]
+    assert assert_results_match_csvs(page, [run]) > 0
+    with pytest.raises(AssertionError): assert_results_match_csvs(page.replace("| step 3 |", "| step 4 |"), [run])
+    with pytest.raises(AssertionError): assert_results_match_csvs(page.replace("| 20.0 |", "| 10.0 |"), [run])
 
 
 def test_run_without_scorecard_says_so(tmp_path):

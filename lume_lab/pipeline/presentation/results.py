@@ -23,18 +23,18 @@ from ..orchestration.sweep import read_spec
 
 # %% auto #0
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
-           'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir', 'is_sweep_dir', 'read_sweep_spec',
-           'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine', 'run_labels',
-           'seeds_command', 'threads_line', 'scope_lines', 'uncommitted_lines', 'header_lines', 'read_markdown_tables',
-           'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table', 'experiment_lines', 'sweep_values',
-           'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table', 'field_section',
-           'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
+           'STATISTIC_LEVELS', 'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir', 'is_sweep_dir',
+           'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine',
+           'run_labels', 'seeds_command', 'threads_line', 'scope_lines', 'uncommitted_lines', 'header_lines',
+           'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
+           'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
+           'field_section', 'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
            'quantized_em_label', 'quantized_em_table', 'robustness_lines', 'attack_control_table',
-           'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures', 'tradeoff_lines', 'testbed_table',
-           'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines', 'tuning_table', 'tuning_lines',
-           'config_groups', 'group_labels', 'config_difference_table', 'compare_lines', 'headline_lines',
-           'page_headline', 'write_results_index', 'results_page', 'scorecard_csv_name', 'scorecard_csv',
-           'write_results', 'add_results_arguments', 'results_main', 'main']
+           'attack_control_lines', 'tradeoff_png_name', 'tradeoff_figures', 'tradeoff_lines', 'statistic_table',
+           'statistic_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines',
+           'tuning_table', 'tuning_lines', 'config_groups', 'group_labels', 'config_difference_table', 'compare_lines',
+           'headline_lines', 'page_headline', 'write_results_index', 'results_page', 'scorecard_csv_name',
+           'scorecard_csv', 'write_results', 'add_results_arguments', 'results_main', 'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -654,6 +654,46 @@ def tradeoff_lines(run_dirs: list[Path], name: str) -> list[str]:
         *[f"![{f}: trade-off]({tradeoff_png_name(name, f)})" for f in fields],
     ]
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #e36537f5
+STATISTIC_LEVELS = {"mean": ("choose_nll", "holdout_nll"), "median": ("choose_nll_median", "holdout_nll_median")}
+
+def statistic_table(run_dirs: list[Path], field: str) -> pd.DataFrame:
+    """One row per run and method of `field` whose trajectory records both statistics (`STATISTIC_LEVELS`): the
+    statistic the run was judged under, then, per statistic, the step where the choosing answers' NLL reaches that
+    statistic's held-out level (`metrics.evaluate.operating_point`), with the reporting people's forget EM and the
+    retain EM there; `not by step S` where the trajectory stopped (or ended) first."""
+    from lume_lab.metrics.evaluate import operating_point
+    rows = []
+    for d, label in zip(run_dirs, run_labels(run_dirs)):
+        tables, _, _ = _run_trajectories(d, field)
+        own = (run_config(d).get("unlearn", {}).get("operating_point") or {}).get("statistic", "mean")
+        for m, t in tables.items():
+            cols = [c for pair in STATISTIC_LEVELS.values() for c in pair]
+            if not set(cols) <= set(t) or t.holdout_nll_median.isna().all(): continue
+            row = {"run": label, "method": m, "judged under": own}
+            for stat, (col, level_col) in STATISTIC_LEVELS.items():
+                level = float(t[level_col].dropna().iloc[0])
+                p = operating_point(t, "never_trained", level=level, statistic=stat, min_points=1)
+                hit = p.status != "not reached"
+                at = p.row if hit else {}
+                row |= {f"{stat}: level": fmt_num(level, 3),
+                        f"{stat}: crosses": f"step {p.crossing_step}" if hit else f"not by step {int(t.step.max())}",
+                        f"{stat}: forget EM": fmt_num(at.get("report_em", math.nan), 1),
+                        f"{stat}: retain EM": fmt_num(at.get("retain_em", math.nan), 1)}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+def statistic_lines(run_dirs: list[Path]) -> list[str]:
+    "The mean-against-median section, one table per field; nothing when no trajectory records both statistics."
+    return field_section(
+        run_dirs, "operating_points_", "Operating point: mean against median",
+        "From e03's trajectories, which record the choosing answers' mean and median NLL: where each statistic "
+        "reaches its own held-out level (`unlearn.operating_point.statistic`), and the reporting people's forget EM "
+        "and the retain EM at that point (teacher-forced, in %). A run stops at the crossing of the statistic it is "
+        "judged under, so the other one reads 'not by step S' when it had not crossed by then.",
+        statistic_table,
+    )
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #77d18007
 def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per run and target field (the config's order): the injection (model, mask %, masked steps, its seconds),
@@ -940,8 +980,8 @@ def results_page(paths, name: str, command: str | None = None) -> str:
     empty = [NO_SCORECARD_BANNER] if all(c[1].startswith("**No scorecard") for c in cards) else []
     if len(groups) == 1:
         card = cards[0]
-        stress = [*tradeoff_lines(dirs, name), *robustness_lines(dirs), *attack_control_lines(dirs),
-                  *remind_interval_lines(dirs), *dose_lines(dirs)]
+        stress = [*tradeoff_lines(dirs, name), *statistic_lines(dirs), *robustness_lines(dirs),
+                  *attack_control_lines(dirs), *remind_interval_lines(dirs), *dose_lines(dirs)]
     else:
         card, stress = compare_lines(groups, cards), []
     runs = ", ".join(f"{l} (preset {run_config(d)['preset']})" for l, d in zip(run_labels(dirs), dirs))
