@@ -2375,6 +2375,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                  'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn._write_localization': ( 'pipeline/stages/unlearn.html#_write_localization',
                                                                                                             'lume_lab/pipeline/stages/unlearn.py'),
+                                                  'lume_lab.pipeline.stages.unlearn.control_max_steps': ( 'pipeline/stages/unlearn.html#control_max_steps',
+                                                                                                          'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.ensure_inputs': ( 'pipeline/stages/unlearn.html#ensure_inputs',
                                                                                                       'lume_lab/pipeline/stages/unlearn.py'),
                                                   'lume_lab.pipeline.stages.unlearn.evaluate_source': ( 'pipeline/stages/unlearn.html#evaluate_source',

@@ -13,16 +13,16 @@ import yaml
 
 # %% auto #0
 __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', 'QA_ATTRIBUTES', 'MASK_KINDS', 'DTYPES',
-           'SCHEDULES', 'EVAL_SPACINGS', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES', 'PARAPHRASE_ROLES',
-           'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS', 'RELEARN_ATTACKS',
-           'RELEARN_MODES', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE', 'BOOLEAN', 'GGUF_PACKAGES',
-           'MODEL_PATH', 'UTILITY_TEXTS', 'NLL_STATISTICS', 'OPERATING_POINT_RULES', 'CONTROL_METHODS',
-           'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR', 'PRESETS',
-           'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES', 'REMOVED_FIELDS',
-           'SCOPE_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most', 'fraction',
-           'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig', 'PretrainConfig',
-           'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig', 'UnlearnConfig',
-           'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'ladder_fits',
+           'SCHEDULES', 'EVAL_SPACINGS', 'CONTROL_STEPS', 'NEUTRAL_REPLAYS', 'NEUTRAL_SCOPES', 'AUTOCAST_DTYPES',
+           'PARAPHRASE_ROLES', 'LUME_TASKS', 'REMIND_MODES', 'REMIND_PICKS', 'REMIND_SCALERS', 'RESURFACE_FIELDS',
+           'RELEARN_ATTACKS', 'RELEARN_MODES', 'POSITIVE', 'POSITIVE_FLOAT', 'POSITIVE_NUMBER', 'NON_NEGATIVE',
+           'BOOLEAN', 'GGUF_PACKAGES', 'MODEL_PATH', 'UTILITY_TEXTS', 'NLL_STATISTICS', 'OPERATING_POINT_RULES',
+           'CONTROL_METHODS', 'PISTOL_METHODS', 'PISTOL_STUDIES', 'LUME_METHODS', 'SECTIONS', 'SMOLLM2', 'PRESET_DIR',
+           'PRESETS', 'PRESET_DESCRIPTIONS', 'TEST_SIZE_PRESETS', 'DOSE_GRID_SLACK', 'CROSS_FIELD_RULES',
+           'REMOVED_FIELDS', 'SCOPE_FIELDS', 'ConfigError', 'finite_number', 'Check', 'checked', 'at_least', 'at_most',
+           'fraction', 'in_range', 'one_of', 'subset_of', 'optional', 'gguf_source', 'ModelConfig', 'WorldConfig',
+           'PretrainConfig', 'PIIConfig', 'LumeConfig', 'InjectConfig', 'InstructConfig', 'TestbedConfig',
+           'UnlearnConfig', 'LocalizationConfig', 'RemindConfig', 'ResurfaceConfig', 'AttributionConfig', 'ladder_fits',
            'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig', 'RunConfig', 'load_preset', 'get_field',
            'set_fields', 'roles_fit', 'dose_grid_fits', 'validate', 'validate_section', 'make_config',
            'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves', 'config_diff', 'value_diff']
@@ -41,6 +41,7 @@ MASK_KINDS = ("element", "structural")
 DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULES = ("constant", "warmup_constant", "linear", "cosine")   # learning-rate schedules (models.lm.lr_multiplier)
 EVAL_SPACINGS = ("linear", "log")         # unlearn.eval_spacing (analysis/09_trajectory)
+CONTROL_STEPS = ("schedule", "matched")   # unlearn.control_steps (pipeline/stages/02_unlearn)
 NEUTRAL_REPLAYS = ("fixed", "stream")   # inject.neutral_replay (inject/02_mixture)
 NEUTRAL_SCOPES = ("all", "unowned")     # inject.neutral_scope (inject/00_masks): which weights neutral rows train
 # inject.autocast: never float16, whose loss scaler would skip steps on PII gradients (a leak)
@@ -406,6 +407,9 @@ class UnlearnConfig:
     hparams: dict = checked({}, _HPARAMS)
     # each method (whose spec has a control run) also unlearned from the unmasked control: e04's contrast scores
     controls: bool = checked(True, BOOLEAN)
+    # how long a control run trains under an operating-point rule: `schedule`, its whole schedule (epochs); `matched`,
+    # the optimizer steps its masked run was judged at, so that the contrast compares two runs of equal length
+    control_steps: str = checked("schedule", one_of(CONTROL_STEPS), keyed_at_default=False)
     # t00: a grid point may raise neutral perplexity at most ×this
     tune_max_ppl_ratio: float | None = checked(1.5, optional(Check("a number >= 1", lambda v: _is_num(v) and v >= 1),
                                                              "no utility guard"))

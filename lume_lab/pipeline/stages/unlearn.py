@@ -26,10 +26,10 @@ __all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_
            'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
            'skip_reason', 'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps',
            'questions_per_person', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
-           'run_to_operating_point', 'stage_unlearn', 'operating_point_label', 'operating_points', 'load_unlearned',
-           'load_method_stage', 'ModelSource', 'method_source', 'reference_utility', 'evaluate_source',
-           'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames', 'stage_localization',
-           'localization_source']
+           'run_to_operating_point', 'control_max_steps', 'stage_unlearn', 'operating_point_label', 'operating_points',
+           'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source', 'reference_utility',
+           'evaluate_source', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames',
+           'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -242,6 +242,15 @@ def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget
                                   eval_points=c.unlearn.eval_points, eval_spacing=c.unlearn.eval_spacing, seed=seed,
                                   utility=utility, label=label, **inputs)
 
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #abace774
+def control_max_steps(store: RunStore, method: str, field: str) -> int | None:
+    """The optimizer steps a control run of `method` on `field` takes under `unlearn.control_steps: matched`: the step
+    its masked run was judged at (that stage's `operating_point.json`). None: the masked run has no such step (a method
+    with no stepping knob, `single point`, or a point kept at step 0), and the control keeps its schedule."""
+    op = json.loads((store.path(unlearn_name(method, field)) / "operating_point.json").read_text())
+    step = op.get("step")
+    return int(step) if step is not None and int(step) >= 1 else None
+
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0e5a2af2
 def stage_unlearn(store: RunStore, method: str, field: str, control: bool = False) -> Path:
     "Unlearn the forget set of `field` with `method` from the masked model (or the unmasked control)."
@@ -267,16 +276,23 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
         )
     deps = ["testbed", src] + ensure_inputs(store, method)
     names = field_split_names(field)
-    rule = None if control else c.unlearn.operating_point         # a control run keeps its schedule
+    rule = None if control else c.unlearn.operating_point         # a control run has no trajectory of its own
     t_reads, t_deps = trajectory_keys(rule)
     reads, deps = [f"unlearn.hparams.{method}", "seed"] + t_reads, deps + t_deps
+    # unlearn.control_steps: matched: the control trains as many steps as its masked run was judged at
+    matched = control and c.unlearn.control_steps == "matched" and c.unlearn.operating_point is not None
+    if matched:
+        stage_unlearn(store, method, field)
+        reads, deps = reads + ["unlearn.control_steps"], deps + [unlearn_name(method, field)]
     def fn(out):
         warn_small_splits({names[k]: sp[k] for k in ("forget", "retain")},
                           f"unlearning {method}" + (" (control)" if control else ""))
         model, tok = load_stage_model(store, src)
         forget, retain = list(sp["forget"]), list(sp["retain"])
         if rule is None:
-            unl, log = spec.run(model, tok, forget, retain, hp, seed=c.seed, **method_inputs(store, method))
+            steps = control_max_steps(store, method, field) if matched else None
+            run_hp = hp if steps is None else {**hp, "max_steps": steps}
+            unl, log = spec.run(model, tok, forget, retain, run_hp, seed=c.seed, **method_inputs(store, method))
         else:
             unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out, seed=c.seed,
                                               label={"method": method, "field": field}, **method_inputs(store, method))
