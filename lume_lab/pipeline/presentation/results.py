@@ -637,7 +637,8 @@ def tradeoff_figures(run_dirs: list[Path]) -> dict:
         for ax, (label, tables, points, _) in zip(axes[0], runs):
             tradeoff_panel(ax, tables, points, "report_em", legend=ax is axes[0][-1]); ax.set_title(label)
         axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
-        fig.suptitle(f"{f}: retain against forget along each trajectory (★ selected)", fontsize=10)
+        # two lines: one panel is narrower than the title on one line
+        fig.suptitle(f"{f}: retain against forget\nalong each trajectory (★ selected)", fontsize=10)
         out[f] = fig
     return out
 
