@@ -8,7 +8,7 @@ beside scikit-learn's cost measured on a small size in a subprocess and scaled (
 each). First it checks streaming_auc against roc_auc_score on 1e6 scores of the same generator.
 
     .venv/bin/python bench/bench_auc_stream.py                 # 1e8 scores (~1 min on 2 cores)
-    .venv/bin/python bench/bench_auc_stream.py --n 1e9         # the issue's size (goal: peak < 4 GB)
+    .venv/bin/python bench/bench_auc_stream.py --n 1e9         # the full size (goal: peak < 4 GB)
 """
 import argparse, json, subprocess, sys, time
 

@@ -495,7 +495,9 @@ def part_stages(rep: Report, device, shape: dict, budget: Budget, data_dir: Path
     cfg = check_config(str(ckpt), dry)
     p["check_units"] = check_units = preset_units(cfg)
     p["config"] = {
-        "preset": "olmo2-1b", "overrides": check_overrides(str(ckpt), dry), "model.dtype": cfg.model.dtype,
+        # the checkpoint's folder as the work folder's name for it: a machine's temporary path means nothing in a page
+        "preset": "olmo2-1b", "overrides": check_overrides(f"<work>/{ckpt.relative_to(work)}", dry),
+        "model.dtype": cfg.model.dtype,
         "inject.segmented": cfg.inject.segmented, "inject.batch_size": cfg.inject.batch_size,
         "methods": cfg.unlearn.methods}
     store = open_run("check", cfg, work / "runs")

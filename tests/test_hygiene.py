@@ -94,3 +94,26 @@ def test_no_file_names_a_machine_path():
     hits = [f"{p.relative_to(ROOT)}:{i}: {kind}: {line[:160]}" for p, text in repo_text_files()
             for i, kind, line in machine_paths(text)]
     assert not hits, "machine paths (name a path inside the repository, or none):\n" + "\n".join(hits)
+
+
+# the project's own issue numbers mean nothing to a reader of the repository: a ticket's number says why code is as
+# it is only to someone with the tracker open. Another project's issues keep their owner ("open-unlearning's
+# issues #187 and #94": plural, and named), so the pattern is the singular word followed by a number.
+ISSUE_REF = re.compile(r"\b[Ii]" + "ssue" + r" #?\d+\b")
+
+
+@pytest.mark.parametrize("line,found", [
+    ("> Is" + "sue #40's stress tests as cached stages", True),
+    ("(is" + "sue 13: every table states its n)", True),
+    ("open-unlearning's is" + "sues #187 and #94", False),
+    ("a known is" + "sue with padding", False),
+])
+def test_an_issue_number_is_found(line, found):
+    assert bool(ISSUE_REF.search(line)) == found
+
+
+def test_no_file_names_an_issue_number():
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:160]}" for p, text in repo_text_files()
+            for i, line in enumerate(text.splitlines(), 1) if ISSUE_REF.search(line)]
+    assert not hits, ("internal issue numbers (say what the code does and why, not which ticket asked):\n"
+                      + "\n".join(hits))
