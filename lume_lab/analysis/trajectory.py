@@ -123,6 +123,17 @@ class Trajectory:
             raise RuntimeError(f"the weights of step {self.point.step} were not kept (kept: {kept})")
         model.load_state_dict(self._kept[1])
 
+    def state(self) -> dict:
+        """What a resumed unlearning loop needs (`unlearn.base.checkpointing`): the rows, the level, the point so far,
+        where it stopped, and the weights it keeps."""
+        return {"rows": list(self.rows), "level": self.level, "point": self.point, "stopped_at": self.stopped_at,
+                "kept": self._kept}
+
+    def load_state(self, state: dict) -> None:
+        "Put back a `state()`: the monitor goes on as if it had never stopped."
+        self.rows, self.level, self.point = list(state["rows"]), state["level"], state["point"]
+        self.stopped_at, self._kept = state["stopped_at"], state["kept"]
+
     def summary(self) -> dict:
         "The operating point in one row: rule, status, step, crossing, points before it, coarse, level, note."
         p = self.point

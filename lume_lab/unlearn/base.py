@@ -4,9 +4,10 @@
 
 # %% ../../nbs/unlearn/01_base.ipynb #59fd7dac
 from __future__ import annotations
-import copy, math, random
+import copy, hashlib, json, math, os, random, time
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 import pandas as pd
@@ -21,7 +22,7 @@ from .registry import BASE_HPARAMS, LR_GRID, SCHEDULERS, get_spec
 
 # %% auto #0
 __all__ = ['LOG_COLUMNS', 'PairedQA', 'collate_pairs', 'frozen_copy', 'warmup_length', 'lr_factor', 'on_epoch_end', 'monitored',
-           'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
+           'checkpointing', 'unlearn_loop', 'add_retain_nll', 'retain_nll_or_nan', 'toy_demo', 'plot_log']
 
 # %% ../../nbs/unlearn/01_base.ipynb #760ca44f
 class PairedQA(Dataset):
@@ -111,6 +112,66 @@ def _ask_monitor(model, step: int, last: bool) -> bool:
     with torch.no_grad(): stop = bool(_MONITORS[0](model, step, last))
     model.train(was)
     return stop
+
+# %% ../../nbs/unlearn/01_base.ipynb #a562b7d9
+_CHECKPOINTS: list = []      # [work_dir, every_s, loops started in the block]
+
+@contextmanager
+def checkpointing(work_dir, every_s: float):
+    """Within the block, `unlearn_loop` in one process saves its whole state to `work_dir` after the first optimizer
+    step that ends `every_s` or more seconds after the last save (0: every step): the weights, the optimizer and its
+    schedule, the step, the epoch and batch it is in, the log so far, torch's RNG, and the monitor's state (its rows
+    and the weights it keeps). A loop started again in a block on the same `work_dir`, with the same inputs, resumes
+    there and ends where an uninterrupted loop ends, bit for bit. A loop that ends removes its checkpoint. Each loop
+    of the block has its own file (`loop<k>.pt`, in the order they start), so a stage whose method ran one loop to the
+    end and was stopped in the next resumes the second. Not with `on_epoch_end` hooks (their state is not saved)."""
+    if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not every_s >= 0:
+        raise ValueError(f"every_s must be a number >= 0 (seconds between checkpoints), got {every_s!r}")
+    if _CHECKPOINTS: raise ValueError("checkpointing blocks do not nest: one is already open")
+    _CHECKPOINTS.append([Path(work_dir), float(every_s), 0])
+    try: yield Path(work_dir)
+    finally: _CHECKPOINTS.clear()
+
+def _fingerprint(hp: dict, forget, retain, seed: int, desc: str, n_batches: int, total: int) -> dict:
+    "What a checkpoint must match to be resumed: hyperparameters, seed, loop, loader, schedule, digests of the sets."
+    digest = lambda rows: hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"hp": json.loads(json.dumps(hp, sort_keys=True, default=str)), "seed": seed, "desc": desc,
+            "batches": n_batches, "total": total, "forget": digest(forget), "retain": digest(retain),
+            "monitor": type(_MONITORS[0]).__name__ if _MONITORS else None}
+
+def _checkpoint_file(acc) -> tuple[Path, float] | None:
+    """(this loop's checkpoint file, seconds between saves) in the open `checkpointing` block; None outside one or in a
+    multi-process job."""
+    if not _CHECKPOINTS or acc.num_processes != 1: return None
+    if _EPOCH_HOOKS: raise ValueError("checkpointing does not save on_epoch_end hooks' state: use one or the other")
+    if _MONITORS and not callable(getattr(_MONITORS[0], "state", None)):
+        raise ValueError(f"checkpointing needs the monitor's state: {type(_MONITORS[0]).__name__} has no state()")
+    block = _CHECKPOINTS[0]; block[2] += 1
+    block[0].mkdir(parents=True, exist_ok=True)
+    for p in block[0].glob(".tmp-*"): p.unlink()                   # a save the interruption cut short
+    return block[0] / f"loop{block[2] - 1}.pt", block[1]
+
+def _save_loop(path: Path, fp: dict, model, opt, sched, rows: list, step: int, epoch: int, batch: int) -> None:
+    "Write the loop's state to `path` atomically (a temporary file, then a rename)."
+    state = {"fingerprint": fp, "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "schedule": sched.state_dict(), "rows": rows, "step": step, "epoch": epoch, "batch": batch,
+             "rng": torch.get_rng_state(), "monitor": _MONITORS[0].state() if _MONITORS else None}
+    tmp = path.with_name(f".tmp-{path.name}")
+    torch.save(state, tmp); os.replace(tmp, path)
+
+def _load_loop(path: Path, fp: dict, model, opt, sched) -> dict | None:
+    """The saved state at `path` put back into model, optimizer, schedule and monitor: {'rows', 'step', 'epoch',
+    'batch', 'rng'}; None when there is no checkpoint. One made by other inputs is refused."""
+    if not path.exists(): return None
+    s = torch.load(path, weights_only=False)
+    if s["fingerprint"] != fp:
+        diff = sorted(k for k in fp if s["fingerprint"].get(k) != fp[k])
+        raise ValueError(f"checkpoint {path} belongs to another unlearning loop (differs in {', '.join(diff)}); "
+                         "remove it to start over")
+    model.load_state_dict(s["model"]); opt.load_state_dict(s["optimizer"]); sched.load_state_dict(s["schedule"])
+    if _MONITORS: _MONITORS[0].load_state(s["monitor"])
+    return s
+
 
 # %% ../../nbs/unlearn/01_base.ipynb #62ca95d1
 def _prepare_masks(model, grad_masks: dict) -> dict:
@@ -226,7 +287,8 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     """Train `model` in place on `loss_fn` over forget/retain pairs; return it and the per-step log. Calls the
     `on_epoch_end` hooks. `fsdp2` (default: `models.accel.fsdp2_requested()`, i.e. `--fsdp2`): in a multi-process job,
     shard the model (and the reference copy) with FSDP2 instead of replicating them; the returned model is then sharded
-    (`save_model` gathers it)."""
+    (`save_model` gathers it). Inside a `checkpointing` block (one process) it saves its state as it goes and resumes
+    from it."""
     forget, retain = _checked_sets(forget, retain, hp, grad_masks)
     acc, sharded = _accelerator(hp, fsdp2)
     model = model.to(acc.device)  # before masks and the reference copy are placed
@@ -242,16 +304,29 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     model, popt, dl = _prepare(acc, model, opt, dl, sharded)
     total = hp["max_steps"] or hp["epochs"] * len(dl)  # len(dl): global batches per epoch
     sched = _schedule(opt, total, hp)
-    rows, step, epoch = [], 0, 0
+    rows, step, epoch, skip, saved = [], 0, 0, 0, None
+    if (ck := _checkpoint_file(acc)) is not None:     # inside `checkpointing`: resume from this loop's last save
+        fp = _fingerprint(hp, forget, retain, seed, desc, len(dl), total)
+        if (saved := _load_loop(ck[0], fp, acc.unwrap_model(model), opt, sched)) is not None:
+            rows, step, epoch, skip = list(saved["rows"]), saved["step"], saved["epoch"], saved["batch"]
+            for e in range(epoch):                # the finished epochs' draws: the loader's generator as it was
+                ds.set_epoch(e)
+                if hasattr(dl, "set_epoch"): dl.set_epoch(e)
+                for _ in dl: pass
+            torch.set_rng_state(saved["rng"])
     bar = progress(total=total, desc=desc, disable=not acc.is_local_main_process)
+    bar.update(step)
     try:
         model.train()
-        stopped = _ask_monitor(acc.unwrap_model(model), 0, total == 0)
+        # a resumed loop was saved after a step that did not stop it; its monitor already holds step 0
+        stopped = False if saved is not None else _ask_monitor(acc.unwrap_model(model), 0, total == 0)
+        last_save = time.monotonic()
         while step < total and not stopped:
             ds.set_epoch(epoch)
             if hasattr(dl, "set_epoch"):
                 dl.set_epoch(epoch)
-            for batch in dl:
+            for i, batch in enumerate(dl):
+                if i < skip: continue                 # the resumed epoch's batches already trained on
                 out = loss_fn(model, {k: to_device(v, acc.device) for k, v in batch.items()}, ref, hp)
                 acc.backward(out["loss"])
                 gnorm = _clip(acc, params, shard_masks, hp["max_grad_norm"])
@@ -267,6 +342,10 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
                     break
                 if step >= total:
                     break
+                if ck is not None and time.monotonic() - last_save >= ck[1]:
+                    _save_loop(ck[0], fp, acc.unwrap_model(model), opt, sched, rows, step, epoch, i + 1)
+                    last_save = time.monotonic()
+            skip = 0
             epoch += 1
             if not stopped: _call_epoch_hooks(acc.unwrap_model(model), epoch, epoch_view)
     finally:
@@ -275,6 +354,9 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
             h.remove()
         for p in frozen:
             p.requires_grad_(True)
+    if ck is not None:                                # the loop ended: its checkpoint has nothing left to resume
+        ck[0].unlink(missing_ok=True)
+        if not any(ck[0].parent.iterdir()): ck[0].parent.rmdir()
     if _MONITORS:
         with torch.no_grad(): _MONITORS[0].finish(acc.unwrap_model(model).eval())
     return acc.unwrap_model(model).eval(), pd.DataFrame(rows, columns=LOG_COLUMNS)

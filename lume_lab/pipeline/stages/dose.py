@@ -16,7 +16,7 @@ from .base import load_stage_model
 from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage_testbed
 from .unlearn import (ModelSource, _weights, evaluate_source, localization_source,
                                               stage_forget_fields)
-from .unlearn import operating_point_label, run_to_operating_point, trajectory_keys
+from .unlearn import operating_point_label, resumable, run_to_operating_point, trajectory_keys
 from ...unlearn.registry import get_spec
 
 # %% auto #0
@@ -108,12 +108,13 @@ def stage_dose_unlearn(store: RunStore, point: DosePoint, field: str):
         M, facts = dose_mask(store, point)          # a point that does not fit is refused here, before training
         model, tok = load_stage_model(store, "instruct_masked")
         forget, retain = list(sp["forget"]), list(sp["retain"])
-        if rule is None:
-            unl, log = spec.run(model, tok, forget, retain, hp, seed=point.seed, ground_truth_mask=M)
-        else:
-            label = {"method": point.label, "field": field, "p": point.p, "r": point.r, "seed": point.seed}
-            unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out,
-                                              seed=point.seed, label=label, ground_truth_mask=M)
+        with resumable(out):                        # an interrupted point resumes from its last save
+            if rule is None:
+                unl, log = spec.run(model, tok, forget, retain, hp, seed=point.seed, ground_truth_mask=M)
+            else:
+                label = {"method": point.label, "field": field, "p": point.p, "r": point.r, "seed": point.seed}
+                unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out,
+                                                  seed=point.seed, label=label, ground_truth_mask=M)
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
         (out / "mask.json").write_text(json.dumps(facts))
     # the name holds p, r, the seed and the field, but p and r only to 6 significant digits: the inputs hold them; the

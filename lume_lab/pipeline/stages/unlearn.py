@@ -21,15 +21,15 @@ from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
-__all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'OPERATING_POINT_FIELDS', 'LOCALIZATION_SIZES',
-           'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps', 'ensure_inputs',
-           'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning', 'min_forget_people',
-           'skip_reason', 'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table', 'schedule_steps',
-           'questions_per_person', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
-           'run_to_operating_point', 'control_max_steps', 'stage_unlearn', 'operating_point_label', 'operating_points',
-           'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source', 'reference_utility',
-           'evaluate_source', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes', 'localization_frames',
-           'stage_localization', 'localization_source']
+__all__ = ['INPUT_PROVIDERS', 'UNLEARN_VERSION', 'TRAJECTORY_READS', 'UNLEARN_CHECKPOINT_SECONDS', 'OPERATING_POINT_FIELDS',
+           'LOCALIZATION_SIZES', 'PIECES_COLUMNS', 'LOCALIZATION_READS', 'LOCALIZATION_VERSION', 'input_deps',
+           'ensure_inputs', 'method_inputs', 'runs_control', 'unlearn_jobs', 'unlearn_name', 'EmptySplitWarning',
+           'min_forget_people', 'skip_reason', 'usable_forget_fields', 'stage_forget_fields', 'skipped_fields_table',
+           'schedule_steps', 'questions_per_person', 'trajectory_splits', 'run_at_operating_point', 'trajectory_keys',
+           'run_to_operating_point', 'resumable', 'control_max_steps', 'stage_unlearn', 'operating_point_label',
+           'operating_points', 'load_unlearned', 'load_method_stage', 'ModelSource', 'method_source',
+           'reference_utility', 'evaluate_source', 'stage_evaluate', 'stage_evaluate_before', 'localization_sizes',
+           'localization_frames', 'stage_localization', 'localization_source']
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #c517e544
 # input name -> (provider(store) -> value, stages it reads, ensure(store): makes those stages done)
@@ -242,6 +242,22 @@ def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget
                                   eval_points=c.unlearn.eval_points, eval_spacing=c.unlearn.eval_spacing, seed=seed,
                                   utility=utility, label=label, **inputs)
 
+# %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0177e70e
+# seconds between an unlearning loop's saves: an interruption costs at most this much of the run; a save writes the
+# weights, AdamW's two moments and the weights the trajectory keeps (about 2 GB for a 135M model, a few seconds)
+UNLEARN_CHECKPOINT_SECONDS = 600
+
+def resumable(out: Path):
+    """The `unlearn.base.checkpointing` block of an unlearning stage that writes to `out`: in one process the loop
+    saves every `UNLEARN_CHECKPOINT_SECONDS` into `out/checkpoints`, in the partial stage dir that an interruption
+    leaves in place, so rerunning the stage resumes the loop where it was saved and ends as an uninterrupted run ends;
+    the finished loop removes it. A multi-process job restarts the stage instead."""
+    from contextlib import nullcontext
+    from lume_lab.core.store import process_rank
+    from lume_lab.unlearn.base import checkpointing
+    return checkpointing(out / "checkpoints", UNLEARN_CHECKPOINT_SECONDS) if process_rank()[1] == 1 else nullcontext()
+
+
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #abace774
 def control_max_steps(store: RunStore, method: str, field: str) -> int | None:
     """The optimizer steps a control run of `method` on `field` takes under `unlearn.control_steps: matched`: the step
@@ -289,13 +305,15 @@ def stage_unlearn(store: RunStore, method: str, field: str, control: bool = Fals
                           f"unlearning {method}" + (" (control)" if control else ""))
         model, tok = load_stage_model(store, src)
         forget, retain = list(sp["forget"]), list(sp["retain"])
-        if rule is None:
-            steps = control_max_steps(store, method, field) if matched else None
-            run_hp = hp if steps is None else {**hp, "max_steps": steps}
-            unl, log = spec.run(model, tok, forget, retain, run_hp, seed=c.seed, **method_inputs(store, method))
-        else:
-            unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out, seed=c.seed,
-                                              label={"method": method, "field": field}, **method_inputs(store, method))
+        with resumable(out):
+            if rule is None:
+                steps = control_max_steps(store, method, field) if matched else None
+                run_hp = hp if steps is None else {**hp, "max_steps": steps}
+                unl, log = spec.run(model, tok, forget, retain, run_hp, seed=c.seed, **method_inputs(store, method))
+            else:
+                unl, log = run_to_operating_point(store, spec, model, tok, field, forget, retain, hp, out,
+                                                  seed=c.seed, label={"method": method, "field": field},
+                                                  **method_inputs(store, method))
         spec.save(unl, tok, out); log.to_csv(out / "log.csv", index=False)
     # method and field are in the stage's name; `hp` is the run config's row `unlearn.hparams[method]`; a run without
     # a trajectory computes what version 1 did, and keeps its key
