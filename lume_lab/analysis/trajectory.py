@@ -33,8 +33,12 @@ def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 /
 # %% ../../nbs/analysis/09_trajectory.ipynb #24e5ce57
 def split_metrics(model, tokenizer, rows: list[dict], batch_size: int = 16) -> dict[str, float]:
     """Teacher-forced answer NLL (per token; its mean over rows, and `nll_median`, their median: the rule's `median`
-    statistic), Prob and token EM (both %) of `model` on QA `rows`."""
-    s = memorization_scores(model, tokenizer, rows, batch_size)
+    statistic), Prob and token EM (both %) of `model` on QA `rows`. The rows are scored shortest first, so that a batch
+    pads little (a trajectory scores its splits at every point: `bench/bench_trajectory_order.py` measures the gain),
+    and read back in their own order; a row's numbers do not depend on its batch beyond float rounding."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt"]) + len(rows[i]["answer"]))
+    s = memorization_scores(model, tokenizer, [rows[i] for i in order], batch_size)
+    s = s.set_axis(order).sort_index()
     nll = -np.log(s.prob.clip(lower=1e-300))
     return {"nll": float(nll.mean()), "nll_median": float(nll.median()), "prob": 100 * float(s.prob.mean()),
             "em": 100 * float(s.em.mean())}
