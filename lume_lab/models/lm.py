@@ -221,13 +221,15 @@ def _fsync(path: Path):
     try: os.fsync(fd)
     finally: os.close(fd)
 
-def _save_checkpoint(work_dir: Path, step: int, model, opt, sched, rng: dict, state: dict, keep: int = 1) -> Path:
+def _save_checkpoint(work_dir: Path, step: int, model, opt, sched, rng: dict, state: dict, keep: int = 1,
+                     extra: dict | None = None) -> Path:
     work_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-checkpoint-", dir=work_dir))
     _st_save_model(model, str(tmp / "model.safetensors"))
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
     torch.save(sched.state_dict(), tmp / "scheduler.pt")
     torch.save(rng, tmp / "rng.pt")
+    for name, obj in (extra or {}).items(): torch.save(obj, tmp / name)      # a caller's own state, e.g. "monitor.pt"
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}))
     for f in tmp.iterdir(): _fsync(f)
     final = work_dir / f"checkpoint-{step:07d}"

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/unlearn/01_base.ipynb #59fd7dac
 from __future__ import annotations
-import copy, hashlib, json, math, os, random, time
+import copy, hashlib, json, math, random, shutil, time
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..models.accel import fsdp2_requested, fsdp2_shard, make_accelerator, progress
 from ..models.ops import batch_nll, check_qa, collate_qa, qa_nll, to_device
-from ..models.lm import lr_multiplier
+from ..models.lm import _load, _save_checkpoint, _st_load_model, latest_checkpoint, lr_multiplier
 from ..models.toy import toy_problem
 from .registry import BASE_HPARAMS, LR_GRID, SCHEDULERS, get_spec
 
@@ -123,8 +123,9 @@ def checkpointing(work_dir, every_s: float):
     schedule, the step, the epoch and batch it is in, the log so far, torch's RNG, and the monitor's state (its rows
     and the weights it keeps). A loop started again in a block on the same `work_dir`, with the same inputs, resumes
     there and ends where an uninterrupted loop ends, bit for bit. A loop that ends removes its checkpoint. Each loop
-    of the block has its own file (`loop<k>.pt`, in the order they start), so a stage whose method ran one loop to the
-    end and was stopped in the next resumes the second. Not with `on_epoch_end` hooks (their state is not saved)."""
+    of the block has its own folder (`loop<k>/`, in the order they start; checkpoints as `models.lm` writes them), so a
+    stage whose method ran one loop to the end and was stopped in the next resumes the second. Not with
+    `on_epoch_end` hooks (their state is not saved)."""
     if isinstance(every_s, bool) or not isinstance(every_s, (int, float)) or not every_s >= 0:
         raise ValueError(f"every_s must be a number >= 0 (seconds between checkpoints), got {every_s!r}")
     if _CHECKPOINTS: raise ValueError("checkpointing blocks do not nest: one is already open")
@@ -139,38 +140,38 @@ def _fingerprint(hp: dict, forget, retain, seed: int, desc: str, n_batches: int,
             "batches": n_batches, "total": total, "forget": digest(forget), "retain": digest(retain),
             "monitor": type(_MONITORS[0]).__name__ if _MONITORS else None}
 
-def _checkpoint_file(acc) -> tuple[Path, float] | None:
-    """(this loop's checkpoint file, seconds between saves) in the open `checkpointing` block; None outside one or in a
-    multi-process job."""
+def _checkpoint_dir(acc) -> tuple[Path, float] | None:
+    """(this loop's checkpoint folder, seconds between saves) in the open `checkpointing` block; None outside one or in
+    a multi-process job. Debris of a save the interruption cut short is removed."""
     if not _CHECKPOINTS or acc.num_processes != 1: return None
     if _EPOCH_HOOKS: raise ValueError("checkpointing does not save on_epoch_end hooks' state: use one or the other")
     if _MONITORS and not callable(getattr(_MONITORS[0], "state", None)):
         raise ValueError(f"checkpointing needs the monitor's state: {type(_MONITORS[0]).__name__} has no state()")
     block = _CHECKPOINTS[0]; block[2] += 1
-    block[0].mkdir(parents=True, exist_ok=True)
-    for p in block[0].glob(".tmp-*"): p.unlink()                   # a save the interruption cut short
-    return block[0] / f"loop{block[2] - 1}.pt", block[1]
+    d = block[0] / f"loop{block[2] - 1}"
+    for p in d.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)
+    return d, block[1]
 
-def _save_loop(path: Path, fp: dict, model, opt, sched, rows: list, step: int, epoch: int, batch: int) -> None:
-    "Write the loop's state to `path` atomically (a temporary file, then a rename)."
-    state = {"fingerprint": fp, "model": model.state_dict(), "optimizer": opt.state_dict(),
-             "schedule": sched.state_dict(), "rows": rows, "step": step, "epoch": epoch, "batch": batch,
-             "rng": torch.get_rng_state(), "monitor": _MONITORS[0].state() if _MONITORS else None}
-    tmp = path.with_name(f".tmp-{path.name}")
-    torch.save(state, tmp); os.replace(tmp, path)
+def _save_loop(d: Path, fp: dict, model, opt, sched, rows: list, step: int, epoch: int, batch: int) -> None:
+    """The loop's state as `models.lm`'s checkpoints are written (a complete folder or none; the last one kept): the
+    weights, optimizer, schedule and RNG, `state.json` (fingerprint, log, epoch, batch) and the monitor's state."""
+    _save_checkpoint(d, step, model, opt, sched, {"cpu": torch.get_rng_state()},
+                     {"fingerprint": fp, "log": rows, "epoch": epoch, "batch": batch},
+                     extra={"monitor.pt": _MONITORS[0].state()} if _MONITORS else None)
 
-def _load_loop(path: Path, fp: dict, model, opt, sched) -> dict | None:
-    """The saved state at `path` put back into model, optimizer, schedule and monitor: {'rows', 'step', 'epoch',
-    'batch', 'rng'}; None when there is no checkpoint. One made by other inputs is refused."""
-    if not path.exists(): return None
-    s = torch.load(path, weights_only=False)
-    if s["fingerprint"] != fp:
-        diff = sorted(k for k in fp if s["fingerprint"].get(k) != fp[k])
-        raise ValueError(f"checkpoint {path} belongs to another unlearning loop (differs in {', '.join(diff)}); "
+def _load_loop(d: Path, fp: dict, model, opt, sched) -> dict | None:
+    """The last complete checkpoint in `d` put back into model, optimizer, schedule, monitor and torch's RNG: its
+    `state.json` with `step`; None when there is none. One made by other inputs is refused, naming what differs."""
+    if (ck := latest_checkpoint(d)) is None: return None
+    st = json.loads((ck / "state.json").read_text())
+    if diff := sorted(k for k in fp if st["fingerprint"].get(k) != fp[k]):
+        raise ValueError(f"checkpoint {ck} belongs to another unlearning loop (differs in {', '.join(diff)}); "
                          "remove it to start over")
-    model.load_state_dict(s["model"]); opt.load_state_dict(s["optimizer"]); sched.load_state_dict(s["schedule"])
-    if _MONITORS: _MONITORS[0].load_state(s["monitor"])
-    return s
+    _st_load_model(model, str(ck / "model.safetensors"), device=str(next(model.parameters()).device))
+    opt.load_state_dict(_load(ck / "optimizer.pt")); sched.load_state_dict(_load(ck / "scheduler.pt"))
+    if _MONITORS: _MONITORS[0].load_state(torch.load(ck / "monitor.pt", weights_only=False))  # our own file
+    torch.set_rng_state(_load(ck / "rng.pt")["cpu"])
+    return st
 
 
 # %% ../../nbs/unlearn/01_base.ipynb #62ca95d1
@@ -305,15 +306,16 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
     total = hp["max_steps"] or hp["epochs"] * len(dl)  # len(dl): global batches per epoch
     sched = _schedule(opt, total, hp)
     rows, step, epoch, skip, saved = [], 0, 0, 0, None
-    if (ck := _checkpoint_file(acc)) is not None:     # inside `checkpointing`: resume from this loop's last save
+    if (ck := _checkpoint_dir(acc)) is not None:      # inside `checkpointing`: resume from this loop's last save
         fp = _fingerprint(hp, forget, retain, seed, desc, len(dl), total)
         if (saved := _load_loop(ck[0], fp, acc.unwrap_model(model), opt, sched)) is not None:
-            rows, step, epoch, skip = list(saved["rows"]), saved["step"], saved["epoch"], saved["batch"]
+            rows, step, epoch, skip = list(saved["log"]), saved["step"], saved["epoch"], saved["batch"]
+            rng = torch.get_rng_state()
             for e in range(epoch):                # the finished epochs' draws: the loader's generator as it was
                 ds.set_epoch(e)
                 if hasattr(dl, "set_epoch"): dl.set_epoch(e)
                 for _ in dl: pass
-            torch.set_rng_state(saved["rng"])
+            torch.set_rng_state(rng)
     bar = progress(total=total, desc=desc, disable=not acc.is_local_main_process)
     bar.update(step)
     try:
@@ -355,8 +357,8 @@ def unlearn_loop(model, tokenizer, forget, retain, loss_fn: Callable, hp: dict, 
         for p in frozen:
             p.requires_grad_(True)
     if ck is not None:                                # the loop ended: its checkpoint has nothing left to resume
-        ck[0].unlink(missing_ok=True)
-        if not any(ck[0].parent.iterdir()): ck[0].parent.rmdir()
+        shutil.rmtree(ck[0], ignore_errors=True)
+        if ck[0].parent.is_dir() and not any(ck[0].parent.iterdir()): ck[0].parent.rmdir()
     if _MONITORS:
         with torch.no_grad(): _MONITORS[0].finish(acc.unwrap_model(model).eval())
     return acc.unwrap_model(model).eval(), pd.DataFrame(rows, columns=LOG_COLUMNS)
