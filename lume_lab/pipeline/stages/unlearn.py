@@ -244,7 +244,7 @@ def run_to_operating_point(store: RunStore, spec, model, tok, field: str, forget
 
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #0177e70e
 # seconds between an unlearning loop's saves: an interruption costs at most this much of the run; a save writes the
-# weights, AdamW's two moments and the weights the trajectory keeps (about 2 GB for a 135M model, a few seconds)
+# weights, AdamW's two moments and the weights the trajectory keeps: about four times the weights' size
 UNLEARN_CHECKPOINT_SECONDS = 600
 
 def resumable(out: Path):
