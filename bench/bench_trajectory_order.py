@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     a = ap.parse_args()
     from datasets import load_from_disk
-    from lume_lab.analysis.trajectory import split_metrics
+    from lume_lab.analysis.trajectory import length_order, split_metrics
     from lume_lab.metrics.memorization import memorization_scores
     from lume_lab.models.lm import load_model
 
@@ -40,7 +40,7 @@ def main() -> None:
         times["in order"].append(time.perf_counter() - t)
         t = time.perf_counter(); m = split_metrics(model, tok, rows, 16)
         times["shortest first"].append(time.perf_counter() - t)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt"]) + len(rows[i]["answer"]))
+    order = length_order(rows)
     s2 = memorization_scores(model, tok, [rows[i] for i in order], 16).set_axis(order).sort_index()
     dlogp = np.abs(np.log(s.prob.to_numpy()) - np.log(s2.prob.to_numpy())).max()
     nll = float(-np.log(s.prob.clip(lower=1e-300)).mean())

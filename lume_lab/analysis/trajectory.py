@@ -16,7 +16,8 @@ from ..metrics.evaluate import OPERATING_POINT_COLUMNS, OperatingPoint, operatin
 from ..metrics.memorization import memorization_scores
 
 # %% auto #0
-__all__ = ['TRADEOFF_AXES', 'choosing_split', 'split_metrics', 'eval_schedule', 'Trajectory', 'tradeoff_panel', 'tradeoff_figure']
+__all__ = ['TRADEOFF_AXES', 'choosing_split', 'length_order', 'split_metrics', 'eval_schedule', 'Trajectory', 'tradeoff_panel',
+           'tradeoff_figure']
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #ebed24fa
 def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 / 3, seed: int = 0) -> tuple[list, list]:
@@ -31,12 +32,16 @@ def choosing_split(rows: list[dict], key: str = "profile_id", share: float = 1 /
     return [r for r in rows if r[key] in chosen], [r for r in rows if r[key] not in chosen]
 
 # %% ../../nbs/analysis/09_trajectory.ipynb #24e5ce57
+def length_order(rows: list[dict]) -> list[int]:
+    "The indices of QA `rows`, shortest prompt and answer first (stable): the order `split_metrics` scores them in."
+    return sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt"]) + len(rows[i]["answer"]))
+
 def split_metrics(model, tokenizer, rows: list[dict], batch_size: int = 16) -> dict[str, float]:
     """Teacher-forced answer NLL (per token; its mean over rows, and `nll_median`, their median: the rule's `median`
     statistic), Prob and token EM (both %) of `model` on QA `rows`. The rows are scored shortest first, so that a batch
     pads little (a trajectory scores its splits at every point: `bench/bench_trajectory_order.py` measures the gain),
     and read back in their own order; a row's numbers do not depend on its batch beyond float rounding."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt"]) + len(rows[i]["answer"]))
+    order = length_order(rows)
     s = memorization_scores(model, tokenizer, [rows[i] for i in order], batch_size)
     s = s.set_axis(order).sort_index()
     nll = -np.log(s.prob.clip(lower=1e-300))

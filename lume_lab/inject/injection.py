@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from .masks import GradMasker, check_neutral_scope, group_mask, mask_parameter_names
-from safetensors.torch import load_model as _st_load_model
-from ..models.lm import _load, _save_checkpoint, latest_checkpoint, lr_multiplier
+from ..models.lm import _save_checkpoint, latest_checkpoint, lr_multiplier, resume_checkpoint
 from ..models.accel import check_job, fsdp2_shard, is_fsdp2, make_accelerator, progress as progress_bar
 from ..models.ops import answer_nll, model_device, pad_batch, to_device
 
@@ -234,17 +233,10 @@ def _run_fingerprint(examples: list[dict], owner: dict | None, **hparams) -> dic
 
 def _resume(work_dir: Path, fp: dict, model: nn.Module, optimizer, schedule) -> tuple[int, list[dict]]:
     """Load the last complete checkpoint in `work_dir` into model, optimizer and schedule: (its step, its log);
-    (0, []) if none."""
-    if work_dir.is_dir():
-        # debris of a crash mid-write
-        for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)
-    if (ck := latest_checkpoint(work_dir)) is None: return 0, []
-    st = json.loads((ck / "state.json").read_text())
-    if diff := [f"{k}: {st['fingerprint'].get(k)!r} != {v!r}" for k, v in fp.items() if st["fingerprint"].get(k) != v]:
-        raise ValueError(f"checkpoint {ck} belongs to a different injection ({', '.join(diff)}); use another work_dir")
-    _st_load_model(model, str(ck / "model.safetensors"), device=str(model_device(model)))
-    optimizer.load_state_dict(_load(ck / "optimizer.pt")); schedule.load_state_dict(_load(ck / "scheduler.pt"))
-    torch.set_rng_state(_load(ck / "rng.pt")["cpu"])
+    (0, []) if none (`models.lm.resume_checkpoint`)."""
+    if (got := resume_checkpoint(work_dir, fp, model, optimizer, schedule, "injection")) is None: return 0, []
+    st, rng = got
+    torch.set_rng_state(rng["cpu"])
     return st["step"], st["log"]
 
 # %% ../../nbs/inject/01_injection.ipynb #82616741

@@ -19,7 +19,7 @@ from .ops import encode_texts, model_device, special_ids
 # %% auto #0
 __all__ = ['olmo2_config', 'tiny_olmo2_config', 'build_model', 'param_count_table', 'full_state_dict', 'save_model',
            'gguf_kwargs', 'load_model', 'pack_texts', 'batch_for_step', 'lr_multiplier', 'latest_checkpoint',
-           'pretrain']
+           'resume_checkpoint', 'pretrain']
 
 # %% ../../nbs/models/01_lm.ipynb #d3cfd41c
 def olmo2_config(vocab_size: int | None = None, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
@@ -242,6 +242,24 @@ def _save_checkpoint(work_dir: Path, step: int, model, opt, sched, rng: dict, st
 
 def _load(path: Path): return torch.load(path, weights_only=True, map_location="cpu")
 
+def resume_checkpoint(work_dir, fp: dict, model, opt, sched, what: str = "run") -> tuple[dict, dict] | None:
+    """Put the last complete checkpoint in `work_dir` (as `_save_checkpoint` writes them) back into model, optimizer
+    and schedule: (its `state.json` with `checkpoint`, its folder; its RNG dict), or None when there is none. Debris
+    of a save an interruption cut short is removed first; a checkpoint whose fingerprint differs from `fp` is refused,
+    naming each difference (`what`: the kind of run, for the message). Pretraining, injection and unlearning resume
+    through it."""
+    work_dir = Path(work_dir)
+    if not work_dir.is_dir(): return None
+    for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)
+    if (ck := latest_checkpoint(work_dir)) is None: return None
+    st = json.loads((ck / "state.json").read_text())
+    old = st["fingerprint"]
+    if diff := ", ".join(f"{k}: {old.get(k)!r} != {fp[k]!r}" for k in fp if old.get(k) != fp[k]):
+        raise ValueError(f"checkpoint {ck} belongs to a different {what} ({diff}); use another work_dir")
+    _st_load_model(model, str(ck / "model.safetensors"), device=str(next(model.parameters()).device))
+    opt.load_state_dict(_load(ck / "optimizer.pt")); sched.load_state_dict(_load(ck / "scheduler.pt"))
+    return {**st, "checkpoint": str(ck)}, _load(ck / "rng.pt")
+
 # %% ../../nbs/models/01_lm.ipynb #bb361a86
 def _check_pretrain_cfg(c: PretrainConfig): validate_section(c)   # the config's own field checks (core.config)
 
@@ -273,16 +291,8 @@ def pretrain(model: PreTrainedModel, tokenizer, texts: Iterable[str], pretrain_c
         betas=list(betas), n_blocks=len(blocks), data_sha256=hashlib.sha256(blocks.numpy().tobytes()).hexdigest()[:16],
     )
     start, log, rng, work_dir = 0, [], None, (Path(work_dir) if work_dir is not None else None)
-    if work_dir is not None and work_dir.is_dir():
-        for p in work_dir.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)  # debris of a crash mid-write
-        if (ck := latest_checkpoint(work_dir)) is not None:
-            st = json.loads((ck / "state.json").read_text())
-            old = st["fingerprint"]
-            diff = ", ".join(f"{k}: {old.get(k)!r} != {fp[k]!r}" for k in fp if old.get(k) != fp[k])
-            if diff: raise ValueError(f"checkpoint {ck} belongs to a different run ({diff}); use another work_dir")
-            _st_load_model(model, str(ck / "model.safetensors"), device=str(device))
-            opt.load_state_dict(_load(ck / "optimizer.pt")); sched.load_state_dict(_load(ck / "scheduler.pt"))
-            start, log, rng = st["step"], st["log"], _load(ck / "rng.pt")
+    if work_dir is not None and (got := resume_checkpoint(work_dir, fp, model, opt, sched)) is not None:
+        (st, rng), start, log = got, got[0]["step"], got[0]["log"]
     devices = [device.index or 0] if device.type == "cuda" else []
     if progress is None: progress = not in_test()
     model.train()

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..models.accel import fsdp2_requested, fsdp2_shard, make_accelerator, progress
 from ..models.ops import batch_nll, check_qa, collate_qa, qa_nll, to_device
-from ..models.lm import _load, _save_checkpoint, _st_load_model, latest_checkpoint, lr_multiplier
+from ..models.lm import _save_checkpoint, lr_multiplier, resume_checkpoint
 from ..models.toy import toy_problem
 from .registry import BASE_HPARAMS, LR_GRID, SCHEDULERS, get_spec
 
@@ -142,15 +142,13 @@ def _fingerprint(hp: dict, forget, retain, seed: int, desc: str, n_batches: int,
 
 def _checkpoint_dir(acc) -> tuple[Path, float] | None:
     """(this loop's checkpoint folder, seconds between saves) in the open `checkpointing` block; None outside one or in
-    a multi-process job. Debris of a save the interruption cut short is removed."""
+    a multi-process job."""
     if not _CHECKPOINTS or acc.num_processes != 1: return None
     if _EPOCH_HOOKS: raise ValueError("checkpointing does not save on_epoch_end hooks' state: use one or the other")
     if _MONITORS and not callable(getattr(_MONITORS[0], "state", None)):
         raise ValueError(f"checkpointing needs the monitor's state: {type(_MONITORS[0]).__name__} has no state()")
     block = _CHECKPOINTS[0]; block[2] += 1
-    d = block[0] / f"loop{block[2] - 1}"
-    for p in d.glob(".tmp-checkpoint-*"): shutil.rmtree(p, ignore_errors=True)
-    return d, block[1]
+    return block[0] / f"loop{block[2] - 1}", block[1]
 
 def _save_loop(d: Path, fp: dict, model, opt, sched, rows: list, step: int, epoch: int, batch: int) -> None:
     """The loop's state as `models.lm`'s checkpoints are written (a complete folder or none; the last one kept): the
@@ -160,17 +158,12 @@ def _save_loop(d: Path, fp: dict, model, opt, sched, rows: list, step: int, epoc
                      extra={"monitor.pt": _MONITORS[0].state()} if _MONITORS else None)
 
 def _load_loop(d: Path, fp: dict, model, opt, sched) -> dict | None:
-    """The last complete checkpoint in `d` put back into model, optimizer, schedule, monitor and torch's RNG: its
-    `state.json` with `step`; None when there is none. One made by other inputs is refused, naming what differs."""
-    if (ck := latest_checkpoint(d)) is None: return None
-    st = json.loads((ck / "state.json").read_text())
-    if diff := sorted(k for k in fp if st["fingerprint"].get(k) != fp[k]):
-        raise ValueError(f"checkpoint {ck} belongs to another unlearning loop (differs in {', '.join(diff)}); "
-                         "remove it to start over")
-    _st_load_model(model, str(ck / "model.safetensors"), device=str(next(model.parameters()).device))
-    opt.load_state_dict(_load(ck / "optimizer.pt")); sched.load_state_dict(_load(ck / "scheduler.pt"))
-    if _MONITORS: _MONITORS[0].load_state(torch.load(ck / "monitor.pt", weights_only=False))  # our own file
-    torch.set_rng_state(_load(ck / "rng.pt")["cpu"])
+    """The last complete checkpoint in `d` put back into model, optimizer, schedule (`models.lm.resume_checkpoint`,
+    which refuses one made by other inputs), monitor and torch's RNG: its `state.json`; None when there is none."""
+    if (got := resume_checkpoint(d, fp, model, opt, sched, "unlearning loop")) is None: return None
+    st, rng = got
+    if _MONITORS: _MONITORS[0].load_state(torch.load(Path(st["checkpoint"]) / "monitor.pt", weights_only=False))
+    torch.set_rng_state(rng["cpu"])
     return st
 
 
