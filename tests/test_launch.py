@@ -164,6 +164,8 @@ CPU_ALLOWED = {   # file → (number of "cpu" literals, why each is not a placem
                                       "device-independent"),
     "inject/injection.py": (2, "the injection checkpoint's RNG-state key 'cpu', written and read back (the CPU "
                                "generator's state)"),
+    "unlearn/base.py": (2, "the unlearning checkpoint's RNG-state key 'cpu', written and read back (the CPU "
+                           "generator's state)"),
     "models/lm.py": (3, "the pretraining checkpoint's RNG-state key 'cpu' (twice) and torch.load(map_location='cpu') "
                         "of optimizer state, which load_state_dict then moves to the parameters' device"),
     "analysis/localization.py": (1, "weight-change scores move to the CPU in float32 for the exact streaming AUC"),
