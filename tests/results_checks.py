@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lume_lab.core.config import AUC_EVEN
 from lume_lab.pipeline.presentation import report as R
 from lume_lab.pipeline.presentation.results import read_markdown_tables, results_sources, run_labels, sweep_values
 from lume_lab.pipeline.presentation.scorecard import paper_scorecard, run_config, run_manifest
@@ -155,7 +156,8 @@ def _scorecard_columns(run_dirs) -> list[str]:
 def check_interval_cell(label: str, cell: str, row) -> None:
     """An interval "[lo, hi]" with lo <= hi, or blank. A localization interval (a reading beside it) lies in [0, 1],
     and its reading is the one that interval gives (lower bound above 0.5: localized; upper below: anti-localized;
-    else cannot tell); REMIND's and the recoveries' (e05, e10) have no reading."""
+    holding 0.5 within ± AUC_EVEN: not localized; else cannot tell); REMIND's and the recoveries' (e05, e10) have no
+    reading."""
     head = label.removesuffix(" 95% CI").removesuffix(" reading")
     ci, reading = row.get(f"{head} 95% CI", ""), row.get(f"{head} reading", "")
     if f"{head} reading" not in row.index:
@@ -169,8 +171,11 @@ def check_interval_cell(label: str, cell: str, row) -> None:
     lo, hi = map(float, m.groups())
     assert 0 <= lo <= hi <= 1, (label, ci)
     r = 0.0005                                      # the bounds are shown to 3 digits: either side of 0.5 by r
+    holds = lo - r <= 0.5 <= hi + r
+    near = lo + r >= 0.5 - AUC_EVEN and hi - r <= 0.5 + AUC_EVEN              # may lie within the margin
+    past = lo - r < 0.5 - AUC_EVEN or hi + r > 0.5 + AUC_EVEN                # may reach past it
     allowed = ({"localized"} if lo + r > 0.5 else set()) | ({"anti-localized"} if hi - r < 0.5 else set()) | (
-        {"cannot tell"} if lo - r <= 0.5 <= hi + r else set())
+        {"not localized"} if holds and near else set()) | ({"cannot tell"} if holds and past else set())
     assert reading in allowed, (ci, reading, allowed)
 
 

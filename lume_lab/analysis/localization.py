@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.config import AUC_EVEN
 from ..inject.masks import group_mask
 from ..models.arch import ATTENTION_LEAVES, PROJECTION_LEAVES, SCORED_PATTERN
 
@@ -374,9 +375,12 @@ def cluster_auc_interval(pieces, n_boot: int = 2000, level: float = 0.95, seed: 
 
 def auc_reading(lo: float, hi: float) -> str:
     """What an AUC interval says: 'localized' (lower bound above ½), 'anti-localized' (upper bound below ½: the method
-    changed out-of-mask weights more), else 'cannot tell'; 'not applicable' without an interval."""
+    changed out-of-mask weights more), 'not localized' (½ inside an interval that lies within `AUC_EVEN` of it), else
+    'cannot tell'; 'not applicable' without an interval."""
     if lo is None or hi is None or np.isnan(lo) or np.isnan(hi): return "not applicable"
-    return "localized" if lo > 0.5 else "anti-localized" if hi < 0.5 else "cannot tell"
+    if lo > 0.5: return "localized"
+    if hi < 0.5: return "anti-localized"
+    return "not localized" if 0.5 - AUC_EVEN <= lo and hi <= 0.5 + AUC_EVEN else "cannot tell"
 
 # %% ../../nbs/analysis/00_localization.ipynb #b1638367
 def localization_aucs(

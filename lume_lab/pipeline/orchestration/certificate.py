@@ -124,6 +124,7 @@ def depth_sentences(row: dict, before: dict | None, point: dict | None = None, o
         auc, ci = _num(row, "auc_forget"), row.get("auc_forget_ci", "")
         says = {"localized": "its update sits in the weights that held the forget set",
                 "anti-localized": "its update avoids the weights that held the forget set",
+                "not localized": "its update favours the weights that held the forget set no more than any others",
                 "cannot tell": "this n cannot tell whether its update sits in the weights that held the forget set"}
         out.append(f"Localization AUC {auc:.3f} {ci}: {says.get(reading, reading)}.".replace("  ", " "))
     for col, name in ATTACKS.items():

@@ -11,6 +11,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
+from ...core.config import AUC_EVEN
 from ...core.store import atomic_write_text
 from .report import fmt_num, md_table
 from .scorecard import KINDS, NO_INTERVAL, NO_RUN, NOT_TESTABLE, REFUTED, REPRODUCED
@@ -21,8 +22,8 @@ from .results import results_sources, run_labels
 from .scorecard import PAPER_TABLE2_OLMO2_1B, report_dir, robustness_csv, run_config
 
 # %% auto #0
-__all__ = ['REMIND_SKIP', 'GA_NPO', 'LOCALIZATION_MARGIN', 'CLAIMS', 'UNFIRED_HELP', 'FINDINGS_NOTE', 'Estimate', 'share_diff',
-           'pooled', 'pooled_by_field', 'forget_em_drop', 'localization_auc', 'resurfacing_rise', 'remind_vs_baseline',
+__all__ = ['REMIND_SKIP', 'GA_NPO', 'CLAIMS', 'UNFIRED_HELP', 'FINDINGS_NOTE', 'Estimate', 'share_diff', 'pooled',
+           'pooled_by_field', 'forget_em_drop', 'localization_auc', 'resurfacing_rise', 'remind_vs_baseline',
            'attack_fired', 'Unusable', 'recovery', 'pistol_degree_gap', 'lume_forget_reg', 'Claim', 'combine',
            'testbed_text', 'findings_table', 'findings_page', 'write_findings', 'main']
 
@@ -198,8 +199,6 @@ def _pistol_gap() -> str:
                      for m in {m for _, m in PAPER_TABLE2_DS}]) for i in range(len(PAPER_MODELS))]
     return "DS(AB) − DS(AC), mean over 5 methods: " + ", ".join(f"{n} {g:+.1f}" for n, g in zip(PAPER_MODELS, gaps))
 
-LOCALIZATION_MARGIN = 0.05   # "≈ 0.5": the paper's other methods lie within 0.500–0.522; our equivalence margin
-
 CLAIMS: list[Claim] = [
     *(Claim(f"lacuna_t2_{m}", "Lacuna Table 2", f"{label} lowers forget EM", _table2_forget_em(m), "e03",
             "forget EM drop (none − method), % points", "greater", 0.0, forget_em_drop(m), "table2_<field>.csv")
@@ -207,11 +206,11 @@ CLAIMS: list[Claim] = [
                        ("simnpo", "SimNPO"))),
     Claim("lacuna_f4b_oracle_grad", "Lacuna Fig. 4b", "OracleGrad's weight changes localize to m^F (AUC > 0.5)",
           "AUC 0.913–0.915 (Lacuna max over families, OLMo-2 1B, 5 % masks)", "e04", "AUC |Δθ| vs m^F", "greater",
-          0.5, localization_auc("oracle_grad"), "localization_summary.csv", digits=3),
+          0.5, localization_auc("oracle_grad"), "localization_summary.csv", AUC_EVEN, 3),
     *(Claim(f"lacuna_f4b_{m}", "Lacuna Fig. 4b", f"{label}'s weight changes do not localize (AUC ≈ 0.5)",
             f"AUC {lo}–{hi} (Lacuna max over families, OLMo-2 1B, 5 % masks)", "e04",
-            f"AUC |Δθ| vs m^F (≈: within ± {LOCALIZATION_MARGIN})", "within", 0.5, localization_auc(m),
-            "localization_summary.csv", LOCALIZATION_MARGIN, 3)
+            f"AUC |Δθ| vs m^F (≈: within ± {AUC_EVEN})", "within", 0.5, localization_auc(m),
+            "localization_summary.csv", AUC_EVEN, 3)
       for m, label, lo, hi in (("simnpo", "SimNPO", "0.515", "0.516"), ("memflex", "MemFlex", "0.500", "0.501"),
                                ("alphaedit", "AlphaEdit", "0.500", "0.500"))),
     Claim("lacuna_f5", "Lacuna Fig. 5", "fine-tuning on other data resurfaces unlearned PII (leakage rises)",

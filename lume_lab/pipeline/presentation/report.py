@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ...core.config import TEST_SIZE_PRESETS, config_diff
+from ...core.config import AUC_EVEN, TEST_SIZE_PRESETS, config_diff
 from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
 # `report.scorecard` is the same function
 from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir,
@@ -190,7 +190,8 @@ def _unlearning_section(rep: Path) -> list:
 LOCALIZATION_NOTE = (
     "Headline: the AUC of the plain |Δθ| = |θ_unlearned − θ_injected| against m^F and m^F ∪ m^R, with its 95 % "
     "interval from a bootstrap over parameter tensors; reading: localized (lower bound > 0.5), anti-localized (upper "
-    "bound < 0.5: the method changed out-of-mask weights more), else cannot tell. Beside it, labelled: Lacuna's "
+    "bound < 0.5: the method changed out-of-mask weights more), not localized (the interval holds 0.5 and lies within "
+    f"± {AUC_EVEN:g} of it), else cannot tell. Beside it, labelled: Lacuna's "
     "protocol, the maximum over every score family and the composite (winning score named), which is what the "
     "paper's AUC rows report, and the composite alone (logistic regression, out-of-fold scores)."
 )
@@ -766,11 +767,14 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
         if not len(rest): continue
         if len(before) and "forget_em" in on:
             f0, said = float(before.forget_em.iloc[0]), forget_verdicts.reindex(rest.index)
-            forgot = rest.method[said == REPRODUCED].tolist()
+            forgot, kept = rest.method[said == REPRODUCED].tolist(), rest.method[said == REFUTED].tolist()
             unsure = rest.method[said.notna() & ~said.isin([REPRODUCED, REFUTED, NO_INTERVAL])].tolist()  # across both
             bare = rest.method[said.fillna(NO_INTERVAL) == NO_INTERVAL].tolist()
+            band = SCORECARD_METRICS["forget_em"].band
             out.append(f"{f}: {len(forgot)} of {len(rest)} methods forgot (forget EM below the model before "
                        f"unlearning, {f0:.1f}, by more than the 95 % interval of the difference): {_names(forgot)}."
+                       + (f" Did not forget (forget EM above it, or within {band:g} points of it): {_names(kept)}."
+                          if kept else "")
                        + (f" Not testable at this n: {_names(unsure)}." if unsure else "")
                        + (f" No interval (profiles not recorded): {_names(bare)}." if bare else ""))
         if "utility_delta" in rest:
@@ -781,7 +785,7 @@ def headline(card: pd.DataFrame, controls: pd.DataFrame | None = None) -> list[s
         if "auc_forget_reading" in rest:
             r = rest.set_index("method").auc_forget_reading.dropna()
             parts = [f"{what}: {_names(r[r == what].index.tolist())}"
-                     for what in ("localized", "anti-localized", "cannot tell") if (r == what).any()]
+                     for what in ("localized", "not localized", "anti-localized", "cannot tell") if (r == what).any()]
             if parts: out.append(f"{f}: localization (|Δθ| AUC interval against ½) — " + "; ".join(parts) + ".")
     judged = card[~card.field.isin(list(empty))]
     ctl = None if controls is None or not len(controls) else controls[controls.field.isin(set(judged.field))]

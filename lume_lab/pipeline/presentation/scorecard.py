@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ...core.config import value_diff
+from ...core.config import AUC_EVEN, value_diff
 
 # %% auto #0
 __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPLE_SIZES', 'BETTER', 'READERS', 'DIRECTION_CHECKS',
@@ -338,15 +338,17 @@ register_metric("utility_delta", "utility Δ", 1, "higher", "e03", ("table2", ("
 # positive: utility lost). No paper value: Lacuna's utility is benchmark accuracy
 register_metric("utility_delta_general", "utility Δ (general ppl)", 2, "lower", "e03",
                 ("table2", ("utility_delta", "general_ppl")), n="general_n")
-# the headline: plain |Δθ| AUC (no paper value: the paper reports only its max over families, the two below)
+# the headline: plain |Δθ| AUC (no paper value: the paper reports only its max over families, the two below); "same as
+# chance" within core.config.AUC_EVEN of ½, the margin auc_reading reads intervals by
 register_metric("auc_forget", "AUC |Δθ| m^F", 3, "higher", "e04", ("localization", "forget"), reference=0.5,
-                band=0.005, verdict=True)
+                band=AUC_EVEN, verdict=True)
 register_metric("auc_unified", "AUC |Δθ| m^F∪m^R", 3, "higher", "e04", ("localization", "unified"), reference=0.5,
-                band=0.005)
+                band=AUC_EVEN)
 register_metric("lacuna_max_forget", "Lacuna max over families m^F", 3, "higher", "e04",
-                ("localization", "lacuna_max_auc@forget"), reference=0.5, band=0.005, paper=("precision", "forget"))
+                ("localization", "lacuna_max_auc@forget"), reference=0.5, band=AUC_EVEN, paper=("precision", "forget"))
 register_metric("lacuna_max_unified", "Lacuna max over families m^F∪m^R", 3, "higher", "e04",
-                ("localization", "lacuna_max_auc@unified"), reference=0.5, band=0.005, paper=("precision", "unified"))
+                ("localization", "lacuna_max_auc@unified"), reference=0.5, band=AUC_EVEN,
+                paper=("precision", "unified"))
 register_metric(
     "remind_auc_lr", "REMIND LR", 1, "lower", "e05", ("remind", "remind_lr"), n="remind_n_per_class", band=5.0
 )
@@ -617,7 +619,7 @@ def toy_run(root: Path, name: str, seed: int = 0, shift: float = 0.0) -> Path:
     pd.DataFrame(
         {"field": "email_address", "method": ["simnpo", "simnpo", "oracle_grad", "oracle_grad"],
          "labels": ["forget", "unified"] * 2, "auc": [0.509, 0.521, 1.0, 0.75], "auc_lo": [0.49, 0.51, 1.0, 0.7],
-         "auc_hi": [0.53, 0.53, 1.0, 0.8], "reading": ["cannot tell", "localized", "localized", "localized"],
+         "auc_hi": [0.53, 0.53, 1.0, 0.8], "reading": ["not localized", "localized", "localized", "localized"],
          "lacuna_max_auc": [0.515, 0.53, 1.0, 0.8], "lacuna_max_score": ["reversal", "reversal", "raw", "raw"]}
     ).to_csv(d / "report" / "localization_summary.csv", index=False)
     return d
@@ -655,8 +657,10 @@ def claim_verdict(estimate: float, lo: float, hi: float, paper: float | None = N
     """The verdict of a claim from our 95 % interval [lo, hi] (`estimate` and `paper`, the paper's value, are shown,
     not used: the claim is its direction).
     - `greater` (the paper says the quantity exceeds `threshold`; "A > B" is A − B > 0): reproduced if lo > threshold
-      (the interval lies wholly on the paper's side), refuted if hi < threshold (wholly on the other side);
-    - `less`: the mirror image, reproduced if hi < threshold, refuted if lo > threshold;
+      (the interval lies wholly on the paper's side), refuted if hi < threshold (wholly on the other side) or if the
+      interval lies inside [threshold − margin, threshold + margin] (whatever the difference, it is smaller than the
+      margin that counts);
+    - `less`: the mirror image, reproduced if hi < threshold, refuted if lo > threshold or inside the margin;
     - `within` (|quantity − threshold| <= margin): reproduced if the interval lies inside [threshold − margin,
       threshold + margin], refuted if it lies wholly outside it (lo > threshold + margin or hi < threshold − margin);
     else "not testable at this n" (the interval spans both outcomes); "not testable: no interval" when lo or hi is
@@ -664,7 +668,8 @@ def claim_verdict(estimate: float, lo: float, hi: float, paper: float | None = N
     if kind not in KINDS: raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if lo is None or hi is None or np.isnan(lo) or np.isnan(hi): return NO_INTERVAL
     if lo > hi: raise ValueError(f"interval [{lo}, {hi}] has lo > hi")
-    if kind == "greater": return REPRODUCED if lo > threshold else REFUTED if hi < threshold else NOT_TESTABLE
-    if kind == "less": return REPRODUCED if hi < threshold else REFUTED if lo > threshold else NOT_TESTABLE
     a, b = threshold - margin, threshold + margin
-    return REPRODUCED if a <= lo and hi <= b else REFUTED if lo > b or hi < a else NOT_TESTABLE
+    inside = a <= lo and hi <= b
+    if kind == "greater": return REPRODUCED if lo > threshold else REFUTED if hi < threshold or inside else NOT_TESTABLE
+    if kind == "less": return REPRODUCED if hi < threshold else REFUTED if lo > threshold or inside else NOT_TESTABLE
+    return REPRODUCED if inside else REFUTED if lo > b or hi < a else NOT_TESTABLE
