@@ -19,7 +19,14 @@ TEST_ENV := OMP_NUM_THREADS=$(THREADS) MKL_NUM_THREADS=$(THREADS) TOKENIZERS_PAR
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# the environment is remade when pyproject.toml's content changes, not its time: nbdev-export rewrites the file
+# unchanged, and a dependency on its time reinstalled everything after each export
+PYPROJECT_KEY := $(VENV)/.pyproject-$(shell sha256sum pyproject.toml | cut -c1-16)
+
+$(PYPROJECT_KEY):
+	mkdir -p $(VENV) && rm -f $(VENV)/.pyproject-* && touch $@
+
+$(STAMP): $(PYPROJECT_KEY)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e ".[dev]"

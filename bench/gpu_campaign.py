@@ -133,6 +133,31 @@ def join_gguf(meta: dict, dest_dir: Path, parts=PARTS) -> Path:
 def holdout_path(data_dir: Path) -> Path: return Path(data_dir) / "holdout_qa.pkl"
 
 
+PACKED = "runs.tar.gz"   # the prepared run, compressed: its arrow tables shrink several-fold, room under the limit
+
+
+def pack_runs(data_dir: Path) -> Path:
+    "`data_dir/runs` as `data_dir/runs.tar.gz`, the folder removed."
+    data_dir = Path(data_dir)
+    with tarfile.open(data_dir / PACKED, "w:gz") as t: t.add(data_dir / "runs", arcname="runs")
+    shutil.rmtree(data_dir / "runs")
+    return data_dir / PACKED
+
+
+def prepared_runs(data_dir: Path, work: Path) -> Path:
+    """The prepared runs folder: `data_dir/runs.tar.gz` unpacked under `work` (once: a folder that exists is complete,
+    it is renamed into place), or `data_dir/runs` where it was carried unpacked."""
+    data_dir, work = Path(data_dir), Path(work)
+    if not (data_dir / PACKED).exists(): return data_dir / "runs"
+    dest = work / "prepared"
+    if not dest.is_dir():
+        work.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".prepared-", dir=work))
+        with tarfile.open(data_dir / PACKED, "r:gz") as t: t.extractall(tmp, filter="data")
+        tmp.rename(dest)
+    return dest / "runs"
+
+
 def prepare(preset: str, seed: int, overrides: dict | None, data_dir: Path = DATA, split: bool = True) -> dict:
     """On CPU: the campaign's config, the world and PII stages (and the tokenizer of a tiny model) in a run `data`,
     REMIND's holdout people per target field, and for a GGUF preset its two parts; `campaign.json` says what."""
@@ -146,6 +171,7 @@ def prepare(preset: str, seed: int, overrides: dict | None, data_dir: Path = DAT
     if cfg.model.name_or_path is None: sb.stage_tokenizer(store)
     holdout = {f: st.holdout_qa(store, f) for f in cfg.pii.target_fields}
     holdout_path(data_dir).write_bytes(pickle.dumps({"config_hash": config_hash(cfg), "fields": holdout}))
+    pack_runs(data_dir)                            # before the split: the parts are cut around what call 2 carries
     meta = {"preset": preset, "seed": seed, "overrides": overrides or {}, "run_id": run_id(preset, seed),
             "config_hash": config_hash(cfg), "params": model_params(cfg), "gguf": None}
     if (g := gguf_source(cfg.model.name_or_path)) is not None:
@@ -574,7 +600,7 @@ def run(out: Path, data_dir: Path, work: Path, budget_s: float, dry: bool, argv)
     _patch_holdout(data_dir, cfg)
     _locate_gguf(meta, work)
     store = open_run(meta["run_id"], cfg, work / "runs")
-    store.set_reuse([Path(data_dir) / "runs" / "data"])
+    store.set_reuse([prepared_runs(data_dir, work) / "data"])
     # the deadline counts the chain's compute; the imports, the estimate and the join before it are recorded apart
     m["setup_s"], budget = time.perf_counter() - t_setup, gc_.Budget(budget_s)
     cp = Campaign(out, store, m, budget, est, dry, f"campaign_{meta['preset']}_seed{meta['seed']}")
