@@ -1922,6 +1922,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                         'lume_lab/pipeline/presentation/scorecard.py'),
                                                           'lume_lab.pipeline.presentation.scorecard.robustness_csv': ( 'pipeline/presentation/scorecard.html#robustness_csv',
                                                                                                                        'lume_lab/pipeline/presentation/scorecard.py'),
+                                                          'lume_lab.pipeline.presentation.scorecard.run_commits': ( 'pipeline/presentation/scorecard.html#run_commits',
+                                                                                                                    'lume_lab/pipeline/presentation/scorecard.py'),
                                                           'lume_lab.pipeline.presentation.scorecard.run_config': ( 'pipeline/presentation/scorecard.html#run_config',
                                                                                                                    'lume_lab/pipeline/presentation/scorecard.py'),
                                                           'lume_lab.pipeline.presentation.scorecard.run_manifest': ( 'pipeline/presentation/scorecard.html#run_manifest',

@@ -509,7 +509,8 @@ def _run_stage(self: RunStore, name: str, fn: Callable[[Path], Any], reads: Iter
     self.manifest["stages"][name] = {"status": "done", "hash": h, "reads": sorted(reads),
                                      "seconds": round(time.perf_counter() - t0, 3), "finished": _now(),
                                      "resumed": resumed, "cache_hits": 0, "warnings": recorded, "threads": threads,
-                                     **({"processes": world} if world > 1 else {})}
+                                     # the code that computed it: a run resumed or extended later mixes commits
+                                     "commit": git_commit(), **({"processes": world} if world > 1 else {})}
     # the run's: as its last stage computed with torch ran (a kernel of the run, not the process that started it)
     if threads["torch"] is not None: self.manifest["threads"] = threads
     self._save()

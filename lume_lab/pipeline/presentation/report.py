@@ -17,7 +17,7 @@ from ...core.config import AUC_EVEN, TEST_SIZE_PRESETS, config_diff
 from ...core.store import atomic_write_bytes, atomic_write_text, stage_compute
 # `report.scorecard` is the same function
 from .scorecard import (SCORECARD_METRICS, SAMPLE_SIZES, direction, n_after, report_dir,
-                                                      robustness_csv, run_config, run_manifest, scorecard,
+                                                      robustness_csv, run_commits, run_config, run_manifest, scorecard,
                                                       verdict_columns, NOT_FIRED)
 
 # %% auto #0
@@ -1062,7 +1062,7 @@ def threads_text(t: dict | None) -> str:
 
 def _uncommitted_banner(run_dirs: list[Path]) -> list:
     "A banner when any of `run_dirs` was made from uncommitted code (its commit ends in `+dirty`); none otherwise."
-    dirty = [(d.name, c) for d in run_dirs if str(c := run_manifest(d).get("git_commit") or "").endswith("+dirty")]
+    dirty = [(d.name, c) for d in run_dirs if (c := next((c for c in run_commits(d) if c.endswith("+dirty")), None))]
     if not dirty: return []
     one = len(dirty) == 1
     return [banner(f"Made from uncommitted code: {'run' if one else 'runs'} "

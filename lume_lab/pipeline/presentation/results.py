@@ -17,7 +17,7 @@ from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_tabl
                                                    remind_separation, reproduce_command, stage_times)
 from .report import threads_text
 from .scorecard import (SCORECARD_METRICS, metric_sources, resolved_config,
-                                                      robustness_csv, run_config, run_manifest, scorecard,
+                                                      robustness_csv, run_commits, run_config, run_manifest, scorecard,
                                                       verdict_columns)
 from ..orchestration.sweep import read_spec
 
@@ -155,10 +155,10 @@ def scope_lines(run_dirs: list[Path]) -> list[str]:
     return out
 
 def uncommitted_lines(run_dirs: list[Path]) -> list[str]:
-    """A warning for the top of a page when any of `run_dirs` was made from uncommitted code (its commit ends in
-    `+dirty`, `core.store.git_commit`); none otherwise."""
+    """A warning for the top of a page when any of `run_dirs` was made from uncommitted code (its creation commit or a
+    stage's ends in `+dirty`, `core.store.git_commit`; `scorecard.run_commits`); none otherwise."""
     dirty = [(l, c) for l, d in zip(run_labels(run_dirs), run_dirs)
-             if str(c := run_manifest(d).get("git_commit") or "").endswith("+dirty")]
+             if (c := next((c for c in run_commits(d) if c.endswith("+dirty")), None))]
     if not dirty: return []
     one = len(dirty) == 1
     return [f"**Made from uncommitted code**: {'run' if one else 'runs'} "
@@ -170,7 +170,7 @@ def header_lines(run_dirs: list[Path], command: str | list[str] | None = None) -
     "The header of a page over `run_dirs`: command(s), commit(s), date, machine, threads and seeds, as bullets."
     mans = [run_manifest(d) for d in run_dirs]
     cmds = [command] if isinstance(command, str) else list(command or [reproduce_command(d) for d in run_dirs])
-    commits = list(dict.fromkeys(m.get("git_commit") for m in mans if m.get("git_commit")))
+    commits = list(dict.fromkeys(c for d in run_dirs for c in run_commits(d)))   # creation, then later stages
     start = min((m.get("created") or "" for m in mans), default="") or "not recorded"
     end = max((_finished(m) for m in mans), default="") or "not recorded"
     hosts = list(dict.fromkeys(h for h, _ in map(run_machine, mans) if h))

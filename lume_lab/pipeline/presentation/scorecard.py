@@ -19,11 +19,11 @@ __all__ = ['PAPER_METHODS', 'PAPER_TABLE2_OLMO2_1B', 'SCORECARD_METRICS', 'SAMPL
            'NOT_FIRED', 'REPRODUCED', 'REFUTED', 'NOT_TESTABLE', 'NO_RUN', 'NO_INTERVAL', 'UNFIRED', 'NO_CONTROL',
            'VERDICTS', 'KINDS', 'paper_table2', 'Metric', 'check_metric', 'register_metric', 'metric_sources',
            'verdict_columns', 'metrics_table', 'report_dir', 'run_config', 'resolved_config', 'run_manifest',
-           'read_output_metrics', 'read_localization', 'read_remind', 'read_resurfacing', 'robustness_csv',
-           'read_robustness', 'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard', 'direction',
-           'direction_mismatch', 'n_after', 'localization_readings', 'read_operating_points', 'operating_point_column',
-           'attack_fired_columns', 'file_intervals', 'scorecard', 'toy_run', 'z', 'mdd', 'interval', 'se_from_interval',
-           'claim_verdict']
+           'run_commits', 'read_output_metrics', 'read_localization', 'read_remind', 'read_resurfacing',
+           'robustness_csv', 'read_robustness', 'read_report_table', 'read_family', 'paper_scorecard', 'run_scorecard',
+           'direction', 'direction_mismatch', 'n_after', 'localization_readings', 'read_operating_points',
+           'operating_point_column', 'attack_fired_columns', 'file_intervals', 'scorecard', 'toy_run', 'z', 'mdd',
+           'interval', 'se_from_interval', 'claim_verdict']
 
 # %% ../../../nbs/pipeline/presentation/00_scorecard.ipynb #b664e85f
 PAPER_METHODS = ("alphaedit", "memflex", "oracle_grad", "simnpo")   # Table 2's column order: AE, MF, OG, SN
@@ -191,6 +191,14 @@ def run_manifest(run_dir) -> dict:
     "The run's `manifest.json` as a dict (empty when there is none yet)."
     p = Path(run_dir) / "manifest.json"
     return json.loads(p.read_text()) if p.exists() else {}
+
+def run_commits(run_dir) -> list[str]:
+    """Every commit of the code that computed the run: the one it was created at, then, in order of first appearance,
+    those its done stages record (a run resumed or extended later mixes them; `+dirty`: uncommitted code)."""
+    m = run_manifest(run_dir)
+    stages = sorted((v for v in m.get("stages", {}).values() if v.get("status") == "done" and v.get("commit")),
+                    key=lambda v: str(v.get("finished")))
+    return list(dict.fromkeys(c for c in [m.get("git_commit"), *(v["commit"] for v in stages)] if c))
 
 def _cell(t: pd.DataFrame, row: tuple, col: str) -> float:
     return float(t.at[row, col]) if row in t.index and col in t.columns else np.nan
