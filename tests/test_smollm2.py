@@ -34,7 +34,6 @@ SMOKE_SETS = [
     "pii.qa_per_field=1",
     "pii.instruct_questions_per_field=2",
     "inject.steps=4",
-    "inject.control_steps=2",
     "inject.batch_size=4",
     "inject.micro_batch_size=4",
     "inject.seq_len=64",
@@ -52,7 +51,8 @@ SMOKE_SETS = [
     "unlearn.hparams.alphaedit.v_steps=5",
     "unlearn.hparams.alphaedit.layers=[2,3]",
     "unlearn.hparams.oracle_grad.epochs=1",
-    # no unmasked-control unlearning (e04 without contrast scores): the same code as the masked runs, half the time
+    # no unmasked control (e02 trains the masked model only, e04 has no contrast scores): the control's injection and
+    # unlearning are the same code as the masked ones (tests/test_controls_off.py builds it), at half the time
     "unlearn.controls=false",
     "localization.composite_max_weights=20000",
     "localization.max_weights=200000",
@@ -122,7 +122,7 @@ def test_smollm2_preset_smoke_chain(tmp_path, request):
     assert (run / "base" / "model" / "model.safetensors").exists()
     assert not (run / "base" / "pretrain_log.csv").exists()                    # no pretraining, no tokenizer training
     report = run / "report"
-    assert {"masked", "unmasked"} == set(pd.read_csv(report / "extraction_rates.csv").model)
+    assert {"masked"} == set(pd.read_csv(report / "extraction_rates.csv").model)            # no control model
     metrics = pd.read_csv(report / "unlearning_metrics.csv")
     # utility outside the injected world, on the passages asked for
     t2 = pd.read_csv(report / "table2_phone_number.csv")
@@ -134,9 +134,7 @@ def test_smollm2_preset_smoke_chain(tmp_path, request):
     loc = pd.read_csv(report / "localization_summary.csv")
     assert set(loc.method) == {"oracle_grad", "alphaedit"} and loc.auc.between(0, 1).all()
     assert make_config("smollm2").inject.mask_fraction == 0.2
-    steps = {m: len(pd.read_csv(run / f"inject_{m}" / "log.csv")) for m in ("masked", "unmasked")}
-    # inject.control_steps: the shorter control
-    assert steps == {"masked": 4, "unmasked": 2}
+    assert len(pd.read_csv(run / "inject_masked" / "log.csv")) == 4 and not (run / "inject_unmasked").exists()
     # the preset's injection runs under bf16 autocast
     assert make_config("smollm2").inject.autocast == "bfloat16"
     # the export: the same tokens and log-softmax within 1e-4 under transformers 4.51.3 (export.check_tf4)

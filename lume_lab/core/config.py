@@ -26,7 +26,7 @@ __all__ = ['DEFAULT_PRESET', 'PRESET_NAMES', 'TARGET_FIELDS', 'CONTENT_TYPES', '
            'AttributionConfig', 'ladder_fits', 'RobustnessConfig', 'DoseConfig', 'PistolConfig', 'LumeExpConfig',
            'RunConfig', 'load_preset', 'get_field', 'set_fields', 'roles_fit', 'dose_grid_fits', 'validate',
            'validate_section', 'make_config', 'config_from_dict', 'canonical_json', 'config_hash', 'dotted_leaves',
-           'config_diff', 'value_diff']
+           'config_diff', 'builds_control', 'value_diff']
 
 # %% ../../nbs/core/00_config.ipynb #a3614e8b
 DEFAULT_PRESET = "mini"   # the preset of `lume-lab run`, `make run` and `make_config()` when none is named
@@ -1013,8 +1013,15 @@ def config_diff(a, b) -> list[str]:
 
 # Fields that only choose which *extra* runs a run makes, each in stages of its own: two runs differing in them compute
 # the same values in every stage they share, so their seeds are one config to average (a page names the difference).
-# `unlearn.controls`: the unmasked-control unlearning runs, which only add e04's contrast score families.
+# `unlearn.controls`: the unmasked control model (e02's second injection) and its unlearning runs, which only add e04's
+# contrast score families (and with them the families Lacuna's max is taken over), e05's `none_control` row and an
+# export's `model_control/`.
 SCOPE_FIELDS = ("unlearn.controls",)
+
+def builds_control(c) -> bool:
+    """Whether a run with config `c` builds the unmasked control model (`inject_unmasked`, `instruct_unmasked` and what
+    is computed from them) and unlearns from it: `unlearn.controls`."""
+    return bool(c.unlearn.controls)
 
 def value_diff(a, b) -> list[str]:
     "`config_diff` less `SCOPE_FIELDS` and `seed`: the fields whose difference changes a value two runs both compute."

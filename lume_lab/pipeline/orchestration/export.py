@@ -9,25 +9,29 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...core.config import ConfigError
+from ...core.config import ConfigError, builds_control
 from ...core.store import RunStore, atomic_write_json, git_commit, open_run, package_versions
 from ...data.pii import format_answer, format_prompt, make_profiles, question_template
 
 # %% auto #0
 __all__ = ['TESTBED_STAGES', 'CHAT_TEMPLATE', 'N_PERTURBED', 'AUC_SNIPPET', 'OU_TRAINERS', 'OU_METHOD_ARGS', 'HF_SCHEDULERS',
            'EXPORT_ENV', 'EXPORT_ROOT', 'EVAL_BATCH_SIZE', 'TF4_TOKENIZER_CLASS', 'TF4_PINS', 'TF4_SCRIPT',
-           'check_testbed_done', 'usable_fields', 'resolve_fields', 'prompt_format', 'perturbed_pool', 'tofu_rows',
-           'field_exports', 'dataset_card', 'write_data', 'groups_info', 'export_hparams', 'ou_method_args',
-           'open_unlearning_configs', 'open_unlearning_eval_configs', 'score_command', 'open_unlearning_readme',
-           'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys', 'export_run', 'PipUnreachable', 'tf4_env',
-           'check_tf4']
+           'testbed_stages', 'check_testbed_done', 'usable_fields', 'resolve_fields', 'prompt_format', 'perturbed_pool',
+           'tofu_rows', 'field_exports', 'dataset_card', 'write_data', 'groups_info', 'export_hparams',
+           'ou_method_args', 'open_unlearning_configs', 'open_unlearning_eval_configs', 'score_command',
+           'open_unlearning_readme', 'legacy_config', 'legacy_tokenizer_config', 'write_legacy_keys', 'export_run',
+           'PipUnreachable', 'tf4_env', 'check_tf4']
 
 # %% ../../../nbs/pipeline/orchestration/05_export.ipynb #a79305a8
 TESTBED_STAGES = ("world", "base", "pii", "masks", "instruct_masked", "instruct_unmasked", "testbed")
 
+def testbed_stages(c) -> list[str]:
+    "`TESTBED_STAGES` of a run with config `c`: the control model's only where the run builds one (`builds_control`)."
+    return [s for s in TESTBED_STAGES if s != "instruct_unmasked" or builds_control(c)]
+
 def check_testbed_done(store: RunStore) -> None:
     "A `ConfigError` naming the testbed stages run `store` has not finished (nothing is computed here)."
-    if missing := [s for s in TESTBED_STAGES if not store.is_done(s)]:
+    if missing := [s for s in testbed_stages(store.config) if not store.is_done(s)]:
         raise ConfigError(f"run {store.run_id!r} has no finished testbed: stage(s) {', '.join(missing)} not done; "
                           f"build it first with `lume-lab run --run-id {store.run_id} --only e00 e01 e02`")
 
@@ -502,7 +506,8 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
     work = out.parent / f".{out.name}.partial"
     if work.exists(): shutil.rmtree(work)                     # an earlier export interrupted: start over
     work.mkdir(parents=True)
-    for src, dst in (("instruct_masked", "model"), ("instruct_unmasked", "model_control")):
+    control = builds_control(store.config)                    # a run without controls has no model_control/
+    for src, dst in (("instruct_masked", "model"),) + ((("instruct_unmasked", "model_control"),) if control else ()):
         _copy_model(store.path(src) / "model", work / dst)
         write_legacy_keys(work / dst)
     sizes = write_data(store, fields, work / "data")
@@ -525,7 +530,8 @@ def export_run(run_id: str, out, root=None, fields=None, log=print) -> Path:
         "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": package_versions(),
         "seed": store.config.seed, "preset": store.config.preset, "fields": fields,
         "model": "model/: the testbed model (injected, instruction-tuned, merged: what e03 unlearns); "
-                 "model_control/: the unmasked control",
+                 + ("model_control/: the unmasked control" if control
+                    else "no model_control/: the run built no unmasked control (unlearn.controls=false)"),
         "dtype": store.config.model.dtype, "splits": sizes.to_dict("records"), "prompt_format": prompt_format(),
         "seconds": round(time.perf_counter() - t0, 2),
     }

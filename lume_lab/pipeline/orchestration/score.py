@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...core.config import ConfigError
+from ...core.config import ConfigError, builds_control
 from ...core.store import RunStore, open_run
 from .export import check_testbed_done, resolve_fields, usable_fields
 
@@ -38,6 +38,10 @@ def check_score(store: RunStore, checkpoint, name: str, field: str | None = None
     else: resolve_fields(store, [field])
     check_checkpoint_dir(checkpoint, store.path("instruct_masked") / "model")
     if control is not None:
+        if not builds_control(store.config):
+            raise ConfigError(f"--control: run {store.run_id!r} built no unmasked control model "
+                              "(unlearn.controls=false), so a control run has nothing to be scored against; "
+                              "drop --control")
         check_checkpoint_dir(control, store.path("instruct_unmasked") / "model", "the unmasked control model")
     if not replace: check_same_checkpoint(store, checkpoint, name, field, control)
     return field

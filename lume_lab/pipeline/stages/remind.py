@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ...core.config import builds_control
 from ...core.store import RunStore, section_fields
 from ..orchestration.config import run_methods
 from ...data.pii import load_pii
 from .base import load_base, load_stage_model
-from .testbed import holdout_qa, stage_testbed
+from .testbed import control_deps, holdout_qa, stage_testbed
 from .unlearn import load_unlearned, stage_unlearn, unlearn_name
 
 # %% auto #0
@@ -54,6 +55,7 @@ def remind_models(store: RunStore, field: str) -> dict:
     loaders = {"none": lambda: load_stage_model(store, "instruct_masked")[0],
                "none_control": lambda: load_stage_model(store, "instruct_unmasked")[0],
                "base": lambda: load_base(store)[0]}
+    if not builds_control(store.config): del loaders["none_control"]       # the run built no unmasked control
     for m in run_methods(store.config): loaders[m] = (lambda m=m: load_unlearned(store, m, field)[0])
     return loaders
 
@@ -241,7 +243,7 @@ def stage_remind(store: RunStore, field: str) -> pd.DataFrame | None:
     def fn(out):
         if not _too_few_folds(c, field, n_splits, orig, out):
             _score_models(store, field, loaders, exs, n_splits, sizes, out)
-    deps = ([f"remind_inputs_{field}", "instruct_masked", "instruct_unmasked", "base"]
+    deps = ([f"remind_inputs_{field}", "instruct_masked", *control_deps(c), "base"]
             + [unlearn_name(m, field) for m in run_methods(c)])
     reads = remind_reads(c) + ["unlearn.methods", "seed", "testbed.max_new_tokens"]   # unlearn.methods: `run_methods`
     d = store.stage(f"remind_{field}", fn, reads=reads, deps=deps)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...core.config import RunConfig
+from ...core.config import RunConfig, builds_control
 from ...core.store import RunStore, process_rank, section_fields
 from ...data.world import load_world
 from ...inject.masks import group_mask
@@ -21,8 +21,9 @@ from .base import load_base, load_stage_model, prepare_base, stage_pii
 
 # %% auto #0
 __all__ = ['MASK_ONLY_FIELDS', 'CONTROL_ONLY_FIELDS', 'INJECT_CHECKPOINT_SECONDS', 'SHARED_MASK_REFUSED', 'mask_groups',
-           'stage_masks', 'inject_reads', 'stage_inject', 'stage_instruct', 'stage_testbed', 'stage_extraction',
-           'holdout_qa', 'stage_reachability', 'prepare_testbed', 'forget_groups', 'ground_truth_forget_mask']
+           'stage_masks', 'inject_reads', 'control_deps', 'stage_inject', 'stage_instruct', 'stage_testbed',
+           'stage_extraction', 'holdout_qa', 'stage_reachability', 'prepare_testbed', 'forget_groups',
+           'ground_truth_forget_mask']
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #f8b19566
 def mask_groups(c: RunConfig) -> int:
@@ -60,6 +61,11 @@ def inject_reads(c: RunConfig, masked: bool) -> list[str]:
     """The config fields an injection stage reads. The unmasked control owns no mask, so it reads none of the mask
     fields: every mask fraction of a sweep (and of one seed) shares one control model, as Lacuna's Fig. 6 has one."""
     return section_fields(c, "inject", drop=CONTROL_ONLY_FIELDS if masked else MASK_ONLY_FIELDS) + ["seed"]
+
+# %% ../../../nbs/pipeline/stages/01_testbed.ipynb #05627d2e
+def control_deps(c: RunConfig) -> list[str]:
+    "The control model's stage as a dependency of a stage that reads it where the run has one (`builds_control`)."
+    return ["instruct_unmasked"] if builds_control(c) else []
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #ba0fd425
 def stage_inject(store: RunStore, masked: bool = True) -> Path:

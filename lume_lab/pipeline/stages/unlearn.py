@@ -11,13 +11,14 @@ from typing import Callable, Mapping
 
 import pandas as pd
 
-from ...core.config import RunConfig
+from ...core.config import RunConfig, builds_control
 from ...core.store import RunStore, StageWarning
 from ...data.world import corpus_texts, load_world
 from ...unlearn.registry import get_spec
 from ..orchestration.config import method_hparams, run_methods
 from .base import general_key, load_base, load_stage_model, stage_world
-from .testbed import forget_groups, ground_truth_forget_mask, stage_masks, stage_testbed
+from .testbed import control_deps, forget_groups, ground_truth_forget_mask
+from .testbed import stage_masks, stage_testbed
 from ..orchestration.launch import launched_stage
 
 # %% auto #0
@@ -55,8 +56,8 @@ def method_inputs(store: RunStore, method: str) -> dict:
 # %% ../../../nbs/pipeline/stages/02_unlearn.ipynb #d265b0a7
 def runs_control(cfg: RunConfig, method: str) -> bool:
     """Whether this run also unlearns `method` from the unmasked control:
-    its spec has a control run and `unlearn.controls` is on."""
-    return cfg.unlearn.controls and get_spec(method).has_control
+    its spec has a control run and the run builds the control model (`unlearn.controls`)."""
+    return builds_control(cfg) and get_spec(method).has_control
 
 def unlearn_jobs(cfg: RunConfig, fields: list[str] | None = None) -> list[tuple[str, str, bool]]:
     """(method, field, control) of every unlearning run:
@@ -503,7 +504,8 @@ def localization_frames(store: RunStore, field: str, sources: list[ModelSource])
     sizes = localization_sizes(forget, load_pii(store.path("pii"))["profiles"]["group"], c.pii.n_groups)
     W = lambda stage: _weights(store.path(stage) / "model",
                                lambda: load_base(store) if stage == "base" else load_stage_model(store, stage))
-    pre, inj, inj_ctrl = W("base"), W("instruct_masked"), W("instruct_unmasked")
+    # the control before unlearning: what the contrast scores of a source with a control run subtract
+    pre, inj, inj_ctrl = W("base"), W("instruct_masked"), W("instruct_unmasked") if builds_control(c) else None
     runs = []
     for s in sources:
         run = {"field": field, "method": s.label, "unl": s.weights()}
@@ -539,7 +541,7 @@ def stage_localization(store: RunStore, field: str, methods: list[str]) -> pd.Da
     sources = [method_source(store, m, field) for m in methods]
     def fn(out): _write_localization(out, localization_frames(store, field, sources))
     deps = (
-        ["base", "instruct_masked", "instruct_unmasked", "masks"]
+        ["base", "instruct_masked", *control_deps(store.config), "masks"]
         + [s.stage for s in sources]
         + [s.control_stage for s in sources if s.control_stage]
     )
@@ -552,7 +554,7 @@ def localization_source(store: RunStore, src: ModelSource) -> pd.DataFrame:
     def fn(out):
         _write_localization(out, localization_frames(store, src.field, [src]),
                             src.summary_columns() if src.summary_columns else None)
-    deps = (["base", "instruct_masked", "instruct_unmasked", "masks", src.stage]
+    deps = (["base", "instruct_masked", *control_deps(store.config), "masks", src.stage]
             + ([src.control_stage] if src.control_stage else []))
     return pd.read_csv(
         store.stage(
