@@ -13,7 +13,7 @@ from ...core.store import RunStore, StageError, dirty_files, open_run, reuse_sou
 from ...unlearn.registry import BUILTIN_METHODS
 from .config import config_report, open_resolved, resolve_config
 from .runner import (ChainProgress, NotebookRunError, StageWatcher, duration,
-                                                    experiment_notebooks, plan_text, run_notebook)
+                                                    autocast_warning, experiment_notebooks, plan_text, run_notebook)
 from .launch import ENV_FSDP2, LAUNCHERS, check_launch, set_launch_env
 from ..presentation.results import add_results_arguments, results_main
 from .sweep import (collect_finished, describe_sweep, load_sweep, parse_seeds,
@@ -103,6 +103,7 @@ def run_pipeline(preset: str = DEFAULT_PRESET, run_id: str | None = None, seed: 
     print(f"lume-lab run: run {run_id}, preset {preset}, config {config_hash(cfg)} → {store.dir}", flush=True)
     # the chain (what --only's prefixes selected) and its expected time
     print(plan_text(preset, names), flush=True)
+    if warn := autocast_warning(cfg): print(warn, flush=True)
     track = ChainProgress(preset, names)
     for i, nb in enumerate(nbs):
         t = time.perf_counter()

@@ -15,10 +15,10 @@ from traitlets.config import Config
 from ...core.store import runs_root, repo_root, package_dir, read_heartbeat
 
 # %% auto #0
-__all__ = ['KERNEL_ARGS', 'CLIENT_TIMEOUTS', 'COMPANION_EXPERIMENTS', 'EXPERIMENT_COSTS', 'NotebookRunError',
+__all__ = ['KERNEL_ARGS', 'CLIENT_TIMEOUTS', 'COMPANION_EXPERIMENTS', 'EXPERIMENT_COSTS', 'BF16_FLAGS', 'NotebookRunError',
            'notebook_parameters', 'check_parameters', 'kernel_config', 'run_notebook', 'experiments_dir',
-           'experiment_notebooks', 'experiment_seconds', 'expected_seconds', 'duration', 'plan_text', 'ChainProgress',
-           'StageWatcher']
+           'experiment_notebooks', 'experiment_seconds', 'expected_seconds', 'duration', 'plan_text',
+           'processor_has_bf16', 'autocast_warning', 'ChainProgress', 'StageWatcher']
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #dad89228
 class NotebookRunError(RuntimeError):
@@ -211,6 +211,30 @@ def plan_text(preset: str, names: list[str]) -> str:
         + (f" + unknown ({', '.join(unknown)})" if unknown else "")
     )
     return "\n".join(lines)
+
+# %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #4a8366c2
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+def processor_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this machine's processor has bf16 units (one of `BF16_FLAGS` in /proc/cpuinfo's flags, or in `cpuinfo`);
+    None where /proc/cpuinfo cannot be read."""
+    if cpuinfo is None:
+        try: cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError: return None
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.partition(":")[2].split()}
+    return bool(flags & set(BF16_FLAGS))
+
+def autocast_warning(cfg, has_bf16: bool | None = None, gpu: bool | None = None) -> str | None:
+    """The plan's warning where `inject.autocast=bfloat16` will be emulated: a processor without bf16 units
+    (`processor_has_bf16`) and no NVIDIA GPU in sight (/dev/nvidiactl). None otherwise."""
+    if cfg.inject.autocast != "bfloat16": return None
+    has_bf16 = processor_has_bf16() if has_bf16 is None else has_bf16
+    gpu = Path("/dev/nvidiactl").exists() if gpu is None else gpu
+    if has_bf16 is not False or gpu: return None
+    return ("warning: inject.autocast=bfloat16, but this processor has no bf16 units (none of "
+            f"{', '.join(BF16_FLAGS)}) and no GPU is in sight: bf16 is emulated, many times slower than float32 "
+            "(bench/bench_autocast.py measures it here). `--set inject.autocast=null` trains in float32: another "
+            "config, whose models differ in their last bits")
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #ae394c21
 class ChainProgress:
