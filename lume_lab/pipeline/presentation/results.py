@@ -4,7 +4,7 @@
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #df59212b
 from __future__ import annotations
-import argparse, fnmatch, json, math, os, platform, re, shlex, sys
+import argparse, fnmatch, json, math, os, platform, re, shlex, shutil, sys
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +23,10 @@ from ..orchestration.sweep import read_spec
 
 # %% auto #0
 __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS', 'DOSE_COLUMNS', 'DOSE_SHARE', 'QUANT_EM',
-           'STATISTIC_LEVELS', 'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'is_run_dir', 'is_sweep_dir',
-           'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources', 'run_machine',
-           'run_labels', 'seeds_command', 'threads_line', 'scope_lines', 'uncommitted_lines', 'header_lines',
-           'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
+           'STATISTIC_LEVELS', 'UTILITY_ROWS', 'NAME_RE', 'NO_HEADLINE', 'UNCOMMITTED_RE', 'RECORD_GLOBS', 'is_run_dir',
+           'is_sweep_dir', 'read_sweep_spec', 'sweep_points_table', 'swept_fields', 'sweep_run_dirs', 'results_sources',
+           'run_machine', 'run_labels', 'seeds_command', 'threads_line', 'scope_lines', 'uncommitted_lines',
+           'header_lines', 'read_markdown_tables', 'scorecard_lines', 'stage_table', 'stage_lines', 'experiment_table',
            'experiment_lines', 'sweep_values', 'sweep_tables', 'sweep_command', 'sweep_lines', 'remind_interval_table',
            'field_section', 'remind_interval_lines', 'dose_label', 'dose_point_columns', 'dose_display', 'dose_lines',
            'quantized_em_label', 'quantized_em_table', 'robustness_lines', 'attack_control_table',
@@ -34,7 +34,8 @@ __all__ = ['HOST_KEYS', 'NO_SCORECARD_BANNER', 'NO_SCORECARD', 'REMIND_VERDICTS'
            'statistic_lines', 'testbed_table', 'injection_utility_table', 'testbed_lines', 'probe_table', 'probe_lines',
            'tuning_table', 'tuning_lines', 'config_groups', 'group_labels', 'config_difference_table', 'compare_lines',
            'headline_lines', 'page_headline', 'write_results_index', 'results_page', 'scorecard_csv_name',
-           'scorecard_csv', 'write_results', 'add_results_arguments', 'results_main', 'main']
+           'scorecard_csv', 'write_results', 'archive_run', 'archive_runs', 'add_results_arguments', 'results_main',
+           'main']
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #daf21a73
 def is_run_dir(path) -> bool:
@@ -1029,6 +1030,52 @@ def write_results(run_dirs, name: str, out_dir: str | Path = "docs/results", com
     write_results_index(out_dir)
     return path
 
+# %% ../../../nbs/pipeline/presentation/02_results.ipynb #dea9cf11
+# what a results page reads from a run: no weights, no datasets
+RECORD_GLOBS = ("config.json", "manifest.json", "report/*.csv", "report/*.json", "testbed/testbed.json",
+                "*/trajectory.csv")
+
+def _portable_manifest(run: Path) -> dict:
+    "The manifest of `run` with each adoption's computing time resolved and its source path cut to its last two parts."
+    man = json.loads((run / "manifest.json").read_text())
+    cut = lambda p: "/".join(Path(p).parts[-2:])
+    for name, e in man.get("stages", {}).items():
+        if e.get("reused_from"):
+            origin = stage_compute(run, name, e)
+            e.update(reused_from=cut(e["reused_from"]), source_seconds=origin["seconds"],
+                     source_resumed=origin["resumed"])
+    if man.get("reuse_from"): man["reuse_from"] = [cut(p) for p in man["reuse_from"]]
+    return man
+
+def archive_run(run_dir, dest) -> Path:
+    """Write the record of run `run_dir` (`RECORD_GLOBS`) to `dest`, replacing an older record there; returns `dest`.
+    A record given as its own destination is left as it is."""
+    run, dest = Path(run_dir), Path(dest)
+    if not is_run_dir(run): raise FileNotFoundError(f"{run} is not a run directory (no config.json)")
+    if dest.exists() and dest.resolve() == run.resolve(): return dest
+    work = dest.parent / f".{dest.name}.partial"
+    if work.exists(): shutil.rmtree(work)
+    for pattern in RECORD_GLOBS:
+        for f in sorted(run.glob(pattern)):
+            (work / f.relative_to(run)).parent.mkdir(parents=True, exist_ok=True)
+            if f.name == "manifest.json" and f.parent == run:
+                atomic_write_text(work / "manifest.json", json.dumps(_portable_manifest(run), indent=2))
+            else: shutil.copy2(f, work / f.relative_to(run))
+    if dest.exists(): shutil.rmtree(dest)
+    os.replace(work, dest)
+    return dest
+
+def archive_runs(runs: list, name: str, out_dir: str | Path = "docs/results") -> list[Path]:
+    """The records of `runs` (run directories, or records already in place) under `<out_dir>/runs/<name>/`, one folder
+    per run named as the run; two runs of one name are refused."""
+    dirs = [Path(r) for r in runs]
+    names = [d.name for d in dirs]
+    if dup := sorted({x for x in names if names.count(x) > 1}):
+        raise ValueError(f"--archive names each record after its run, and {', '.join(dup)} names more than one run")
+    home = Path(out_dir) / "runs" / name
+    home.mkdir(parents=True, exist_ok=True)
+    return [archive_run(d, home / d.name) for d in dirs]
+
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #5e19136c
 def add_results_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     "The arguments of `results`: run or sweep directories, --name, --out, --command."
@@ -1043,11 +1090,18 @@ def add_results_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument(
         "--command", default=None, help="the command that produced the runs (default: each run's reproduce line)"
     )
+    p.add_argument(
+        "--archive", action="store_true",
+        help="also write each run's record (its tables, no weights) to <out>/runs/<name>/<run>/ and make the page from "
+             "the records, so that it can be made again from the repository"
+    )
     return p
 
 def results_main(args: argparse.Namespace) -> int:
     "Write the page of parsed `args`, print its path; errors in one line on stderr, exit status 2."
-    try: path = write_results(args.runs, args.name, args.out, args.command)
+    try:
+        runs = archive_runs(args.runs, args.name, args.out) if getattr(args, "archive", False) else args.runs
+        path = write_results(runs, args.name, args.out, args.command)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"results: error: {e}", file=sys.stderr); return 2
     if NO_SCORECARD_BANNER in path.read_text():
