@@ -35,6 +35,10 @@ def test_no_control_model_and_no_control_rows(runs):
     assert set(pd.read_csv(rep / "utility_injection.csv").model) == {"base", "masked"}
     reach = pd.read_csv(rep / "reachability.csv")
     assert set(reach.model) <= {"masked"}
+    # every later experiment prepares the testbed first: without a control model
+    from lume_lab.pipeline.stages.testbed import prepare_testbed
+    prepare_testbed(open_run("off", root=runs))
+    assert not any((run / s).exists() for s in CONTROL_STAGES)
     # REMIND compares no control model
     from lume_lab.pipeline.stages.remind import remind_models
     assert "none_control" not in remind_models(open_run("off", root=runs), FIELD)

@@ -207,9 +207,10 @@ def stage_reachability(store: RunStore, stage: str = "instruct_masked", n_fresh:
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #c8bfc979
 def prepare_testbed(store: RunStore):
     """world → tokenizer → base → pii → masks → masked/unmasked injection → instruction tuning → testbed;
-    returns the testbed."""
+    returns the testbed. The unmasked control only where the run builds one (`builds_control`)."""
     prepare_base(store); stage_pii(store)
-    for masked in (True, False): stage_inject(store, masked); stage_instruct(store, masked)
+    for masked in (True, False) if builds_control(store.config) else (True,):
+        stage_inject(store, masked); stage_instruct(store, masked)
     return stage_testbed(store)
 
 # %% ../../../nbs/pipeline/stages/01_testbed.ipynb #a0531dc0
