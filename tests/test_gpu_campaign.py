@@ -104,3 +104,34 @@ def test_estimate_table(tmp_path):
     for f in cfg.unlearn.forget_fields:
         assert {f"localization_{f}", f"remind_{f}", f"quantization_none_{f}"} <= set(by)
     assert "| inject_masked |" in gcamp.estimate_markdown(rows, head)
+
+
+def test_estimate_page_without_a_prepared_campaign(tmp_path):
+    """`--estimate --page` with nothing prepared: the config comes from --preset/--seed/--set; a run of another config
+    is refused as --timings; a resumed injection counts its steps' seconds from log.csv, its manifest seconds being the
+    last attempt's only; the page names the run directory RUN_DIR, never its path."""
+    from lume_lab.core.config import config_hash
+    cfg = gcamp.campaign_config("smoke", 3)
+    run = tmp_path / "seed=3"
+    (run / "inject_masked").mkdir(parents=True)
+    (run / "inject_masked" / "log.csv").write_text("step,loss,seconds\n0,2.0,1.5\n1,1.0,2.5\n")
+    stages = {"inject_masked": {"status": "done", "seconds": 0.25, "resumed": True},
+              "instruct_masked": {"status": "done", "seconds": 7.0, "resumed": False},
+              "testbed": {"status": "done", "seconds": 9.0, "resumed": True}}
+    (run / "manifest.json").write_text(json.dumps({"config_hash": config_hash(cfg), "stages": stages}))
+    assert gcamp.recorded_seconds(run, "inject_masked", stages["inject_masked"]) == 4.0    # the log, not 0.25
+    assert gcamp.recorded_seconds(run, "testbed", stages["testbed"]) is None               # resumed, no log: no time
+    assert gcamp.recorded_seconds(run, "instruct_masked", stages["instruct_masked"]) == 7.0
+    page, empty = tmp_path / "estimate.md", tmp_path / "nothing-prepared"
+    empty.mkdir()
+    out = _run("--estimate", "--preset", "smoke", "--seed", 3, "--data", empty, "--timings", run, "--page", page)
+    assert "| inject_masked |" in out.stdout
+    text = page.read_text()
+    assert "- **Commit**: `" in text and "- **Machine**: " in text and config_hash(cfg) in text
+    assert "--data DATA --timings RUN_DIR --page PAGE" in text and str(tmp_path) not in text
+    row = next(line for line in text.splitlines() if line.startswith("| inject_masked |"))
+    assert row.split("|")[5].strip() == "4"                                               # recorded_s
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--estimate", "--preset", "smoke", "--seed", "4", "--data",
+                          str(empty), "--timings", str(run)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=HANG_TIMEOUT)
+    assert bad.returncode != 0 and "is not the campaign's" in bad.stderr
