@@ -23,7 +23,8 @@ from ..models.arch import architecture
 # %% auto #0
 __all__ = ['mask_parameter_names', 'random_element_masks', 'random_structural_masks', 'group_mask', 'pack_masks', 'masks_equal',
            'unpack_masks', 'save_masks', 'load_masks', 'check_masks', 'mask_coverage', 'mask_budget', 'MaskGrad',
-           'SegmentedLinear', 'check_neutral_scope', 'GradMasker', 'grouped_weight_grad', 'RowGate', 'grouped_forward']
+           'OwnedIndex', 'SegmentedLinear', 'check_neutral_scope', 'GradMasker', 'grouped_weight_grad', 'RowGate',
+           'grouped_forward']
 
 # %% ../../nbs/inject/00_masks.ipynb #44ba3a10
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -270,16 +271,28 @@ class MaskGrad(torch.autograd.Function):
         (owner,) = ctx.saved_tensors
         return torch.where(owner == ctx.code, grad, torch.zeros((), dtype=grad.dtype, device=grad.device)), None, None
 
+# %% ../../nbs/inject/00_masks.ipynb #c9f00e8a
+class OwnedIndex:
+    """The flat indices of `owner == code`, computed once per owner tensor and code and kept: `SegmentedLinear` adds a
+    group's part at these weights only, where the `where` would pass over the whole weight three times per group."""
+    def __init__(self): self._cache = {}
+
+    def __call__(self, owner: torch.Tensor, code: int) -> torch.Tensor:
+        key = (id(owner), code)
+        if key not in self._cache: self._cache[key] = (owner.reshape(-1) == code).nonzero().squeeze(1)
+        return self._cache[key]
+
 # %% ../../nbs/inject/00_masks.ipynb #6b6842fb
 class SegmentedLinear(torch.autograd.Function):
     """`F.linear` whose weight gradient is a sum over row segments `(code, start, stop)`,
     each masked to `owner == code` (neutral code 0: unmasked, or `owner == 0` with `neutral_unowned`); `grouped`: the
     parts stacked and picked by one gather."""
     @staticmethod
-    def forward(ctx, x, weight, bias, owner, segments, keep, neutral_unowned=False, grouped=False):
+    def forward(ctx, x, weight, bias, owner, segments, keep, neutral_unowned=False, grouped=False, owned=None):
         ctx.save_for_backward(x, weight, owner) if owner is not None else ctx.save_for_backward(x, weight)
         ctx.segments, ctx.keep, ctx.has_bias, ctx.neutral_unowned = segments, keep, bias is not None, neutral_unowned
-        ctx.grouped = grouped
+        # owned(owner, code): the flat indices where owner == code (`OwnedIndex`), or None: mask with `where`
+        ctx.grouped, ctx.owned = grouped, owned
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -299,13 +312,18 @@ class SegmentedLinear(torch.autograd.Function):
             if code and owner is None: continue          # PII rows never reach an unowned weight
             gs, xs = g[s:e].reshape(-1, g.shape[-1]), x[s:e].reshape(-1, x.shape[-1]).to(dt)
             part = (gs.T @ xs).to(w.dtype)
+            if code and ctx.owned is not None:            # the same sum, added at the owned weights only
+                idx = ctx.owned(owner, code)
+                gw = torch.zeros_like(w) if gw is None else gw
+                gw.view(-1).index_add_(0, idx, part.view(-1).index_select(0, idx))
+                continue
             if code or (ctx.neutral_unowned and owner is not None):   # neutral rows, scope "unowned": owner == 0 only
                 part = torch.where(owner == code, part, torch.zeros((), dtype=part.dtype, device=part.device))
             gw = part if gw is None else gw + part
             if ctx.has_bias and not code: gb = gs.sum(0).to(w.dtype) if gb is None else gb + gs.sum(0).to(w.dtype)
         if gw is None and ctx.keep: gw = torch.zeros_like(w)
         if ctx.has_bias and gb is None and ctx.keep: gb = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
-        return gx, gw, gb, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None
 
 # %% ../../nbs/inject/00_masks.ipynb #f48d6f74
 def check_neutral_scope(scope, allow_none: bool = False) -> None:
@@ -334,6 +352,8 @@ class GradMasker:
         # use_segments(..., grouped=True): the grouped mode (one gather per Linear, unowned modules run once)
         self.grouped = False
         self.zero_fill = True  # every trainable parameter gets a gradient (zeros at least) in every backward
+        # SegmentedLinear adds each group's part at its owned weights by index (None: the `where` over the weight)
+        self.owned = OwnedIndex()
         self.n_groups = n_groups if n_groups is not None else max((int(o.max()) for o in owner.values()), default=0)
         self._owner = {n: owner[n].to(params[n].device) for n in owner}
         # looked up by (module, attribute), not by the parameter object: FSDP2 swaps a sharded parameter for a new
@@ -384,7 +404,7 @@ class GradMasker:
             keep = self.zero_fill and all(c for c, _, _ in self.segments)
             return SegmentedLinear.apply(
                 args[0], w, b, self._by_slot[(id(module), "weight")], tuple(self.segments), keep,
-                self.neutral_scope == "unowned", self.grouped,
+                self.neutral_scope == "unowned", self.grouped, self.owned,
             )
         if self.grouped and (out := grouped_forward(self, module, forward, B, args, kwargs)) is not None: return out
         cut = lambda v, s, e: v[s:e] if torch.is_tensor(v) and v.ndim and v.shape[0] == B else v
