@@ -1734,6 +1734,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                  'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._portable_manifest': ( 'pipeline/presentation/results.html#_portable_manifest',
                                                                                                                        'lume_lab/pipeline/presentation/results.py'),
+                                                        'lume_lab.pipeline.presentation.results._probe_utility_lines': ( 'pipeline/presentation/results.html#_probe_utility_lines',
+                                                                                                                         'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._quantized_em_order': ( 'pipeline/presentation/results.html#_quantized_em_order',
                                                                                                                         'lume_lab/pipeline/presentation/results.py'),
                                                         'lume_lab.pipeline.presentation.results._report_csv': ( 'pipeline/presentation/results.html#_report_csv',

@@ -423,8 +423,9 @@ def test_grid_search_on_toy_model():
 
 def test_memorization_probe_notebook_on_smoke(tmp_path):
     """t01 on smoke with a probe's recipe (one shared mask over every layer, one question per sequence, no documents):
-    every injected profile of every target field scored before and after instruction tuning, one mask that covers the
-    top layer, and unlearning refused before any compute (no score is asserted: smoke memorizes nothing)."""
+    every injected profile of every target field scored before and after instruction tuning, the utility table of the
+    base and the masked model, one mask that covers the top layer, and unlearning refused before any compute (no score
+    is asserted: smoke memorizes nothing)."""
     import pandas as pd
     from lume_lab.core.store import open_run
     from lume_lab.inject.masks import load_masks
@@ -441,6 +442,9 @@ def test_memorization_probe_notebook_on_smoke(tmp_path):
     assert mem.groupby("model").field.apply(sorted).map(tuple).nunique() == 1
     assert sorted(mem.field.unique()) == sorted(c.pii.target_fields)
     assert (mem.profiles == c.pii.n_groups * c.pii.profiles_per_group).all()
+    util = pd.read_csv(tmp_path / "probe" / "report" / "utility_injection.csv")   # e02's table, base and masked
+    assert set(util.model) == {"base", "masked"}
+    assert util.groupby("model").metric.apply(frozenset).nunique() == 1           # the same metrics for both
     owner, meta = load_masks(store.path("masks") / "masks.safetensors")
     top = c.model.num_layers - 1
     assert meta["n_groups"] == 1 and max(int(m.max()) for m in owner.values()) == 1

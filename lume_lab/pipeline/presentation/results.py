@@ -808,7 +808,14 @@ def probe_lines(run_dirs: list[Path]) -> list[str]:
         "paraphrases of what it memorized, as % of trained accuracy (`probe_reachability.csv`; blank after it: "
         "not measured there).",
         md_table(t),
-    ]
+    ] + _probe_utility_lines(run_dirs)
+
+def _probe_utility_lines(run_dirs: list[Path]) -> list[str]:
+    "t01's utility around the injection (`utility_injection.csv`), unless the testbed section shows it already."
+    u = injection_utility_table(run_dirs) if not len(testbed_table(run_dirs)) else pd.DataFrame()
+    return ["### Utility around the injection",
+            "From t01 (`utility_injection.csv`): the base model and the masked model after instruction tuning.",
+            md_table(u)] if len(u) else []
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #9ed20035
 def _same_value(a, b) -> bool:
