@@ -274,12 +274,15 @@ class MaskGrad(torch.autograd.Function):
 # %% ../../nbs/inject/00_masks.ipynb #c9f00e8a
 class OwnedIndex:
     """The flat indices of `owner == code`, computed once per owner tensor and code and kept: `SegmentedLinear` adds a
-    group's part at these weights only, where the `where` would pass over the whole weight three times per group."""
+    group's part at these weights only, where the `where` would pass over the whole weight three times per group.
+    Memory: 4 bytes per owned weight (int32, 8 beyond 2³¹ elements), beside the owner mask's 1 byte per weight."""
     def __init__(self): self._cache = {}
 
     def __call__(self, owner: torch.Tensor, code: int) -> torch.Tensor:
         key = (id(owner), code)
-        if key not in self._cache: self._cache[key] = (owner.reshape(-1) == code).nonzero().squeeze(1)
+        if key not in self._cache:
+            idx = (owner.reshape(-1) == code).nonzero().squeeze(1)
+            self._cache[key] = idx.to(torch.int32) if owner.numel() < 2**31 else idx
         return self._cache[key]
 
 # %% ../../nbs/inject/00_masks.ipynb #6b6842fb
