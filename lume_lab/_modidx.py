@@ -585,6 +585,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                       'lume_lab/inject/injection.py'),
                                            'lume_lab.inject.injection.collate': ( 'inject/injection.html#collate',
                                                                                   'lume_lab/inject/injection.py'),
+                                           'lume_lab.inject.injection.idle_parameters': ( 'inject/injection.html#idle_parameters',
+                                                                                          'lume_lab/inject/injection.py'),
                                            'lume_lab.inject.injection.masked_backward': ( 'inject/injection.html#masked_backward',
                                                                                           'lume_lab/inject/injection.py'),
                                            'lume_lab.inject.injection.masked_step': ( 'inject/injection.html#masked_step',
