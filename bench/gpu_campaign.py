@@ -249,7 +249,7 @@ def estimate(cfg, params: int | None, timings: Path | None = None) -> tuple[list
     measured per unit at OLMo-2 1B shape, scaled by parameters (and tokens per step for the injections): a lower bound
     for a small model, whose steps are bound by kernel launches, not by FLOPs. With `timings` (a run directory: a CPU
     run of the same preset, or an earlier campaign unpacked), each stage's recorded seconds beside it."""
-    from lume_lab.core.config import make_config
+    from lume_lab.core.config import builds_control, make_config
     ref, page = gpu_reference()
     units = gc_.preset_units(cfg)
     rows, by, basis, loc_weights, m_ref = [], {}, None, None, None
@@ -281,8 +281,10 @@ def estimate(cfg, params: int | None, timings: Path | None = None) -> tuple[list
     tokr = tok or 1.0
     add("masks", 1, per("masks", "seconds"), "one pass; per model")
     add("inject_masked", units["inject_masked"], per("inject_masked", scale=tokr), "steps; × tokens per step")
-    add("inject_unmasked", units["inject_unmasked"], per("inject_unmasked", scale=tokr), "steps; × tokens per step")
-    for s in ("instruct_masked", "instruct_unmasked"):
+    control = builds_control(cfg)                 # unlearn.controls=false: no unmasked model, no control runs
+    if control:
+        add("inject_unmasked", units["inject_unmasked"], per("inject_unmasked", scale=tokr), "steps; × tokens per step")
+    for s in ("instruct_masked", "instruct_unmasked") if control else ("instruct_masked",):
         add(s, units["instruct_steps"], per("instruct_masked"), "steps (epochs × batches)")
     tb = by.get("testbed")
     add("testbed", units["testbed_tokens"],

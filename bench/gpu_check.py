@@ -98,7 +98,7 @@ def check_config(name_or_path: str, dry: bool):
 def preset_units(c=None) -> dict:
     """The sizes behind each stage's steps or rows, of the full olmo2-1b preset (or of config `c`):
     the projection scales by these."""
-    from lume_lab.core.config import make_config
+    from lume_lab.core.config import builds_control, make_config
     from lume_lab.pipeline.orchestration.config import method_hparams
     from lume_lab.unlearn.registry import get_spec
     c = c or make_config("olmo2-1b")
@@ -107,7 +107,8 @@ def preset_units(c=None) -> dict:
     injected = c.pii.n_groups * c.pii.profiles_per_group
     units = {
         "inject_masked": c.inject.steps,
-        "inject_unmasked": c.inject.control_steps or c.inject.steps,
+        # no control model where unlearn.controls is false
+        "inject_unmasked": (c.inject.control_steps or c.inject.steps) if builds_control(c) else 0,
         "inject_batch": c.inject.batch_size,
         "instruct_steps": c.instruct.epochs
         * math.ceil(c.instruct.train_fraction * instruct_rows / c.instruct.batch_size),
@@ -121,7 +122,7 @@ def preset_units(c=None) -> dict:
         units[f"unlearn_{m}"] = hp.get("epochs", 1) * math.ceil(
             units["forget_rows_per_field"] / hp.get("batch_size", 1)
         )
-        units[f"runs_{m}"] = 2 if get_spec(m).has_control else 1
+        units[f"runs_{m}"] = 2 if get_spec(m).has_control and builds_control(c) else 1
     return units
 
 # ------------------------------------------------------------------ the report

@@ -104,6 +104,11 @@ def test_estimate_table(tmp_path):
     for f in cfg.unlearn.forget_fields:
         assert {f"localization_{f}", f"remind_{f}", f"quantization_none_{f}"} <= set(by)
     assert "| inject_masked |" in gcamp.estimate_markdown(rows, head)
+    assert {"inject_unmasked", "instruct_unmasked"} <= set(by) and any(s.endswith("_control") for s in by)
+    # unlearn.controls=false builds no unmasked model and runs no control: the estimate has none of their stages
+    off = {r["stage"] for r in gcamp.estimate(gcamp.campaign_config("smollm2", 0, {"unlearn.controls": False}),
+                                              134_515_008)[0]}
+    assert off == {s for s in by if "unmasked" not in s and not s.endswith("_control")}
 
 
 def test_estimate_page_without_a_prepared_campaign(tmp_path):
