@@ -28,9 +28,10 @@ def load(which: str):
     ), mc.vocab_size
 
 
-def arguments(seq_len: int, groups: int) -> argparse.Namespace:
-    "The benches' command line, with their own defaults for the row length and the number of groups."
+def arguments(seq_len: int, groups: int, extra: list[tuple[str, dict]] = ()) -> argparse.Namespace:
+    "The benches' command line, with their own defaults for the row length and the number of groups, and `extra` flags."
     ap = argparse.ArgumentParser()
+    for flag, kw in extra: ap.add_argument(flag, **kw)
     ap.add_argument("--model", default="smollm2", choices=["smollm2", "mini"])
     ap.add_argument("--batch", type=int, default=8); ap.add_argument("--seq-len", type=int, default=seq_len)
     ap.add_argument("--groups", type=int, default=groups); ap.add_argument("--fraction", type=float, default=0.05)
