@@ -442,7 +442,7 @@ def test_memorization_probe_notebook_on_smoke(tmp_path):
     assert mem.groupby("model").field.apply(sorted).map(tuple).nunique() == 1
     assert sorted(mem.field.unique()) == sorted(c.pii.target_fields)
     assert (mem.profiles == c.pii.n_groups * c.pii.profiles_per_group).all()
-    util = pd.read_csv(tmp_path / "probe" / "report" / "utility_injection.csv")   # e02's table, base and masked
+    util = pd.read_csv(tmp_path / "probe" / "report" / "probe_utility.csv")   # e02's rows, base and masked
     assert set(util.model) == {"base", "masked"}
     assert util.groupby("model").metric.apply(frozenset).nunique() == 1           # the same metrics for both
     owner, meta = load_masks(store.path("masks") / "masks.safetensors")

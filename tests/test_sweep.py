@@ -204,17 +204,19 @@ def test_shipped_sweeps_validate_in_dry_run(spec, tmp_path, capsys):
 
 def test_probe_ladder_is_what_it_says():
     """smollm2_5pct_probes: the first point is the spec's base recipe, each middle point moves one setting, and the
-    last point is the smollm2 preset at 5 % masks in every injection and PII field."""
+    last point is the smollm2 preset at 5 % masks in every injection and PII field but one: every point injects in
+    float32 (the header says why), where the preset autocasts to bf16."""
     from dataclasses import asdict, replace
     from lume_lab.core.config import make_config
     sweep = S.load_sweep(REPO / "sweeps" / "smollm2_5pct_probes.yaml")
     assert sweep.experiments == ["e00_base", "e01_data", "t01_memorization"] and sweep.points[0].overrides == {}
     assert all(1 <= len(p.overrides) <= 2 for p in sweep.points[1:-1])
     preset = make_config("smollm2")
-    at5 = replace(preset, inject=replace(preset.inject, mask_fraction=0.05))
+    at5 = replace(preset, inject=replace(preset.inject, mask_fraction=0.05, autocast=None))
     last = sweep.points[-1].config
     assert (asdict(last.inject), asdict(last.pii)) == (asdict(at5.inject), asdict(at5.pii))
     assert last.inject.shared_mask is False and sweep.points[0].config.inject.shared_mask is True
+    assert preset.inject.autocast == "bfloat16" and {p.config.inject.autocast for p in sweep.points} == {None}
 
 
 def test_shipped_sweeps_are_what_they_say():

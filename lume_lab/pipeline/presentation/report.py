@@ -542,7 +542,7 @@ def _tuning_section(rep: Path) -> list:
     return blocks
 
 def _memorization_section(rep: Path) -> list:
-    "t01: memorized profiles per field before and after instruction tuning, and reach before it."
+    "t01: memorized profiles per field before and after instruction tuning, reach before it, and utility around it."
     blocks = []
     if (rep / "memorization.csv").exists():
         m = pd.read_csv(rep / "memorization.csv")
@@ -561,6 +561,11 @@ def _memorization_section(rep: Path) -> list:
             blocks += [paragraph("Reach before instruction tuning: accuracy through trained, fresh and paraphrased "
                                  "questions on the memorized pairs (vs_trained: share of the trained accuracy)."),
                        table(r.round(2))]
+    if (rep / "probe_utility.csv").exists():
+        u = pd.read_csv(rep / "probe_utility.csv")
+        blocks += [paragraph("Utility around the injection: the base model, and the masked model after instruction "
+                             "tuning."),
+                   table(u.pivot(index="metric", columns="model", values="value").round(3).reset_index())]
     return blocks + _fig(rep, "probe_injection_loss.png", "Masked injection loss")
 
 # %% ../../../nbs/pipeline/presentation/01_report.ipynb #d444e2e7
@@ -611,7 +616,8 @@ register_section(
 register_section("Tuning on the validation split (t00)", ("t00",),
                  ("tuning_best.csv", "tuning_best.json", "tuning_grid.csv", "tuning_grid.png"), _tuning_section)
 register_section("Memorization probe (t01)", ("t01",),
-                 ("memorization.csv", "memorization.png", "probe_reachability.csv", "probe_injection_loss.png"),
+                 ("memorization.csv", "memorization.png", "probe_reachability.csv", "probe_utility.csv",
+                  "probe_injection_loss.png"),
                  _memorization_section)
 register_section("Unlearning (Fig. 4a)", ("e03",),
                  ("table2_*.csv", "unlearning_metrics.csv", "unlearning_*.png", "operating_points_*.csv",

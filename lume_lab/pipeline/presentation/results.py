@@ -740,13 +740,14 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
 UTILITY_ROWS = {"general_perplexity": ("general-text perplexity", 1), "heldout_perplexity": ("held-out perplexity", 1),
                 "mc_acc": ("MC accuracy", 3)}
 
-def injection_utility_table(run_dirs: list[Path]) -> pd.DataFrame:
-    """One row per run with e02's `utility_injection.csv`: each of `UTILITY_ROWS` for the base and the masked model.
+def injection_utility_table(run_dirs: list[Path], name: str = "utility_injection.csv") -> pd.DataFrame:
+    """One row per run with e02's `utility_injection.csv` (or t01's `probe_utility.csv`, by `name`): each of
+    `UTILITY_ROWS` for the base and the masked model.
     A metric that none of the runs measured gets no column (a run without `world.general_texts` has no general-text
     perplexity)."""
     found = [(label, run_config(d), u.set_index(["model", "metric"]).value)
              for d, label in zip(run_dirs, run_labels(run_dirs))
-             for u in [_report_csv(d, "utility_injection.csv")] if u is not None]
+             for u in [_report_csv(d, name)] if u is not None]
     measured = {metric for *_, v in found for _, metric in v.index}
     rows = []
     for label, cfg, v in found:
@@ -811,10 +812,10 @@ def probe_lines(run_dirs: list[Path]) -> list[str]:
     ] + _probe_utility_lines(run_dirs)
 
 def _probe_utility_lines(run_dirs: list[Path]) -> list[str]:
-    "t01's utility around the injection (`utility_injection.csv`), unless the testbed section shows it already."
-    u = injection_utility_table(run_dirs) if not len(testbed_table(run_dirs)) else pd.DataFrame()
+    "t01's utility around the injection (`probe_utility.csv`), unless the testbed section shows e02's already."
+    u = injection_utility_table(run_dirs, "probe_utility.csv") if not len(testbed_table(run_dirs)) else pd.DataFrame()
     return ["### Utility around the injection",
-            "From t01 (`utility_injection.csv`): the base model and the masked model after instruction tuning.",
+            "From t01 (`probe_utility.csv`): the base model and the masked model after instruction tuning.",
             md_table(u)] if len(u) else []
 
 # %% ../../../nbs/pipeline/presentation/02_results.ipynb #9ed20035
