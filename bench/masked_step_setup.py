@@ -1,5 +1,5 @@
-"""What the masked-step benches share (`bench_autocast.py`, `bench_owned_index.py`): the command line, the model, its
-owner masks and a batch of one masked injection step, and the page a bench writes with `--page`."""
+"""What the masked-step benches share (`bench_autocast.py`, `bench_owned_index.py`, `bench_threads.py`): the command
+line, the model, its owner masks and a batch of one masked injection step, and the page a bench writes with `--page`."""
 import argparse, datetime, random, sys
 from pathlib import Path
 
