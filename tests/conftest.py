@@ -42,3 +42,19 @@ LONGEST_FIRST = ("test_e2e.py", "test_smollm2.py", "test_launch.py", "test_pipel
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda it: rank.get(it.path.name, len(rank)))       # stable: a file's tests keep their order
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per test file (setup, call and teardown of its tests, summed), the longest first, printed just above
+    pytest's last line so that the tail of a CI log shows where the suite's time goes; LONGEST_FIRST follows it."""
+    from collections import Counter
+    per = Counter()
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "nodeid", "") and isinstance(getattr(r, "duration", None), float):
+                per[r.nodeid.split("::")[0]] += r.duration
+    if not per: return
+    terminalreporter.write_sep("=", "seconds per test file (its tests' setup + call + teardown)")
+    for path, s in per.most_common(10): terminalreporter.write_line(f"{s:8.0f}  {path}")
+    terminalreporter.write_line(f"{sum(per.values()):8.0f}  all {len(per)} files, worker seconds")
