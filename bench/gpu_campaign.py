@@ -235,13 +235,8 @@ def recorded_seconds(run_dir: Path, stage: str, entry: dict) -> float | None:
     """A done stage's compute seconds in a run's manifest. A stage that resumed after an interruption records only its
     last attempt: a training stage's per-step log (`log.csv`, kept across resumes) then gives the steps' seconds, its
     evaluations left out; any other resumed stage has no time (None)."""
-    if not entry.get("resumed"): return entry.get("seconds")
-    log = run_dir / stage / "log.csv"
-    if log.is_file():
-        import pandas as pd
-        t = pd.read_csv(log)
-        if "seconds" in t: return float(t["seconds"].sum())
-    return None
+    from lume_lab.core.store import step_seconds
+    return step_seconds(run_dir, stage, entry) if entry.get("resumed") else entry.get("seconds")
 
 
 def estimate(cfg, params: int | None, timings: Path | None = None) -> tuple[list[dict], str]:

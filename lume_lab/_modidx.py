@@ -463,6 +463,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'lume_lab.core.store.section_fields': ('core/store.html#section_fields', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.seed_everything': ('core/store.html#seed_everything', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.stage_compute': ('core/store.html#stage_compute', 'lume_lab/core/store.py'),
+                                     'lume_lab.core.store.step_seconds': ('core/store.html#step_seconds', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.thread_info': ('core/store.html#thread_info', 'lume_lab/core/store.py'),
                                      'lume_lab.core.store.write_heartbeat': ('core/store.html#write_heartbeat', 'lume_lab/core/store.py')},
             'lume_lab.data.lume': { 'lume_lab.data.lume._check_tasks': ('data/lume.html#_check_tasks', 'lume_lab/data/lume.py'),

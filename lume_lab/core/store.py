@@ -21,8 +21,8 @@ __all__ = ['CODE_PATHS', 'KEYS', 'MIGRATED_VERSION', 'HEARTBEAT_ENV', 'seed_ever
            'atomic_write_text', 'atomic_write_json', 'package_versions', 'machine_info', 'package_dir', 'dirty_files',
            'git_commit', 'thread_info', 'repo_root', 'runs_root', 'StageError', 'check_resolved', 'RunStore',
            'StageWarning', 'capture_stage_warnings', 'reissue_warnings', 'reuse_sources', 'stage_compute',
-           'section_fields', 'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat', 'write_heartbeat',
-           'read_heartbeat', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
+           'step_seconds', 'section_fields', 'computed_as', 'process_rank', 'heartbeat_path', 'heartbeat',
+           'write_heartbeat', 'read_heartbeat', 'load_saved_datasets', 'open_run', 'run_status', 'run_warnings']
 
 # %% ../../nbs/core/01_store.ipynb #e15f196a
 def seed_everything(seed: int) -> None:
@@ -313,6 +313,23 @@ def stage_compute(run_dir: str | Path, name: str, entry: dict | None = None) -> 
             return {"run": src, "seconds": e.get("source_seconds"), "resumed": bool(e.get("source_resumed", False))}
         seen.add(src.resolve()); run, e = src, se
     return {"run": run, "seconds": e.get("seconds"), "resumed": bool(e.get("resumed"))}
+
+# %% ../../nbs/core/01_store.ipynb #8e395c83
+def step_seconds(run_dir: str | Path, name: str, entry: dict | None = None) -> float | None:
+    """The seconds of stage `name`'s training steps over every attempt, where the stage resumed after an interruption
+    and its manifest time covers only the last attempt: the sum of the `seconds` column of its step log
+    (`<stage>/log.csv`, which a training stage keeps across resumes; evaluations, checkpoints and reloads are not in
+    it) in the run that computed it (`stage_compute`), or the sum an archived record kept (`step_seconds`, or
+    `source_step_seconds` for an adopted stage whose source is gone). None where there is neither."""
+    run = Path(run_dir)
+    e = entry if entry is not None else json.loads((run / "manifest.json").read_text())["stages"][name]
+    if e.get("step_seconds") is not None: return e["step_seconds"]
+    log = Path(stage_compute(run, name, e)["run"]) / name / "log.csv"
+    if not log.is_file(): return e.get("source_step_seconds")
+    import csv
+    with open(log, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return float(sum(float(r["seconds"]) for r in rows)) if rows and "seconds" in rows[0] else None
 
 # %% ../../nbs/core/01_store.ipynb #340146cc
 def _find_reusable(self: RunStore, name: str, h: str) -> tuple[Path, dict] | None:

@@ -12,7 +12,8 @@ import pandas as pd
 import yaml
 
 from ...core.config import SCOPE_FIELDS, config_diff, dotted_leaves, value_diff
-from ...core.store import atomic_write_bytes, atomic_write_text, machine_info, repo_root, stage_compute
+from ...core.store import (atomic_write_bytes, atomic_write_text, machine_info, repo_root, stage_compute,
+                                 step_seconds)
 from .report import (dose_summary, fields_in, fmt_num, format_scorecard, md_table,
                                                    remind_separation, reproduce_command, stage_times)
 from .report import threads_text
@@ -710,7 +711,9 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
         entry = run_manifest(d).get("stages", {}).get("inject_masked", {})
         # an adopted stage: the computing run's time
         origin = stage_compute(d, "inject_masked", entry) if entry else {}
-        secs = None if origin.get("resumed") else origin.get("seconds")       # a resumed one: its last attempt's only
+        # a resumed one: its steps' seconds over every attempt (its manifest time covers the last attempt only)
+        resumed = bool(origin.get("resumed"))
+        secs = step_seconds(d, "inject_masked", entry) if resumed else origin.get("seconds")
         ext = ext[ext.model == "masked"] if "model" in ext else ext
         order = list(cfg.get("pii", {}).get("target_fields") or [])
         for f in sorted(ext.field, key=lambda f: order.index(f) if f in order else len(order)):
@@ -724,7 +727,7 @@ def testbed_table(run_dirs: list[Path]) -> pd.DataFrame:
             rows.append(
                 {"run": label, "field": f, "model": _model_label(cfg),
                  "mask": f"{100 * cfg['inject']['mask_fraction']:g} %", "masked steps": str(cfg["inject"]["steps"]),
-                 "injection s": fmt_num(secs, 0) if secs else "",
+                 "injection s": (fmt_num(secs, 0) + (" (steps)" if resumed else "")) if secs else "",
                  "memorized / profiles": f"{int(e.memorized)} / {int(e.profiles)}",
                  "memorized per hour": fmt_num(3600 * e.memorized / secs, 0) if secs else "",
                  "forget profiles": str(splits.get(f"forget_{f}", "")),
@@ -770,8 +773,9 @@ def testbed_lines(run_dirs: list[Path]) -> list[str]:
         "(`extraction_rates.csv`), the testbed's forget and retain profiles (`testbed/testbed.json`; a retain split "
         "is scored on its paired field), and accuracy on a fresh question template and on a paraphrase as % of "
         "trained accuracy (`reachability.csv`). Memorized per hour is per hour of the masked injection stage on the "
-        "run's machine (blank where the manifest has no time, or where the stage resumed after an interruption: its "
-        "time then covers only the last attempt).",
+        "run's machine. Where the stage resumed after an interruption, its manifest time covers only the last attempt: "
+        "the seconds are then its steps' over every attempt (`log.csv`; evaluations, checkpoints and reloads left "
+        "out), marked (steps), and blank where there is no step log.",
         "### Memorization and reach",
         md_table(t),
     ]
@@ -1044,14 +1048,17 @@ RECORD_GLOBS = ("config.json", "manifest.json", "report/*.csv", "report/*.json",
                 "*/trajectory.csv")
 
 def _portable_manifest(run: Path) -> dict:
-    "The manifest of `run` with each adoption's computing time resolved and its source path cut to its last two parts."
+    """The manifest of `run` with each adoption's computing time resolved and its source path cut to its last two parts,
+    and a resumed stage's steps' seconds (`core.store.step_seconds`) kept, since a record holds no step logs."""
     man = json.loads((run / "manifest.json").read_text())
     cut = lambda p: "/".join(Path(p).parts[-2:])
     for name, e in man.get("stages", {}).items():
+        origin = stage_compute(run, name, e)
+        steps = step_seconds(run, name, e) if origin["resumed"] else None
         if e.get("reused_from"):
-            origin = stage_compute(run, name, e)
             e.update(reused_from=cut(e["reused_from"]), source_seconds=origin["seconds"],
-                     source_resumed=origin["resumed"])
+                     source_resumed=origin["resumed"], **({"source_step_seconds": steps} if steps is not None else {}))
+        elif steps is not None: e["step_seconds"] = steps
     if man.get("reuse_from"): man["reuse_from"] = [cut(p) for p in man["reuse_from"]]
     return man
 
