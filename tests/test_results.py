@@ -475,3 +475,21 @@ def test_runs_of_two_configs_get_one_scorecard_each(tmp_path):
     page = RS.results_page([a0, a1, c], "scope")
     assert "## Configurations" not in page and "- **`unlearn.controls`**" in page
     assert assert_results_match_csvs(page, [a0, a1, c]) > 500
+
+
+RECORDS = sorted(p for p in (REPO / "docs" / "results" / "runs").glob("*") if p.is_dir())
+
+
+@pytest.mark.parametrize("home", RECORDS, ids=lambda p: p.name)
+def test_committed_page_is_what_its_run_records_give(home):
+    """A page written with `--archive` is made from the run records committed beside it (`docs/results/runs/<name>/`):
+    made again from them, it is the committed page, and every number in it is its record's CSV cell."""
+    recs = sorted(p for p in home.iterdir() if p.is_dir())
+    page = (home.parents[1] / f"{home.name}.md").read_text()
+    assert RS.results_page(recs, home.name) == page
+    assert assert_results_match_csvs(page, recs) > 0
+
+
+def test_some_page_has_its_run_records():
+    "The records above exist in the repository (`.gitignore` keeps out only the repository root's runs/)."
+    assert RECORDS
