@@ -576,8 +576,8 @@ def check_testbed_tables(tables: list, run_dirs: list[Path]) -> int:
                     .value
                 )
                 for c in t.columns[2:]:
-                    metric = {"general-text perplexity": "general_perplexity", "held-out perplexity": "heldout_perplexity",
-                              "MC accuracy": "mc_acc"}[c.split(", ")[0]]
+                    metric = {"general-text perplexity": "general_perplexity",
+                              "held-out perplexity": "heldout_perplexity", "MC accuracy": "mc_acc"}[c.split(", ")[0]]
                     v = u.get(("base" if c.endswith("before injection") else "masked", metric), np.nan)
                     if row[c] == "": assert pd.isna(v), (row.run, c); continue
                     assert_shown(row[c], v, (row.run, c)); checked += 1
