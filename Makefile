@@ -128,14 +128,15 @@ results-args:   # checked before setup: a usage error never builds the environme
 results: results-args setup
 	$(BIN)/python -m lume_lab.pipeline.presentation.results $(RUNS) --name $(NAME) --out $(RESULTS_OUT)
 
-# `make findings RUNS="runs/mini [runs/...]" OUT=docs/results`: <OUT>/findings.md, one row per paper claim (declared in
-# pipeline.presentation.findings.CLAIMS): the paper's value, ours ± 95 % CI, n, seeds, testbed, MDD and the verdict.
+# `make findings RUNS="runs/mini [runs/...]" [NAME=findings-<testbed>] OUT=docs/results`: <OUT>/<NAME>.md (default
+# findings.md), one row per paper claim (declared in pipeline.presentation.findings.CLAIMS): the paper's value, ours ±
+# 95 % CI, n, seeds, testbed, MDD and the verdict. The runs are seeds of one config: one page per testbed.
 # OUT defaults to RESULTS_OUT here (gpu-check's default OUT is its own folder, so only an OUT given to make counts).
 FINDINGS_OUT = $(if $(filter command line environment,$(origin OUT)),$(OUT),$(RESULTS_OUT))
 findings-args:
-	$(if $(strip $(RUNS)),,$(error usage: make findings RUNS="runs/mini [runs/...]" [OUT=docs/results]))
+	$(if $(strip $(RUNS)),,$(error usage: make findings RUNS="runs/mini [runs/...]" [NAME=findings-<testbed>] [OUT=docs/results]))
 findings: findings-args setup
-	$(BIN)/python -m lume_lab.pipeline.presentation.findings $(RUNS) --out $(FINDINGS_OUT)
+	$(BIN)/python -m lume_lab.pipeline.presentation.findings $(RUNS)$(if $(strip $(NAME)), --name $(NAME)) --out $(FINDINGS_OUT)
 
 bench: setup
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

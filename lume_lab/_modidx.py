@@ -1525,6 +1525,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                                    'lume_lab/pipeline/presentation/findings.py'),
                                                          'lume_lab.pipeline.presentation.findings.combine': ( 'pipeline/presentation/findings.html#combine',
                                                                                                               'lume_lab/pipeline/presentation/findings.py'),
+                                                         'lume_lab.pipeline.presentation.findings.findings_name': ( 'pipeline/presentation/findings.html#findings_name',
+                                                                                                                    'lume_lab/pipeline/presentation/findings.py'),
                                                          'lume_lab.pipeline.presentation.findings.findings_page': ( 'pipeline/presentation/findings.html#findings_page',
                                                                                                                     'lume_lab/pipeline/presentation/findings.py'),
                                                          'lume_lab.pipeline.presentation.findings.findings_table': ( 'pipeline/presentation/findings.html#findings_table',

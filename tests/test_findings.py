@@ -101,6 +101,16 @@ def test_module_cli_and_make_target(tmp_path):
                        cwd=REPO)
     assert r.returncode == 0 and f"-m lume_lab.pipeline.presentation.findings {MINI} --out {out}" in r.stdout
     r = subprocess.run(["make", "-n", "findings", f"RUNS={MINI}"], capture_output=True, text=True, cwd=REPO)
-    assert "--out docs/results" in r.stdout                       # not gpu-check's OUT default
+    assert "--out docs/results" in r.stdout and "--name" not in r.stdout   # not gpu-check's OUT default
+    r = subprocess.run(["make", "-n", "findings", f"RUNS={MINI}", "NAME=findings-mini"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert f"-m lume_lab.pipeline.presentation.findings {MINI} --name findings-mini --out docs/results" in r.stdout
     r = subprocess.run(["make", "-n", "findings"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode != 0 and "usage: make findings" in r.stderr
+
+
+@pytest.mark.parametrize("home", sorted((REPO / "docs" / "results" / "runs").glob("findings*")), ids=lambda p: p.name)
+def test_committed_findings_page_is_what_its_run_records_give(home):
+    "A findings page written with `--archive` is what the run records committed beside it give, made again."
+    recs = sorted(p for p in home.iterdir() if p.is_dir())
+    assert F.findings_page(recs) == (home.parents[1] / f"{home.name}.md").read_text()

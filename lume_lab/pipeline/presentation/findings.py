@@ -18,14 +18,14 @@ from .scorecard import KINDS, NO_INTERVAL, NO_RUN, NOT_TESTABLE, REFUTED, REPROD
 from .scorecard import NO_CONTROL, UNFIRED
 from .scorecard import VERDICTS, claim_verdict, interval, mdd, se_from_interval, z
 from .results import _model_label, config_groups, group_labels, header_lines
-from .results import results_sources, run_labels
+from .results import NAME_RE, archive_runs, results_sources, run_labels
 from .scorecard import PAPER_TABLE2_OLMO2_1B, report_dir, robustness_csv, run_config
 
 # %% auto #0
 __all__ = ['REMIND_SKIP', 'GA_NPO', 'CLAIMS', 'UNFIRED_HELP', 'FINDINGS_NOTE', 'Estimate', 'share_diff', 'pooled',
            'pooled_by_field', 'forget_em_drop', 'localization_auc', 'resurfacing_rise', 'remind_vs_baseline',
            'attack_fired', 'Unusable', 'recovery', 'pistol_degree_gap', 'lume_forget_reg', 'Claim', 'combine',
-           'testbed_text', 'findings_table', 'findings_page', 'write_findings', 'main']
+           'testbed_text', 'findings_table', 'findings_page', 'findings_name', 'write_findings', 'main']
 
 # %% ../../../nbs/pipeline/presentation/04_findings.ipynb #f2ed062c
 class Estimate(NamedTuple):
@@ -316,20 +316,39 @@ def findings_page(paths, command: str | None = None, claims: list[Claim] = CLAIM
     return "\n\n".join(["# Findings: the papers' claims against our runs", FINDINGS_NOTE,
                          "\n".join(header_lines(dirs, command)), md_table(findings_table(dirs, claims))]) + "\n"
 
-def write_findings(run_dirs, out_dir: str | Path = "docs/results", command: str | None = None) -> Path:
-    "Write `<out_dir>/findings.md` from `run_dirs`, atomically; returns its path."
-    return atomic_write_text(Path(out_dir) / "findings.md", findings_page(run_dirs, command))
+def findings_name(name: str) -> str:
+    """`name`, checked: a findings page of one testbed is `findings` or `findings-<testbed>` (a page combines the seeds
+    of one config, so each testbed has a page of its own)."""
+    if not (isinstance(name, str) and NAME_RE.fullmatch(name) and (name == "findings" or name.startswith("findings-"))):
+        raise ValueError(
+            f"name must be 'findings' or 'findings-<testbed>' (letters, digits, '.', '_' or '-'), got {name!r}")
+    return name
+
+def write_findings(run_dirs, out_dir: str | Path = "docs/results", command: str | None = None,
+                   name: str = "findings") -> Path:
+    "Write `<out_dir>/<name>.md` from `run_dirs`, atomically; returns its path."
+    return atomic_write_text(Path(out_dir) / f"{findings_name(name)}.md", findings_page(run_dirs, command))
 
 # %% ../../../nbs/pipeline/presentation/04_findings.ipynb #31d92bbf
 def main(argv: list[str] | None = None) -> int:
-    "`python -m lume_lab.pipeline.presentation.findings RUN... [--out DIR] [--command CMD]`."
+    "`python -m lume_lab.pipeline.presentation.findings RUN... [--name NAME] [--out DIR] [--command CMD] [--archive]`."
     p = argparse.ArgumentParser(prog="python -m lume_lab.pipeline.presentation.findings",
-                                description="Write <out>/findings.md from run directories.")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (seeds of one config)")
+                                description="Write <out>/<name>.md from run directories.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (seeds of one config), or their records")
+    p.add_argument("--name", default="findings",
+                   help="the page: findings (default) or findings-<testbed>, one page per testbed")
     p.add_argument("--out", default="docs/results", help="folder of the page (default: docs/results)")
     p.add_argument("--command", default=None, help="the command that produced the runs (default: each run's)")
+    p.add_argument("--archive", action="store_true",
+                   help="copy each run's record (config, manifest, report CSVs) to <out>/runs/<name>/ and build the "
+                        "page from the records, so that it can be regenerated once the runs are gone")
     a = p.parse_args(argv)
-    try: path = write_findings(a.runs, a.out, a.command)
+    try:
+        if a.archive:   # every check before a record is written: the name, the runs, one config
+            findings_page(a.runs, a.command)
+            runs = archive_runs(a.runs, findings_name(a.name), a.out)
+        else: runs = a.runs
+        path = write_findings(runs, a.out, a.command, a.name)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"findings: error: {e}", file=sys.stderr); return 2
     print(path)
