@@ -509,3 +509,19 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     assert open_run("tune", root=str(tmp_path)).manifest["stages"]["tune_grad_ascent"]["finished"] == before
     with pytest.raises(ValueError, match="unknown unlearning method"): stage_tune(store, "gradient_ascent")
     with pytest.raises(ValueError, match=r"grid\['lr'\]"): stage_tune(store, "grad_ascent", {"lr": []})
+    # unlearn.tune_prune on a copy of the run: a grid over lr alone runs from the highest rate down and runs nothing
+    # below the first rate that did not reach; a grid over more keys is left whole, its stage a cache hit
+    import shutil
+    shutil.copytree(tmp_path / "tune", tmp_path / "pruned")
+    cfg = json.loads((tmp_path / "pruned" / "config.json").read_text()); cfg["unlearn"]["tune_prune"] = True
+    (tmp_path / "pruned" / "config.json").write_text(json.dumps(cfg))
+    pruned = open_run("pruned", root=str(tmp_path))
+    done = pruned.manifest["stages"]["tune_grad_diff"]["finished"]
+    stage_tune(pruned, "grad_diff", grids["grad_diff"])
+    assert open_run("pruned", root=str(tmp_path)).manifest["stages"]["tune_grad_diff"]["finished"] == done
+    g = stage_tune(pruned, "grad_ascent", {"lr": [1e-6, 3e-3]})
+    assert g.point.tolist() == [0, 1] and g.op_status[1] != "not run" and g.lr.tolist() == [1e-6, 3e-3]
+    ran = sorted(p.name for p in (tmp_path / "pruned" / "tune_grad_ascent").glob("point_*"))
+    if g.op_status[1] == "not reached":         # the higher rate did not reach: the lower one is listed, not run
+        assert g.op_status[0] == "not run: lr=0.003 did not reach" and ran == ["point_01"] and not g.eligible[0]
+    else: assert ran == ["point_00", "point_01"] and not g.op_status[0].startswith("not run")

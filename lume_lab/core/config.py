@@ -421,6 +421,11 @@ class UnlearnConfig:
                                                              "no utility guard"))
     # t00: each point trains the steps its epochs give on the first forget field's split
     tune_match_steps: bool = checked(True, BOOLEAN)
+    # t00 under the never_trained rule, on a grid over `lr` alone: run the rates from the highest down and stop at the
+    # first that does not reach the operating point (a lower rate is taken not to reach it either; its row says "not
+    # run"). The point chosen is the one the whole grid gives wherever forgetting speed grows with the rate; a point
+    # that does not reach costs the whole schedule, so this skips the costliest points
+    tune_prune: bool = checked(False, BOOLEAN, keyed_at_default=False)
     # t00: method -> {hyperparameter: [values]}, the grid it searches instead of the method spec's (a preset whose
     # steps are expensive searches fewer points)
     tune_grids: dict = checked({}, _GRIDS, keyed_at_default=False)

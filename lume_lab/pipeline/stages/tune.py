@@ -87,7 +87,7 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
                 progress: bool = True, em_fn: Callable | None = None, require_memorized: bool = True,
                 utility_fn: Callable | None = None, max_ppl_ratio: float | None = None,
                 reference_rows: int | None = None, run: Callable | None = None, done: dict | None = None,
-                on_row: Callable | None = None) -> pd.DataFrame:
+                on_row: Callable | None = None, prune: str | None = None) -> pd.DataFrame:
     """One row per grid point: hyperparameters, validation EM before/after, forgetting, retention, score, seconds.
     `utility_fn(model)` → a perplexity (lower is better) measured before and after: columns `ppl_before`, `ppl_after`,
     `ppl_ratio`, and `eligible` (ratio ≤ `max_ppl_ratio`; always True without a guard). With `reference_rows`, each
@@ -97,7 +97,10 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     `never_trained` the score is the retention at that point and a point that did not reach it is ineligible, under a
     matched rule (`matched_retain_em`, `matched_utility`) the score is the forgetting there (a `single point` status, a
     method without steps, is scored as without a rule). Resuming: `done` maps point indices to rows already computed
-    (they are not run again), and `on_row(i, row)` is called as each new row is made."""
+    (they are not run again), and `on_row(i, row)` is called as each new row is made. `prune` (a hyperparameter, the
+    grid's only key): run the points from its largest value down, and after the first that does not reach the operating
+    point under `never_trained`, run no smaller one (its row: `op_status` "not run: …", not eligible, no score); the
+    rows stay in grid order."""
     spec = get_spec(method)                                    # unknown method fails before any compute
     points = grid_points(grid)
     if max_ppl_ratio is not None and (utility_fn is None or isinstance(max_ppl_ratio, bool)
@@ -105,6 +108,9 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
                                       or not max_ppl_ratio >= 1):   # `not >=`: NaN fails too
         raise ValueError(f"max_ppl_ratio must be a number >= 1 and needs a utility_fn, got {max_ppl_ratio!r} "
                          f"(utility_fn {'given' if utility_fn else 'None'})")
+    if prune is not None and (set(grid) != {prune} or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid[prune])):
+        raise ValueError(f"prune={prune!r} needs a grid over {prune!r} alone, of numbers, got {grid!r}")
     # unknown keys and bad values fail here
     steps = [matched_steps(spec.resolve({**(base or {}), **pt}), reference_rows) for pt in points]
     if not forget or not retain: raise ValueError(f"the validation forget ({len(forget)}) and retain ({len(retain)}) "
@@ -117,42 +123,58 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     elif not (before["forget"] > 0 and before["retain"] > 0):
         warnings.warn(f"tune {method}: the validation split is not memorized (EM before: {before}); scores are NaN")
     ppl_before = None if utility_fn is None else float(utility_fn(model))
-    rows = []
-    for i, pt in enumerate(progress_bar(points, f"tune {method}", disable=not progress)):
-        if done and i in done: rows.append(done[i]); continue
-        model = model if i == 0 else make_model(); t0 = time.perf_counter()
-        hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
-        if run is None:
-            unl, _ = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
-            point = None
-        else: unl, point = run(spec, model, copy.deepcopy(hp), i)
-        after = {"forget": em(unl, forget), "retain": em(unl, retain)}
-        # a method with no stepping knob (`single point`: AlphaEdit, ULD) is judged at its end, as without a rule
-        judged = point is not None and point.get("status") != "single point"
-        rule = point.get("rule", "never_trained") if judged else None
-        util, at = {}, {}
-        if point is not None:
-            at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
-            at["reached"] = point.get("status") in REACHED if judged else None
-            at["op_rule"] = rule
-        if utility_fn is not None:
-            # a diverged model: never eligible
-            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
-            util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
-                    "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
-        # reaching the level is the condition under never_trained; under a matched rule a point that never spent its
-        # budget is judged at its schedule's end, and one that spent it at once kept its step-0 weights (forgot nothing)
-        if rule == "never_trained": util["eligible"] = util.get("eligible", True) and at["reached"]
-        rows.append({"method": method, "point": i,
-                     **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
-                     # steps: matched, or the point's own
-                     **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
-                     "em_forget_before": before["forget"], "em_forget_after": after["forget"],
-                     "em_retain_before": before["retain"], "em_retain_after": after["retain"],
-                     **_score(before, after, rule), **at, **util, "seconds": time.perf_counter() - t0})
-        if on_row is not None: on_row(i, rows[-1])
-        del unl
-    out = pd.DataFrame(rows)
+    order = sorted(range(len(points)), key=lambda i: -points[i][prune]) if prune else range(len(points))
+    rows, fresh, stop = {}, True, None     # stop: the value of `prune` at the first point that did not reach
+    for i in progress_bar(order, f"tune {method}", disable=not progress):
+        pt = points[i]
+        if stop is not None:
+            rows[i] = {"method": method, "point": i, prune: pt[prune], "em_forget_before": before["forget"],
+                       "em_retain_before": before["retain"], "score": math.nan, "op_status":
+                       f"not run: {prune}={stop:g} did not reach", "reached": False, "op_rule": "never_trained",
+                       "eligible": False}
+            continue
+        if done and i in done: rows[i] = done[i]
+        else:
+            model = model if fresh else make_model(); fresh, t0 = False, time.perf_counter()
+            hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
+            if run is None:
+                unl, _ = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed,
+                                  **(method_kwargs or {}))
+                point = None
+            else: unl, point = run(spec, model, copy.deepcopy(hp), i)
+            after = {"forget": em(unl, forget), "retain": em(unl, retain)}
+            # a method with no stepping knob (`single point`: AlphaEdit, ULD) is judged at its end, as without a rule
+            judged = point is not None and point.get("status") != "single point"
+            rule = point.get("rule", "never_trained") if judged else None
+            util, at = {}, {}
+            if point is not None:
+                at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
+                at["reached"] = point.get("status") in REACHED if judged else None
+                at["op_rule"] = rule
+            if utility_fn is not None:
+                # a diverged model: never eligible
+                ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
+                util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
+                        "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
+            # reaching the level is the condition under never_trained; under a matched rule a point that never spent
+            # its budget is judged at its schedule's end, and one that spent it at once kept its step-0 weights (forgot
+            # nothing)
+            if rule == "never_trained": util["eligible"] = util.get("eligible", True) and at["reached"]
+            rows[i] = {"method": method, "point": i,
+                       **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
+                       # steps: matched, or the point's own
+                       **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
+                       "em_forget_before": before["forget"], "em_forget_after": after["forget"],
+                       "em_retain_before": before["retain"], "em_retain_after": after["retain"],
+                       **_score(before, after, rule), **at, **util, "seconds": time.perf_counter() - t0}
+            if on_row is not None: on_row(i, rows[i])
+            del unl
+        if prune and rows[i].get("op_rule") == "never_trained" and rows[i].get("reached") is False:
+            stop = pt[prune]
+    # grid order; the columns of a point that ran first (a point not run holds only a few)
+    ran = [r for r in rows.values() if not str(r.get("op_status", "")).startswith("not run")]
+    cols = list(dict.fromkeys([k for r in ran for k in r] + [k for r in rows.values() for k in r]))
+    out = pd.DataFrame([rows[i] for i in sorted(rows)], columns=cols)
     if "op_status" in out and len(out) > 1 and (out.op_status == "crossed before the first point").all():
         warnings.warn(
             f"tune {method}: every grid point crossed before its first evaluation, so the operating point does not "
@@ -208,7 +230,8 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
     (`unlearn.operating_point`) every grid point runs to that point on the validation forget field's trajectory, as
     e03's methods do on theirs (`pipeline.stages.unlearn.run_to_operating_point`: a third of the validation forget
     people choose, the field's never-injected people set the level), and is scored there (`grid_search`); each
-    point's `trajectory.csv` and `operating_point.json` are kept under `point_<i>/`."""
+    point's `trajectory.csv` and `operating_point.json` are kept under `point_<i>/`. `unlearn.tune_prune` prunes a grid
+    over `lr` alone under `never_trained` (`grid_search`'s `prune`)."""
     c, spec = store.config, get_spec(method)                          # unknown method fails before any compute
     grid = grid if grid is not None else spec.grid
     grid_points(grid)                                                  # a malformed grid fails before any compute
@@ -224,6 +247,8 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
             f"least 2 people (a share of them chooses the point), it holds {people}: raise pii.n_validation, or set "
             "unlearn.operating_point=null to tune at the schedule's end"
         )
+    prune = "lr" if c.unlearn.tune_prune and (rule or {}).get("rule") == "never_trained" and set(grid) == {"lr"} \
+        else None
     t_reads, t_deps = trajectory_keys(rule)
     deps = list(dict.fromkeys(["testbed", "instruct_masked", "world", *ensure_inputs(store, method), *t_deps]))
     def fn(out):
@@ -247,12 +272,14 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
             method, lambda: load_stage_model(store, "instruct_masked")[0], tok, forget, retain, grid, base=fixed,
             seed=c.seed, method_kwargs=inputs, require_memorized=c.testbed.require_memorized,
             utility_fn=lambda m: perplexity(m, tok, texts)["perplexity"], max_ppl_ratio=ratio, reference_rows=ref,
-            run=at_point if rule else None, done=done, on_row=keep,
+            run=at_point if rule else None, done=done, on_row=keep, prune=prune,
         )
         res.to_csv(out / "grid.csv", index=False)
     # the method's row is read but for the grid's keys; `ref` comes from the testbed's and forget_fields' files
+    # the pruning switch is read where it prunes: a grid it leaves whole keeps its key
     reads = [f"unlearn.hparams.{method}.{k}" for k in fixed] + ["seed", "testbed.require_memorized",
-                                                                "unlearn.tune_max_ppl_ratio", *t_reads]
+                                                                "unlearn.tune_max_ppl_ratio", *t_reads,
+                                                                *(["unlearn.tune_prune"] if prune else [])]
     d = store.stage(
         f"tune_{method}", fn, reads=reads,
         inputs={"grid": grid, "reference_rows": ref, "utility_texts": TUNE_UTILITY_TEXTS}, deps=deps,
