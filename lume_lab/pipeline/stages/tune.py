@@ -123,54 +123,54 @@ def grid_search(method: str, make_model: Callable, tokenizer, forget: list[dict]
     elif not (before["forget"] > 0 and before["retain"] > 0):
         warnings.warn(f"tune {method}: the validation split is not memorized (EM before: {before}); scores are NaN")
     ppl_before = None if utility_fn is None else float(utility_fn(model))
+    def run_point(i: int, pt: dict, model) -> dict:
+        "Grid point `i` trained from `model`: its row."
+        t0 = time.perf_counter()
+        hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
+        if run is None:
+            unl, _ = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed, **(method_kwargs or {}))
+            point = None
+        else: unl, point = run(spec, model, copy.deepcopy(hp), i)
+        after = {"forget": em(unl, forget), "retain": em(unl, retain)}
+        # a method with no stepping knob (`single point`: AlphaEdit, ULD) is judged at its end, as without a rule
+        judged = point is not None and point.get("status") != "single point"
+        rule = point.get("rule", "never_trained") if judged else None
+        util, at = {}, {}
+        if point is not None:
+            at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
+            at["reached"] = point.get("status") in REACHED if judged else None
+            at["op_rule"] = rule
+        if utility_fn is not None:
+            # a diverged model: never eligible
+            ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
+            util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
+                    "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
+        # reaching the level is the condition under never_trained; under a matched rule a point that never spent its
+        # budget is judged at its schedule's end, and one that spent it at once kept its step-0 weights (forgot nothing)
+        if rule == "never_trained": util["eligible"] = util.get("eligible", True) and at["reached"]
+        return {"method": method, "point": i,
+                **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
+                # steps: matched, or the point's own
+                **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
+                "em_forget_before": before["forget"], "em_forget_after": after["forget"],
+                "em_retain_before": before["retain"], "em_retain_after": after["retain"],
+                **_score(before, after, rule), **at, **util, "seconds": time.perf_counter() - t0}
+
     order = sorted(range(len(points)), key=lambda i: -points[i][prune]) if prune else range(len(points))
     rows, fresh, stop = {}, True, None     # stop: the value of `prune` at the first point that did not reach
     for i in progress_bar(order, f"tune {method}", disable=not progress):
         pt = points[i]
-        if stop is not None:
+        if stop is not None:               # pruned: listed, not run
             rows[i] = {"method": method, "point": i, prune: pt[prune], "em_forget_before": before["forget"],
-                       "em_retain_before": before["retain"], "score": math.nan, "op_status":
-                       f"not run: {prune}={stop:g} did not reach", "reached": False, "op_rule": "never_trained",
+                       "em_retain_before": before["retain"], "score": math.nan, "reached": False,
+                       "op_status": f"not run: {prune}={stop:g} did not reach", "op_rule": "never_trained",
                        "eligible": False}
             continue
         if done and i in done: rows[i] = done[i]
         else:
-            model = model if fresh else make_model(); fresh, t0 = False, time.perf_counter()
-            hp = {**(base or {}), **pt, **({} if steps[i] is None else {"max_steps": steps[i]})}
-            if run is None:
-                unl, _ = spec.run(model, tokenizer, forget, retain, copy.deepcopy(hp), seed=seed,
-                                  **(method_kwargs or {}))
-                point = None
-            else: unl, point = run(spec, model, copy.deepcopy(hp), i)
-            after = {"forget": em(unl, forget), "retain": em(unl, retain)}
-            # a method with no stepping knob (`single point`: AlphaEdit, ULD) is judged at its end, as without a rule
-            judged = point is not None and point.get("status") != "single point"
-            rule = point.get("rule", "never_trained") if judged else None
-            util, at = {}, {}
-            if point is not None:
-                at = {col: point.get(k) for k, col in POINT_COLUMNS.items()}
-                at["reached"] = point.get("status") in REACHED if judged else None
-                at["op_rule"] = rule
-            if utility_fn is not None:
-                # a diverged model: never eligible
-                ppl = float(utility_fn(unl)); ratio = ppl / ppl_before if math.isfinite(ppl) else math.inf
-                util = {"ppl_before": ppl_before, "ppl_after": ppl, "ppl_ratio": ratio,
-                        "eligible": max_ppl_ratio is None or (math.isfinite(ratio) and ratio <= max_ppl_ratio)}
-            # reaching the level is the condition under never_trained; under a matched rule a point that never spent
-            # its budget is judged at its schedule's end, and one that spent it at once kept its step-0 weights (forgot
-            # nothing)
-            if rule == "never_trained": util["eligible"] = util.get("eligible", True) and at["reached"]
-            rows[i] = {"method": method, "point": i,
-                       **{k: (str(v) if isinstance(v, (list, tuple)) else v) for k, v in pt.items()},
-                       # steps: matched, or the point's own
-                       **({} if reference_rows is None else {"steps": hp.get("max_steps")}),
-                       "em_forget_before": before["forget"], "em_forget_after": after["forget"],
-                       "em_retain_before": before["retain"], "em_retain_after": after["retain"],
-                       **_score(before, after, rule), **at, **util, "seconds": time.perf_counter() - t0}
+            rows[i] = run_point(i, pt, model if fresh else make_model()); fresh = False
             if on_row is not None: on_row(i, rows[i])
-            del unl
-        if prune and rows[i].get("op_rule") == "never_trained" and rows[i].get("reached") is False:
-            stop = pt[prune]
+        if prune and rows[i].get("op_rule") == "never_trained" and rows[i].get("reached") is False: stop = pt[prune]
     # grid order; the columns of a point that ran first (a point not run holds only a few)
     ran = [r for r in rows.values() if not str(r.get("op_status", "")).startswith("not run")]
     cols = list(dict.fromkeys([k for r in ran for k in r] + [k for r in rows.values() for k in r]))
