@@ -48,7 +48,6 @@ SMOKE_SETS = [
     # post-MLP norm); the other gradient methods share OracleGrad's loop and run on the toy model in test_e2e.py
     'unlearn.methods=["oracle_grad","alphaedit"]',
     'unlearn.forget_fields=["phone_number"]',
-    "unlearn.tune_grids={}",                                  # the preset's t00 grids name the methods left out
     "unlearn.hparams.alphaedit.v_steps=5",
     "unlearn.hparams.alphaedit.layers=[2,3]",
     "unlearn.hparams.oracle_grad.epochs=1",

@@ -62,10 +62,14 @@ def resolve_config(cfg: RunConfig) -> RunConfig:
     for m in cfg.robustness.methods or []:
         try: get_spec(m)
         except ValueError as e: problems.append(f"robustness.methods: {e}")
-    # t00's grids: a method the run unlearns, every value a hyperparameter the method resolves
+    # t00's grids: a method the run unlearns (the preset's own grid of a method left out stays, unused, as its rows
+    # do), every value a hyperparameter the method resolves
+    preset_grids = PRESETS[cfg.preset].get("unlearn.tune_grids") or {}
     for m, grid in cfg.unlearn.tune_grids.items():
         if m not in methods:
-            problems.append(f"unlearn.tune_grids sets {m!r}, which is not in unlearn.methods ({', '.join(methods)})")
+            if grid != preset_grids.get(m):
+                problems.append(f"unlearn.tune_grids sets {m!r}, which is not in unlearn.methods "
+                                f"({', '.join(methods)})")
             continue
         for k, vals in grid.items():
             for v in vals:
