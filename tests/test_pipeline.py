@@ -454,7 +454,7 @@ def test_memorization_probe_notebook_on_smoke(tmp_path):
     assert not any(k.startswith("unlearn_") for k in store.manifest["stages"])
 
 
-def test_tuning_notebook_on_smoke_then_cached(tmp_path):
+def test_tuning_notebook_on_smoke_then_cached(tmp_path, monkeypatch):
     """t00 end to end on smoke:
     its files, one row per grid point, the best point is a grid point, cached on rerun (no score is asserted)."""
     import pandas as pd
@@ -519,9 +519,14 @@ def test_tuning_notebook_on_smoke_then_cached(tmp_path):
     done = pruned.manifest["stages"]["tune_grad_diff"]["finished"]
     stage_tune(pruned, "grad_diff", grids["grad_diff"])
     assert open_run("pruned", root=str(tmp_path)).manifest["stages"]["tune_grad_diff"]["finished"] == done
+    # each point's loop runs inside its own checkpointing block (point_<i>/checkpoints), as e03's runs do
+    from lume_lab.unlearn import base as unlearn_base
+    blocks, real = [], unlearn_base.checkpointing
+    monkeypatch.setattr(unlearn_base, "checkpointing", lambda d, s: blocks.append(Path(d).parent.name) or real(d, s))
     g = stage_tune(pruned, "grad_ascent", {"lr": [1e-6, 3e-3]})
     assert g.point.tolist() == [0, 1] and g.op_status[1] != "not run" and g.lr.tolist() == [1e-6, 3e-3]
     ran = sorted(p.name for p in (tmp_path / "pruned" / "tune_grad_ascent").glob("point_*"))
+    assert sorted(blocks) == ran and not list((tmp_path / "pruned" / "tune_grad_ascent").glob("point_*/checkpoints"))
     if g.op_status[1] == "not reached":         # the higher rate did not reach: the lower one is listed, not run
         assert g.op_status[0] == "not run: lr=0.003 did not reach" and ran == ["point_01"] and not g.eligible[0]
     else: assert ran == ["point_00", "point_01"] and not g.op_status[0].startswith("not run")

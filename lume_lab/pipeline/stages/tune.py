@@ -18,8 +18,8 @@ from ...unlearn.registry import get_spec
 from ..orchestration.config import method_hparams
 from .base import load_stage_model, stage_world
 from .testbed import stage_testbed
-from .unlearn import (ensure_inputs, method_inputs, run_to_operating_point, stage_forget_fields,
-                                              trajectory_keys)
+from .unlearn import (ensure_inputs, method_inputs, resumable, run_to_operating_point,
+                                              stage_forget_fields, trajectory_keys)
 
 # %% auto #0
 __all__ = ['POINT_COLUMNS', 'REACHED', 'TUNE_UTILITY_TEXTS', 'TUNE_VERSION', 'tuning_score', 'grid_points', 'matched_steps',
@@ -230,7 +230,8 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
     (`unlearn.operating_point`) every grid point runs to that point on the validation forget field's trajectory, as
     e03's methods do on theirs (`pipeline.stages.unlearn.run_to_operating_point`: a third of the validation forget
     people choose, the field's never-injected people set the level), and is scored there (`grid_search`); each
-    point's `trajectory.csv` and `operating_point.json` are kept under `point_<i>/`. `unlearn.tune_prune` prunes a grid
+    point's `trajectory.csv` and `operating_point.json` are kept under `point_<i>/`, where an interrupted point's loop
+    resumes from its last save (`pipeline.stages.unlearn.resumable`). `unlearn.tune_prune` prunes a grid
     over `lr` alone under `never_trained` (`grid_search`'s `prune`)."""
     c, spec = store.config, get_spec(method)                          # unknown method fails before any compute
     grid = grid if grid is not None else spec.grid
@@ -257,8 +258,11 @@ def stage_tune(store: RunStore, method: str, grid: dict | None = None) -> pd.Dat
         inputs = method_inputs(store, method)
         def at_point(spec, model, hp, i):
             d = out / f"point_{i:02d}"; d.mkdir(exist_ok=True)     # a rerun after an interruption overwrites
-            unl, _ = run_to_operating_point(store, spec, model, tok, vf, forget, retain, hp, d, seed=c.seed,
-                                            label={"method": method, "field": vf, "point": i}, **inputs)
+            # as e03's runs: the loop saves every 10 minutes under point_<i>/checkpoints and an interrupted point
+            # resumes there (a point that never reaches the level trains its whole schedule)
+            with resumable(d):
+                unl, _ = run_to_operating_point(store, spec, model, tok, vf, forget, retain, hp, d, seed=c.seed,
+                                                label={"method": method, "field": vf, "point": i}, **inputs)
             return unl, json.loads((d / "operating_point.json").read_text())
         # each finished point's row, kept in the stage's work directory: an interrupted grid resumes at its next point
         # (the store clears that directory when the stage's key changes)
