@@ -256,8 +256,11 @@ for name, kw in [("grad_diff", {}), ("oracle_grad", {"ground_truth_mask": mask})
         torch.save({k: v.detach().clone() for k, v in sd.items()}, f"{out}/{name}.pt")
         log.to_csv(f"{out}/{name}.csv", index=False)
 print("sharded:", type(unl).__name__)
+print(f"rank {rank}: trained and saved", flush=True)
+del unl, sd                              # the sharded model holds the process group: free it before the teardown
 from lume_lab.models.accel import end_process_group
 end_process_group()                      # no gloo threads left at exit (a rank can abort there otherwise)
+print(f"rank {rank}: process group down", flush=True)
 """
 
 
@@ -273,7 +276,7 @@ def test_fsdp2_two_cpu_processes_equal_one_process(tmp_path):
     two, one = tmp_path / "two", tmp_path / "one"; two.mkdir(); one.mkdir()
     r = subprocess.run([*torchrun_argv(2), str(script), str(two)], env=env, capture_output=True, text=True,
                        timeout=HANG_TIMEOUT)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-3000:]   # stdout says whether the ranks got to the teardown
     assert "sharded: FSDP" in r.stdout                    # the model was sharded, not replicated
     r1 = subprocess.run([sys.executable, str(script), str(one)], env=env, capture_output=True, text=True,
                         timeout=HANG_TIMEOUT)

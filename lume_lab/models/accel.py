@@ -58,10 +58,14 @@ def make_accelerator(**kwargs):
 def end_process_group() -> bool:
     """At the end of a rank's work: wait for every rank, then tear the default process group down; False when none is
     up. A rank that exits with gloo's threads still alive can abort at interpreter exit ("terminate called without an
-    active exception"), which fails the whole job after its work is done."""
+    active exception"), which fails the whole job after its work is done. `destroy_process_group` only drops the
+    registry's references: a sharded model or device mesh left in a reference cycle keeps the group alive until the
+    interpreter is torn down, so unreachable objects are collected before and after, while Python is still whole.
+    (Drop the caller's own references to sharded models first.)"""
+    import gc
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()): return False
-    dist.barrier(); dist.destroy_process_group()
+    gc.collect(); dist.barrier(); dist.destroy_process_group(); gc.collect()
     return True
 
 # %% ../../nbs/models/04_accel.ipynb #7a844adf
