@@ -9,7 +9,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from ..models.accel import progress
-from ..models.ops import answer_logits, collate_qa, eval_mode, lm_inputs, model_device, to_device
+from ..models.ops import (answer_logits, answer_span_logits, collate_qa, eval_mode, keeps_logits, model_device,
+                                 to_device)
 
 # %% auto #0
 __all__ = ['token_stats', 'exact_memorization', 'extraction_strength', 'answer_probability', 'answer_token_stats',
@@ -61,16 +62,18 @@ def answer_token_stats(
     tokenizer,
     examples,
     batch_size: int = 16,
-    padding_side: str = "right",
+    padding_side: str | None = None,
     add_eos: bool = False,
     prompt_key: str = "prompt",
     answer_key: str = "answer",
 ) -> list[dict[str, torch.Tensor]]:
     """Per example: 1-D CPU tensors `logprob`, `correct`, `rank`,
-    `zscore` over its answer tokens (one forward per batch)."""
+    `zscore` over its answer tokens (one forward per batch). `padding_side` None: left where the model computes the
+    answer span's logits only (`models.ops.keeps_logits`), else right; the statistics do not depend on it."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     examples, dev, out = list(examples), model_device(model), []
+    if padding_side is None: padding_side = "left" if keeps_logits(model) else "right"
     for s in progress(range(0, len(examples), batch_size), desc="answer stats"):
         b = to_device(
             collate_qa(
@@ -80,8 +83,8 @@ def answer_token_stats(
             dev,
         )
         with eval_mode(model):
-            logits = model(**lm_inputs(b)).logits
-        rows, targets, mask = answer_logits(logits, b["labels"])
+            logits, labels = answer_span_logits(model, b)
+        rows, targets, mask = answer_logits(logits, labels)
         st = {k: v.cpu() for k, v in token_stats(rows, targets).items()}
         for v in zip(*(x.split(mask.sum(-1).tolist()) for x in st.values())):
             out.append(dict(zip(st, v)))

@@ -13,8 +13,8 @@ from .accel import progress
 # %% auto #0
 __all__ = ['eos_id', 'pad_id', 'start_id', 'special_ids', 'model_device', 'eval_mode', 'check_qa', 'encode_qa', 'encode_many',
            'encode_texts', 'pad_batch', 'collate_qa', 'to_device', 'lm_inputs', 'answer_logits', 'token_logprobs',
-           'answer_logprob', 'answer_nll', 'token_mean_nll', 'n_answer_tokens', 'sequence_logprob', 'batch_nll',
-           'qa_logprobs', 'qa_nll', 'greedy_generate', 'generate_texts', 'reveals']
+           'answer_logprob', 'answer_nll', 'token_mean_nll', 'n_answer_tokens', 'keeps_logits', 'answer_span_logits',
+           'sequence_logprob', 'batch_nll', 'qa_logprobs', 'qa_nll', 'greedy_generate', 'generate_texts', 'reveals']
 
 # %% ../../nbs/models/02_ops.ipynb #aec02837
 def eos_id(tokenizer) -> int:
@@ -174,6 +174,34 @@ def token_mean_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def n_answer_tokens(labels: torch.Tensor, shift: bool = True) -> torch.Tensor:
     "Number of labelled (scored) tokens of each row: the |y| that turns a summed log-prob into a per-token mean."
     return ((labels[:, 1:] if shift else labels) != -100).sum(-1)
+
+# %% ../../nbs/models/02_ops.ipynb #4c6c3202
+def keeps_logits(model) -> bool:
+    """Whether `model`'s forward takes transformers' `logits_to_keep` (compute the logits of the last positions only).
+    Looks through PEFT and DDP wrappers; a module of our own (ULD's combined model) answers False."""
+    import inspect
+    m = model
+    while True:
+        inner = m.module if isinstance(m, torch.nn.parallel.DistributedDataParallel) else (
+            m.get_base_model() if callable(getattr(m, "get_base_model", None)) else m)
+        if inner is m: break
+        m = inner
+    return "logits_to_keep" in inspect.signature(type(m).forward).parameters
+
+def answer_span_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(logits, labels)` of `model` on a collated batch, both cut to the last positions that still hold every row
+    predicting a labelled token, where the model `keeps_logits`; else every position. Feed them to `answer_logits`
+    (or `token_logprobs`): its rows are a full forward's. Left padding makes the span short (each answer ends its
+    row)."""
+    lab = batch["labels"]
+    T, kw = lab.shape[1], {}
+    has = lab != -100
+    if keeps_logits(model) and bool(has.any()):
+        first = int(has.float().argmax(-1)[has.any(-1)].min())    # the earliest labelled position of any row
+        k = T - first + 1                                    # + the position that predicts the first labelled token
+        if k < T: kw["logits_to_keep"] = k
+    logits = model(**lm_inputs(batch), **kw).logits
+    return logits, lab[:, T - logits.shape[1]:]              # a model that ignores the argument gives all T
 
 # %% ../../nbs/models/02_ops.ipynb #5f9ee18a
 def sequence_logprob(model, batch: dict, reduction: str = "sum") -> torch.Tensor:
