@@ -167,6 +167,19 @@ EXPERIMENT_COSTS = {
             "e11": 40,
         },
     },  # measured once each on the same shared cores (docs/notes/robustness.md)
+    # the paper-regime SmolLM2 testbed, float32 on 2 cores, seed 0 at 915e897: each experiment the sum of its stages'
+    # seconds (manifest.json); the masked injection, resumed across interruptions, as 1,600 steps at its median step
+    # time (6.4 s; `inject_masked/log.csv`), since its last attempt's time covers part of it and a step across a pause
+    # the pause. The rest is not measured on this testbed yet.
+    "smollm2-paper": {
+        "commit": "915e897",
+        "machine": "2 CPU cores, at times shared with other jobs",
+        "seconds": {
+            "e00": 232,
+            "e01": 2,
+            "e02": 11573,
+        },
+    },
 }
 
 # %% ../../../nbs/pipeline/orchestration/01_runner.ipynb #1f3f14be
