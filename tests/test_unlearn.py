@@ -204,7 +204,7 @@ json.dump({"before": qa_nll(model, tok, forget), "after": qa_nll(unl, tok, forge
           open(f"{out}/r{rank}.json", "w"))
 from lume_lab.models.accel import end_process_group
 end_process_group()                      # no gloo threads left at exit (a rank can abort there otherwise)
-sys.stdout.flush(); os._exit(0)          # the work is saved: skip the interpreter's teardown, where gloo can still abort
+sys.stdout.flush(); os._exit(0)          # work saved: skip the interpreter teardown, where gloo can still abort
 '''
 
 
@@ -262,7 +262,7 @@ del unl, sd                              # the sharded model holds the process g
 from lume_lab.models.accel import end_process_group
 end_process_group()                      # no gloo threads left at exit (a rank can abort there otherwise)
 print(f"rank {rank}: process group down", flush=True)
-os._exit(0)                              # the work is saved: skip the interpreter's teardown, where gloo can still abort
+os._exit(0)                              # work saved: skip the interpreter teardown, where gloo can still abort
 """
 
 
