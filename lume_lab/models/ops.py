@@ -205,8 +205,9 @@ def answer_span_logits(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 # %% ../../nbs/models/02_ops.ipynb #5f9ee18a
 def sequence_logprob(model, batch: dict, reduction: str = "sum") -> torch.Tensor:
-    "Per-example answer log-prob of `model` on a collated batch (keeps the graph)."
-    return answer_logprob(model(**lm_inputs(batch)).logits, batch["labels"], reduction)
+    """Per-example answer log-prob of `model` on a collated batch (keeps the graph). The head runs on the answer span
+    only where it can (`answer_span_logits`): a left-padded batch costs the least."""
+    return answer_logprob(*answer_span_logits(model, batch), reduction)
 
 def batch_nll(model, batch: dict | None) -> torch.Tensor | None:
     "Mean over the batch of the per-example per-token answer NLL (keeps the graph); None for no batch."

@@ -43,10 +43,11 @@ class PairedQA(Dataset):
 def collate_pairs(
     tokenizer, items: list[dict], alternate_key: str | None = None, max_length: int | None = None
 ) -> dict:
-    "Batch of `PairedQA` items: `forget`, `retain` (or None) and `alternate` (or None) encodings."
+    """Batch of `PairedQA` items: `forget`, `retain` (or None) and `alternate` (or None) encodings, left-padded: every
+    row ends with its answer, so the losses' LM head runs on the answer span only (`models.ops.answer_span_logits`)."""
     f = [it["forget"] for it in items]
     r = [it["retain"] for it in items if it["retain"] is not None]
-    qa = partial(collate_qa, tokenizer, add_eos=True, max_length=max_length)
+    qa = partial(collate_qa, tokenizer, add_eos=True, max_length=max_length, side="left")
     return {
         "forget": qa(f), "retain": qa(r) if r else None,
         "alternate": qa(f, answer_key=alternate_key) if alternate_key else None,
