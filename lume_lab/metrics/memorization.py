@@ -9,8 +9,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from ..models.accel import progress
-from ..models.ops import (answer_logits, answer_span_logits, collate_qa, eval_mode, keeps_logits, model_device,
-                                 to_device)
+from ..models.ops import answer_logits, answer_span_logits, collate_qa, eval_mode, keeps_logits
+from ..models.ops import model_device, to_device
 
 # %% auto #0
 __all__ = ['token_stats', 'exact_memorization', 'extraction_strength', 'answer_probability', 'answer_token_stats',
